@@ -1,0 +1,3 @@
+"""symcc-mpi: distributed concolic-execution campaigns over MPI."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,112 @@
+"""Command line: `symcc-mpi explore | status | verify`."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from .config import EXECUTORS, CampaignConfig, UsageError, parse_command
+from .corpus import CampaignError
+
+
+class _Fail(click.ClickException):
+    exit_code = 2
+
+    def format_message(self) -> str:
+        return self.message
+
+    def show(self, file=None) -> None:
+        click.echo(f"symcc-mpi: error: {self.message}", err=True)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="symcc-mpi")
+def cli() -> None:
+    """Distributed concolic-execution campaigns over MPI."""
+
+
+@cli.command()
+@click.option("--target", required=True, metavar="CMD",
+              help="Target command line; @@ stands for the input file, else stdin.")
+@click.option("--seeds", type=click.Path(path_type=Path), metavar="DIR",
+              help="Directory of seed inputs (optional with --resume).")
+@click.option("--out", required=True, type=click.Path(path_type=Path), metavar="DIR",
+              help="Campaign directory (on a filesystem every rank sees).")
+@click.option("--workers", type=int, default=2, show_default=True,
+              help="Worker ranks when symcc-mpi starts mpiexec itself.")
+@click.option("--executor", type=click.Choice(EXECUTORS), default="triton", show_default=True)
+@click.option("--afl-target", metavar="CMD",
+              help="AFL-instrumented build for coverage triage (afl-showmap).")
+@click.option("--timeout", type=float, default=10.0, show_default=True,
+              help="Seconds per execution.")
+@click.option("--memory-limit", type=int, metavar="MB", help="Address-space limit per run.")
+@click.option("--wall-timeout", type=float, metavar="SECONDS", help="Budget of the campaign.")
+@click.option("--max-idle", type=float, metavar="SECONDS",
+              help="Stop after this long without a new input or crash.")
+@click.option("--resume", is_flag=True, help="Continue the campaign in --out.")
+@click.option("--no-live", is_flag=True, help="Progress lines instead of the live view.")
+def explore(target, seeds, out, workers, executor, afl_target, timeout, memory_limit,
+            wall_timeout, max_idle, resume, no_live) -> None:
+    """Explore a target from seed inputs with N workers until the frontier is exhausted."""
+    from .launch import launch, under_mpi
+    from .session import check_config, run_rank
+
+    try:
+        if seeds is None and not resume:
+            raise UsageError("--seeds DIR is required (unless --resume)")
+        config = CampaignConfig(
+            target=parse_command(target, "--target"),
+            seeds=(seeds or out / "__no_seeds__").absolute(),
+            out=out.absolute(),
+            workers=workers,
+            executor=executor,
+            afl_target=parse_command(afl_target, "--afl-target") if afl_target else None,
+            timeout=timeout,
+            memory_limit_mb=memory_limit,
+            wall_timeout=wall_timeout,
+            max_idle=max_idle,
+            resume=resume,
+        )
+        if under_mpi():
+            sys.exit(run_rank(config))
+        check_config(config)
+        sys.exit(launch(config, sys.argv[1:], live=not no_live and sys.stdout.isatty()))
+    except (UsageError, CampaignError) as error:
+        raise _Fail(str(error)) from None
+
+
+@cli.command()
+@click.argument("out", type=click.Path(path_type=Path))
+def status(out: Path) -> None:
+    """Show the progress and figures of a campaign directory."""
+    from .progress import print_status
+
+    try:
+        print_status(out)
+    except CampaignError as error:
+        raise _Fail(str(error)) from None
+
+
+@cli.command()
+@click.argument("out", type=click.Path(path_type=Path))
+def verify(out: Path) -> None:
+    """Check a finished campaign: content names, nothing analysed twice, nothing left over."""
+    from .verify import verify_campaign
+
+    try:
+        problems, facts = verify_campaign(out)
+    except CampaignError as error:
+        raise _Fail(str(error)) from None
+    for name, value in facts.items():
+        click.echo(f"{name:>28}: {value}")
+    for problem in problems:
+        click.echo(f"FAIL {problem}", err=True)
+    if problems:
+        sys.exit(1)
+    click.echo("OK")
+
+
+def main() -> None:
+    cli(prog_name="symcc-mpi")

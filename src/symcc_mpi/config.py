@@ -1,0 +1,94 @@
+"""Typed campaign configuration and the up-front checks of what a user gave us."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+EXECUTORS = ("triton", "symcc", "noop")
+
+
+class UsageError(Exception):
+    """A mistake in what the user asked for: reported as one line, exit status 2."""
+
+
+@dataclass(frozen=True)
+class CampaignConfig:
+    target: tuple[str, ...]  # argv with `@@` standing for the input file
+    seeds: Path
+    out: Path
+    workers: int = 2
+    executor: str = "triton"
+    afl_target: tuple[str, ...] | None = None
+    timeout: float = 10.0  # per execution, seconds
+    memory_limit_mb: int | None = None
+    wall_timeout: float | None = None  # whole campaign, seconds
+    max_idle: float | None = None  # stop after this long without a new finding
+    resume: bool = False
+    live: bool = True  # show the live view (rank 0, on a terminal)
+
+    def to_json(self) -> dict:
+        return {
+            "target": list(self.target),
+            "seeds": str(self.seeds),
+            "out": str(self.out),
+            "workers": self.workers,
+            "executor": self.executor,
+            "afl_target": list(self.afl_target) if self.afl_target else None,
+            "timeout": self.timeout,
+            "memory_limit_mb": self.memory_limit_mb,
+            "wall_timeout": self.wall_timeout,
+            "max_idle": self.max_idle,
+            "resume": self.resume,
+        }
+
+
+def parse_command(text: str, what: str) -> tuple[str, ...]:
+    """Split a target command line and check its program exists and is executable."""
+    try:
+        argv = shlex.split(text)
+    except ValueError as error:
+        raise UsageError(f"{what} {text!r}: {error}") from None
+    if not argv or argv[0] == "@@":
+        raise UsageError(f"{what} {text!r} names no program to run")
+    program = argv[0]
+    if "/" not in program:
+        found = shutil.which(program)
+        if found is None:
+            raise UsageError(f"{what}: program {program!r} not found on PATH")
+        program = found
+    path = Path(program)
+    if not path.exists():
+        raise UsageError(f"{what}: program {program} does not exist")
+    if not path.is_file() or not os.access(path, os.X_OK):
+        raise UsageError(f"{what}: program {program} is not an executable file")
+    return (str(path.resolve()), *argv[1:])
+
+
+def check_seeds(seeds: Path) -> list[Path]:
+    if not seeds.exists():
+        raise UsageError(f"seed directory {seeds} does not exist")
+    if not seeds.is_dir():
+        raise UsageError(f"seed directory {seeds} is not a directory")
+    files = sorted(p for p in seeds.iterdir() if p.is_file() and not p.name.startswith("."))
+    if not files:
+        raise UsageError(f"seed directory {seeds} holds no input files")
+    unreadable = [p for p in files if not os.access(p, os.R_OK)]
+    if unreadable:
+        raise UsageError(f"seed file {unreadable[0]} is not readable")
+    return files
+
+
+def check_numbers(config: CampaignConfig) -> None:
+    if config.workers < 1:
+        raise UsageError(f"--workers must be at least 1 (got {config.workers})")
+    if not config.timeout > 0:
+        raise UsageError(f"--timeout must be positive (got {config.timeout})")
+    for name, value in (("--wall-timeout", config.wall_timeout), ("--max-idle", config.max_idle)):
+        if value is not None and not value > 0:
+            raise UsageError(f"{name} must be positive (got {value})")
+    if config.executor not in EXECUTORS:
+        raise UsageError(f"unknown executor {config.executor!r} (choose from {', '.join(EXECUTORS)})")

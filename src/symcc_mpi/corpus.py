@@ -1,0 +1,331 @@
+"""The campaign directory: content-addressed corpus, staging, AFL-style queues, done journal.
+
+Layout (DESIGN §4):
+    OUT/.symcc-mpi          marker: this directory holds a symcc-mpi campaign
+    OUT/corpus/<sha256>     every input the campaign keeps, named by the SHA-256 of its bytes
+    OUT/.staging/<token>/   one private directory per dispatch, written by the worker,
+                            verified file by file and promoted only by the master
+    OUT/queue/ crashes/ hangs/   AFL-style names (id:NNNNNN,...), hard links where possible
+    OUT/state/done.jsonl    one fsynced line per analysed input: the resume point
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from .protocol import SHA256_PATTERN, TOKEN_PATTERN
+
+MARKER = ".symcc-mpi"
+STOP_REQUEST = ".stop-request"
+LAYOUT_VERSION = 1
+
+
+class CampaignError(Exception):
+    """The campaign directory cannot be used as asked: one line, exit status 2."""
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def write_atomic(path: Path, data: bytes, *, fsync: bool = False) -> None:
+    """Write through a temporary file in the same directory, then rename over `path`."""
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(temporary, "wb") as handle:
+        handle.write(data)
+        if fsync:
+            handle.flush()
+            os.fsync(handle.fileno())
+    os.replace(temporary, path)
+
+
+def check_out_dir(out: Path, *, resume: bool) -> None:
+    """Refuse an output directory we must not write into, before anything is launched."""
+    if out.exists() and not out.is_dir():
+        raise CampaignError(f"output path {out} exists and is not a directory")
+    if resume:
+        if not (out / MARKER).is_file():
+            raise CampaignError(f"--resume: {out} holds no symcc-mpi campaign to resume")
+        return
+    if out.exists():
+        if (out / MARKER).exists():
+            raise CampaignError(
+                f"output directory {out} already holds a campaign: "
+                "pass --resume to continue it, or choose another directory"
+            )
+        if any(out.iterdir()):
+            raise CampaignError(
+                f"output directory {out} is not empty and holds no symcc-mpi campaign"
+            )
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / f".write-probe-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as error:
+        raise CampaignError(f"output directory {out} is not writable: {error.strerror}") from None
+
+
+@dataclass(frozen=True)
+class QueueEntry:
+    id: int
+    sha256: str
+
+
+class CampaignDir:
+    """The master's view of OUT. Only the master (rank 0) mutates it; workers stage."""
+
+    def __init__(self, out: Path):
+        self.out = out
+        self.corpus = out / "corpus"
+        self.staging = out / ".staging"
+        self.queue = out / "queue"
+        self.crashes = out / "crashes"
+        self.hangs = out / "hangs"
+        self.state = out / "state"
+        self.quarantine = out / "quarantine"
+        self.done_journal = self.state / "done.jsonl"
+        self._lock_handle = None
+        self._done_handle = None
+        self.queue_ids: dict[str, int] = {}  # sha256 -> AFL queue id
+        self.crash_hashes: set[str] = set()
+        self.hang_hashes: set[str] = set()
+        self._next_ids = {"queue": 0, "crashes": 0, "hangs": 0}
+
+    # -- opening -----------------------------------------------------------------------
+
+    def create(self, config_json: dict) -> None:
+        for directory in (self.corpus, self.staging, self.queue, self.crashes, self.hangs,
+                          self.state):
+            directory.mkdir(parents=True, exist_ok=True)
+        marker = {"layout": LAYOUT_VERSION, "created": time.time(), "config": config_json}
+        write_atomic(self.out / MARKER, json.dumps(marker, indent=1).encode(), fsync=True)
+
+    def lock(self) -> None:
+        """One master per campaign directory, machine-wide (flock on a state file)."""
+        self.state.mkdir(parents=True, exist_ok=True)
+        handle = open(self.state / "master.lock", "a+")
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as error:
+            handle.close()
+            if error.errno in (errno.EWOULDBLOCK, errno.EACCES):
+                raise CampaignError(f"another campaign is running in {self.out}") from None
+            raise
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"{os.getpid()}\n")
+        handle.flush()
+        self._lock_handle = handle
+
+    def close(self) -> None:
+        if self._done_handle is not None:
+            self._done_handle.close()
+            self._done_handle = None
+        if self._lock_handle is not None:
+            self._lock_handle.close()
+            self._lock_handle = None
+
+    # -- reading state back ------------------------------------------------------------
+
+    def corpus_hashes(self) -> set[str]:
+        """Every corpus entry whose name is its content hash; others are quarantined."""
+        hashes = set()
+        for path in self.corpus.iterdir():
+            if path.name.startswith("."):
+                continue  # an interrupted atomic write
+            if SHA256_PATTERN.match(path.name) and sha256_file(path) == path.name:
+                hashes.add(path.name)
+            else:
+                self._quarantine(path, "corpus file name is not the SHA-256 of its bytes")
+        return hashes
+
+    def read_done(self) -> list[dict]:
+        """Replay the done journal; a torn last line (killed mid-append) is not a record."""
+        if not self.done_journal.exists():
+            return []
+        raw = self.done_journal.read_bytes()
+        lines = raw.split(b"\n")
+        records = []
+        for number, line in enumerate(lines, start=1):
+            if not line:
+                continue
+            is_last = number == len(lines)  # no newline after it: the append never finished
+            try:
+                record = json.loads(line)
+                if not SHA256_PATTERN.match(record["sha256"]):
+                    raise ValueError("bad sha256")
+            except (ValueError, KeyError, TypeError):
+                if is_last:
+                    self._truncate_torn_tail(len(raw) - len(line))
+                    break
+                raise CampaignError(
+                    f"corrupt state file {self.done_journal}, line {number}: not a done record"
+                ) from None
+            records.append(record)
+        return records
+
+    def _truncate_torn_tail(self, keep: int) -> None:
+        torn = self.done_journal.read_bytes()[keep:]
+        self.quarantine.mkdir(exist_ok=True)
+        (self.quarantine / f"done.jsonl.torn-{int(time.time())}").write_bytes(torn)
+        with open(self.done_journal, "r+b") as handle:
+            handle.truncate(keep)
+
+    def read_queues(self) -> None:
+        """Rebuild hash -> AFL id maps and next ids from queue/, crashes/, hangs/."""
+        for kind, directory in (("queue", self.queue), ("crashes", self.crashes),
+                                ("hangs", self.hangs)):
+            for path in directory.iterdir():
+                entry_id = _afl_id(path.name)
+                if entry_id is None:
+                    continue
+                self._next_ids[kind] = max(self._next_ids[kind], entry_id + 1)
+                digest = sha256_file(path)
+                if kind == "queue":
+                    self.queue_ids.setdefault(digest, entry_id)
+                elif kind == "crashes":
+                    self.crash_hashes.add(digest)
+                else:
+                    self.hang_hashes.add(digest)
+
+    def _quarantine(self, path: Path, reason: str) -> None:
+        self.quarantine.mkdir(exist_ok=True)
+        target = self.quarantine / f"{path.parent.name}-{path.name}"
+        os.replace(path, target)
+        with open(self.quarantine / "REASONS", "a") as handle:
+            handle.write(f"{target.name}: {reason}\n")
+
+    # -- the master's commit path ------------------------------------------------------
+
+    def add_seed(self, data: bytes, name: str) -> str:
+        digest = sha256_bytes(data)
+        path = self.corpus / digest
+        if not path.exists():
+            write_atomic(path, data)
+        if digest not in self.queue_ids:
+            self._add_to_queue(digest, f"orig:{_safe(name)}")
+        return digest
+
+    def staging_dir(self, token: str) -> Path:
+        if not TOKEN_PATTERN.match(token):
+            raise ValueError(f"bad token {token!r}")
+        return self.staging / token
+
+    def verify_staged(self, token: str, manifest: list[tuple[str, int]]) -> str | None:
+        """Check every announced file is there, named by the SHA-256 of its bytes.
+
+        Returns the reason of the first mismatch, or None when the whole manifest holds.
+        """
+        directory = self.staging_dir(token)
+        for digest, size in manifest:
+            path = directory / digest
+            try:
+                if path.stat().st_size != size:
+                    return f"staged {digest[:12]}: size differs from manifest"
+                if sha256_file(path) != digest:
+                    return f"staged {digest[:12]}: bytes do not match their SHA-256"
+            except OSError as error:
+                return f"staged {digest[:12]}: {error.strerror}"
+        return None
+
+    def promote(self, token: str, digest: str) -> bool:
+        """Move one verified staged file into corpus/; False if it was already there."""
+        target = self.corpus / digest
+        if target.exists():
+            return False
+        os.rename(self.staging_dir(token) / digest, target)
+        return True
+
+    def add_to_queue(self, digest: str, parent: str) -> None:
+        source = self.queue_ids.get(parent)
+        self._add_to_queue(digest, f"src:{source:06d},op:symcc" if source is not None
+                           else "op:symcc")
+
+    def _add_to_queue(self, digest: str, suffix: str) -> None:
+        entry_id = self._take_id("queue")
+        _link_or_copy(self.corpus / digest, self.queue / f"id:{entry_id:06d},{suffix}")
+        self.queue_ids[digest] = entry_id
+
+    def save_finding(self, kind: str, source: Path, digest: str, parent: str | None,
+                     detail: str = "") -> bool:
+        """Record a crashing or hanging input once; False if it is known already."""
+        known = self.crash_hashes if kind == "crashes" else self.hang_hashes
+        if digest in known:
+            return False
+        entry_id = self._take_id(kind)
+        parts = [f"id:{entry_id:06d}"]
+        if detail:
+            parts.append(detail)
+        source_id = self.queue_ids.get(parent) if parent else None
+        if source_id is not None:
+            parts.append(f"src:{source_id:06d}")
+        parts.append("op:symcc")
+        directory = self.crashes if kind == "crashes" else self.hangs
+        _link_or_copy(source, directory / ",".join(parts))
+        known.add(digest)
+        return True
+
+    def record_done(self, digest: str, token: str, outcome: str) -> None:
+        """The input is analysed and its results are published: make that durable."""
+        if self._done_handle is None:
+            self._done_handle = open(self.done_journal, "ab")
+        line = json.dumps({"sha256": digest, "token": token, "outcome": outcome,
+                           "time": round(time.time(), 3)})
+        self._done_handle.write(line.encode() + b"\n")
+        self._done_handle.flush()
+        os.fsync(self._done_handle.fileno())
+
+    def discard_staging(self, token: str) -> None:
+        shutil.rmtree(self.staging_dir(token), ignore_errors=True)
+
+    def leftover_staging(self) -> list[Path]:
+        return sorted(self.staging.iterdir()) if self.staging.exists() else []
+
+    def request_stop(self) -> None:
+        (self.out / STOP_REQUEST).write_text(f"{os.getpid()}\n")
+
+    def stop_requested(self) -> bool:
+        return (self.out / STOP_REQUEST).exists()
+
+    def clear_stop_request(self) -> None:
+        (self.out / STOP_REQUEST).unlink(missing_ok=True)
+
+    def _take_id(self, kind: str) -> int:
+        entry_id = self._next_ids[kind]
+        self._next_ids[kind] = entry_id + 1
+        return entry_id
+
+
+def _afl_id(name: str) -> int | None:
+    if not name.startswith("id:"):
+        return None
+    digits = name[3:].split(",", 1)[0]
+    return int(digits) if digits.isdigit() else None
+
+
+def _safe(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "._-" else "_" for c in name)[:64]
+
+
+def _link_or_copy(source: Path, target: Path) -> None:
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copyfile(source, target)

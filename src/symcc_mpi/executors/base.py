@@ -1,0 +1,47 @@
+"""The executor contract every backend honours (SymCC's contract, DESIGN §3)."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+
+class Outcome(enum.Enum):
+    """What one execution of the target did."""
+
+    OK = "ok"
+    CRASH = "crash"  # the target died of a signal or a sanitizer report
+    TIMEOUT = "timeout"  # killed by the per-run timeout (the whole process group)
+    OOM = "oom"  # killed by the memory limit
+    ERROR = "error"  # the executor itself failed (not a finding about the target)
+
+
+@dataclass(frozen=True)
+class ExecutionResult:
+    outcome: Outcome
+    exit_status: int | None  # exit code, or -signal, or None when never started
+    wall_time: float  # seconds
+    solver_time: float = 0.0  # seconds spent in constraint solving, when known
+    generated: tuple[Path, ...] = ()  # every file the run left in its output directory
+    message: str = ""  # for ERROR: what went wrong, one line
+    extra: dict = field(default_factory=dict)
+
+
+class ExecutorError(Exception):
+    """The executor cannot be used at all (not installed, target unusable)."""
+
+
+class Executor(Protocol):
+    """Runs the target on one input and collects the test cases it generated.
+
+    `output_dir` is an empty private directory (SYMCC_OUTPUT_DIR); every file left in it
+    after the run is a generated test case.
+    """
+
+    name: str
+
+    def run(self, input_path: Path, output_dir: Path) -> ExecutionResult: ...
+
+    def close(self) -> None: ...

@@ -1,0 +1,17 @@
+"""An executor that runs nothing: for measuring the dispatch machinery alone."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .base import ExecutionResult, Outcome
+
+
+class NoopExecutor:
+    name = "noop"
+
+    def run(self, input_path: Path, output_dir: Path) -> ExecutionResult:
+        return ExecutionResult(Outcome.OK, 0, 0.0)
+
+    def close(self) -> None:
+        pass

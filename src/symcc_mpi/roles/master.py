@@ -1,0 +1,321 @@
+"""The master loop: owns the campaign directory, dispatches work, verifies and commits results.
+
+One round: drain every pending message (READY, RESULT, FATAL, STOP_ACK), dispatch to idle
+workers, check the stop conditions, report. Commit order for an accepted RESULT: verify
+the staged manifest file by file, promote children into corpus/ and the AFL queues, then
+append the input to the fsynced done journal; a crash anywhere before that last step
+leaves the input to be analysed again on --resume and loses no child already promoted.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+
+from ..config import CampaignConfig
+from ..corpus import CampaignDir
+from ..executors import Outcome
+from ..protocol import (
+    ConfigVerdict,
+    Fatal,
+    Ready,
+    Result,
+    StagedFile,
+    Stop,
+    StopAck,
+    Tag,
+    Work,
+)
+from ..scheduler import Dispatch, Scheduler, Verdict
+from ..transport import Channel
+
+log = logging.getLogger("symcc_mpi.master")
+
+REPORT_INTERVAL = 1.0
+SHUTDOWN_GRACE = 10.0
+
+
+class Phase(enum.Enum):
+    RUNNING = "running"
+    DRAINING = "draining"  # no new dispatch; waiting for the results in flight
+    STOPPING = "stopping"  # STOP sent; waiting for every worker's STOP_ACK
+    DONE = "done"
+
+
+@dataclass
+class WorkerStats:
+    executions: int = 0
+    executor_time: float = 0.0
+    host: str = ""
+    fatal: str = ""
+
+
+@dataclass
+class MasterStats:
+    start_time: float = field(default_factory=time.time)
+    executions: int = 0
+    generated: int = 0
+    unique: int = 0
+    interesting: int = 0
+    crashes: int = 0
+    hangs: int = 0
+    executor_errors: int = 0
+    executor_time: float = 0.0
+    solver_time: float = 0.0
+    malformed_messages: int = 0
+    staging_rejected: int = 0
+    last_find: float = 0.0
+    last_crash: float = 0.0
+    last_hang: float = 0.0
+    resumed_done: int = 0
+    stop_reason: str = ""
+    per_worker: dict[int, WorkerStats] = field(default_factory=dict)
+
+
+class Master:
+    def __init__(self, channel: Channel, config: CampaignConfig, campaign: CampaignDir,
+                 *, triage=None, reporter=None):
+        self.channel = channel
+        self.config = config
+        self.campaign = campaign
+        self.triage = triage  # triage.CoverageMap, or None: novelty by content hash alone
+        self.reporter = reporter
+        self.scheduler = Scheduler()
+        self.stats = MasterStats()
+        self.seen: set[str] = set()  # every generated hash, kept or not
+        self.phase = Phase.RUNNING
+        self.stop_requested_by_signal = False
+        self.started = time.monotonic()
+        self.drain_deadline = 0.0
+        self.ack_deadline = 0.0
+        self.acked: set[int] = set()
+        self.workers = list(range(1, channel.size))
+        for rank in self.workers:
+            self.stats.per_worker[rank] = WorkerStats()
+
+    # -- the loop ------------------------------------------------------------------------
+
+    def run(self) -> int:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, self._on_signal)
+        for rank in self.workers:
+            self.channel.send(rank, Tag.CONFIG, ConfigVerdict(ok=True))
+        next_report = 0.0
+        nap = 0.0002
+        while self.phase is not Phase.DONE:
+            handled = 0
+            while (incoming := self.channel.poll()) is not None:
+                self._handle(incoming)
+                handled += 1
+            if self.phase is Phase.RUNNING:
+                handled += self._dispatch()
+            self._advance_phase()
+            now = time.monotonic()
+            if now >= next_report:
+                self.report()
+                next_report = now + REPORT_INTERVAL
+            if handled:
+                nap = 0.0002
+            else:
+                time.sleep(nap)
+                nap = min(nap * 2, self.channel.max_nap)
+        self.report(final=True)
+        return 1 if self.stats.stop_reason.startswith("no usable worker") else 0
+
+    def _handle(self, incoming) -> None:
+        message = incoming.message
+        if message is None:
+            self.stats.malformed_messages += 1
+            log.warning("malformed message from rank %d (tag %s): %s", incoming.source,
+                        incoming.tag, incoming.error)
+            return
+        rank = incoming.source
+        if isinstance(message, Ready):
+            self.scheduler.worker_ready(rank, message.token)
+        elif isinstance(message, Result):
+            self._on_result(rank, message)
+        elif isinstance(message, StopAck):
+            self.acked.add(rank)
+        elif isinstance(message, Fatal):
+            self._on_fatal(rank, message)
+        else:
+            self.stats.malformed_messages += 1
+            log.warning("rank %d sent %s, which a worker never sends", rank,
+                        type(message).__name__)
+
+    def _dispatch(self) -> int:
+        dispatches = self.scheduler.next_dispatches()
+        for dispatch in dispatches:
+            self._send_work(dispatch)
+        return len(dispatches)
+
+    def _send_work(self, dispatch: Dispatch) -> None:
+        try:
+            self.channel.send(dispatch.rank, Tag.WORK, Work(dispatch.token, dispatch.input_hash))
+        except Exception as error:  # an MPI error: the work never left
+            log.error("sending work to rank %d failed: %s", dispatch.rank, error)
+            self.scheduler.send_failed(dispatch)
+            self.scheduler.retire(dispatch.rank)
+
+    def _on_result(self, rank: int, result: Result) -> None:
+        verdict = self.scheduler.judge_result(rank, result)
+        if verdict is Verdict.STALE:
+            log.warning("stale or foreign RESULT from rank %d dropped (token %s)", rank,
+                        result.token[:12])
+            self._discard_staging(result.token)
+            return
+        if verdict is Verdict.HASH_MISMATCH or result.outcome == "invalid-input":
+            log.warning("rank %d ran other bytes than it was sent: %s", rank, result.message)
+            if verdict is Verdict.ACCEPT:
+                self.scheduler.result_failed(result.input_hash)
+            self._discard_staging(result.token)
+            return
+        problem = self.campaign.verify_staged(result.token,
+                                              [(s.sha256, s.size) for s in result.staged])
+        if problem is not None:
+            self.stats.staging_rejected += 1
+            log.warning("rank %d: staged results rejected: %s", rank, problem)
+            self.scheduler.result_failed(result.input_hash)
+            self._discard_staging(result.token)
+            return
+        self._commit(rank, result)
+
+    def _commit(self, rank: int, result: Result) -> None:
+        now = time.time()
+        parent = result.input_hash
+        for staged in result.staged:
+            self._triage_child(result.token, staged, parent, now)
+        outcome = Outcome(result.outcome) if result.outcome in Outcome._value2member_map_ \
+            else Outcome.ERROR
+        parent_path = self.campaign.corpus / parent
+        if outcome is Outcome.CRASH:
+            detail = f"sig:{-result.exit_status:02d}" if (result.exit_status or 0) < 0 else ""
+            if self.campaign.save_finding("crashes", parent_path, parent, parent, detail):
+                self.stats.crashes += 1
+                self.stats.last_crash = now
+        elif outcome is Outcome.TIMEOUT:
+            if self.campaign.save_finding("hangs", parent_path, parent, parent):
+                self.stats.hangs += 1
+                self.stats.last_hang = now
+        elif outcome is Outcome.ERROR:
+            self.stats.executor_errors += 1
+            log.warning("executor error on %s (rank %d): %s", parent[:12], rank, result.message)
+        self.campaign.record_done(parent, result.token, outcome.value)
+        self.scheduler.mark_done(parent)
+        self._discard_staging(result.token)
+        self.stats.executions += 1
+        self.stats.generated += result.generated
+        self.stats.executor_time += result.wall_time
+        self.stats.solver_time += result.solver_time
+        worker = self.stats.per_worker[rank]
+        worker.executions += 1
+        worker.executor_time += result.wall_time
+
+    def _triage_child(self, token: str, staged: StagedFile, parent: str, now: float) -> None:
+        digest = staged.sha256
+        if digest in self.seen or digest in self.scheduler.known:
+            return
+        self.seen.add(digest)
+        self.stats.unique += 1
+        staged_path = self.campaign.staging_dir(token) / digest
+        if self.triage is not None and staged.coverage is not None:
+            if staged.status == "crash":
+                if self.campaign.save_finding("crashes", staged_path, digest, parent):
+                    self.stats.crashes += 1
+                    self.stats.last_crash = self.stats.last_find = now
+                return
+            if staged.status == "hang":
+                if self.campaign.save_finding("hangs", staged_path, digest, parent):
+                    self.stats.hangs += 1
+                    self.stats.last_hang = now
+                return
+            if not self.triage.merge_packed(staged.coverage):
+                return
+        self.campaign.promote(token, digest)
+        self.campaign.add_to_queue(digest, parent)
+        self.scheduler.add_input(digest)
+        self.stats.interesting += 1
+        self.stats.last_find = now
+
+    def _discard_staging(self, token: str) -> None:
+        self.campaign.discard_staging(token)
+
+    def _on_fatal(self, rank: int, fatal: Fatal) -> None:
+        worker = self.stats.per_worker[rank]
+        worker.host, worker.fatal = fatal.host, fatal.reason
+        log.error("rank %d on %s cannot work: %s", rank, fatal.host, fatal.reason)
+        self.scheduler.retire(rank)
+        if all(self.stats.per_worker[r].fatal for r in self.workers):
+            self._begin_stop(f"no usable worker: {fatal.reason}")
+
+    # -- stopping ------------------------------------------------------------------------
+
+    def _on_signal(self, signum, frame) -> None:
+        self.stop_requested_by_signal = True
+
+    def _advance_phase(self) -> None:
+        now = time.monotonic()
+        if self.phase is Phase.RUNNING:
+            reason = self._stop_reason(now)
+            if reason:
+                self._begin_stop(reason)
+        if self.phase is Phase.DRAINING:
+            if not self.scheduler.active or now >= self.drain_deadline:
+                if self.scheduler.active:
+                    log.warning("%d results still in flight at shutdown; their inputs stay "
+                                "in the frontier for --resume", len(self.scheduler.active))
+                for rank in self.workers:
+                    self.channel.send(rank, Tag.STOP, Stop(self.stats.stop_reason))
+                self.phase = Phase.STOPPING
+                self.ack_deadline = now + SHUTDOWN_GRACE
+        if self.phase is Phase.STOPPING:
+            if self.acked.issuperset(self.workers):
+                self.phase = Phase.DONE
+            elif now >= self.ack_deadline:
+                missing = sorted(set(self.workers) - self.acked)
+                log.error("workers %s did not acknowledge STOP within %.0f s", missing,
+                          SHUTDOWN_GRACE)
+                self.report(final=True)
+                self.channel.comm.Abort(70)
+
+    def _stop_reason(self, now: float) -> str:
+        if self.stop_requested_by_signal:
+            return "interrupted"
+        if self.campaign.stop_requested():
+            self.campaign.clear_stop_request()
+            return "stop requested"
+        if self.scheduler.exhausted:
+            return "frontier exhausted"
+        elapsed = now - self.started
+        if self.config.wall_timeout is not None and elapsed >= self.config.wall_timeout:
+            return "wall-clock budget spent"
+        if self.config.max_idle is not None:
+            last = max(self.stats.last_find, self.stats.start_time)
+            if time.time() - last >= self.config.max_idle:
+                return f"no new finding for {self.config.max_idle:g} s"
+        return ""
+
+    def _begin_stop(self, reason: str) -> None:
+        self.stats.stop_reason = reason
+        log.info("stopping: %s", reason)
+        self.phase = Phase.DRAINING
+        self.drain_deadline = time.monotonic() + self.config.timeout + SHUTDOWN_GRACE
+
+    # -- reporting -----------------------------------------------------------------------
+
+    def report(self, final: bool = False) -> None:
+        if self.reporter is not None:
+            self.reporter(self, final)
+
+
+def configure_logging(rank: int) -> None:
+    logging.basicConfig(
+        level=os.environ.get("SYMCC_MPI_LOG", "INFO").upper(),
+        format=f"%(asctime)s rank {rank} %(levelname)s %(message)s",
+        stream=sys.stderr,
+    )

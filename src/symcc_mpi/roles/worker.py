@@ -1,0 +1,127 @@
+"""The worker loop: READY, receive WORK, verify and run the input, stage, RESULT; until STOP."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import socket
+import tempfile
+from pathlib import Path
+
+from ..config import CampaignConfig
+from ..corpus import sha256_bytes, sha256_file
+from ..executors import ExecutorError, make_executor
+from ..protocol import ConfigVerdict, Fatal, Ready, Result, StagedFile, Stop, StopAck, Tag, Work
+from ..transport import Channel
+
+log = logging.getLogger("symcc_mpi.worker")
+MASTER = 0
+
+
+def run_worker(channel: Channel, config: CampaignConfig) -> int:
+    # Ctrl-C on a terminal reaches every rank; only the master decides when work stops.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    verdict = _wait_for(channel, Tag.CONFIG)
+    if not isinstance(verdict, ConfigVerdict) or not verdict.ok:
+        return 2
+    try:
+        executor = make_executor(config)
+        probe = _make_probe(config)
+    except (ExecutorError, OSError) as error:
+        channel.send(MASTER, Tag.FATAL, Fatal(socket.gethostname(), str(error)))
+        _wait_for(channel, Tag.STOP)
+        return 1
+    scratch = Path(tempfile.mkdtemp(prefix=f"symcc-mpi-w{channel.rank}-"))
+    executions = 0
+    executor_time = 0.0
+    last_token = None
+    try:
+        while True:
+            channel.send(MASTER, Tag.READY, Ready(last_token))
+            message = _wait_for(channel, Tag.WORK, Tag.STOP)
+            if isinstance(message, Stop):
+                break
+            result = execute(message, config, executor, probe, scratch)
+            channel.send(MASTER, Tag.RESULT, result)
+            executions += 1
+            executor_time += result.wall_time
+            last_token = message.token
+        channel.send(MASTER, Tag.STOP_ACK, StopAck(executions, executor_time))
+    finally:
+        executor.close()
+        shutil.rmtree(scratch, ignore_errors=True)
+    return 0
+
+
+def execute(work: Work, config: CampaignConfig, executor, probe, scratch: Path) -> Result:
+    """Run one input: verify its bytes, run it, stage its children named by SHA-256."""
+    try:
+        data = (config.out / "corpus" / work.input_hash).read_bytes()
+    except OSError as error:
+        return _invalid(work, work.input_hash, f"cannot read input: {error.strerror}")
+    actual = sha256_bytes(data)
+    if actual != work.input_hash:
+        return _invalid(work, actual, "input bytes do not match their SHA-256")
+    local_input = scratch / "input"
+    local_input.write_bytes(data)
+    stage = config.out / ".staging" / work.token
+    raw = scratch / "generated"
+    shutil.rmtree(raw, ignore_errors=True)
+    raw.mkdir()
+    outcome = executor.run(local_input, raw)
+    stage.mkdir(parents=True, exist_ok=True)
+    staged: dict[str, Path] = {}
+    for path in outcome.generated:
+        digest = sha256_file(path)
+        if digest in staged or digest == work.input_hash:
+            continue
+        target = stage / digest
+        shutil.move(path, target)
+        staged[digest] = target
+    entries = _describe(staged, probe)
+    return Result(
+        token=work.token, input_hash=actual, outcome=outcome.outcome.value,
+        exit_status=outcome.exit_status, wall_time=outcome.wall_time,
+        solver_time=outcome.solver_time, staged=entries, generated=len(outcome.generated),
+        message=outcome.message,
+    )
+
+
+def _describe(staged: dict[str, Path], probe) -> list[StagedFile]:
+    if not staged:
+        return []
+    digests = list(staged)
+    if probe is None:
+        return [StagedFile(d, os.path.getsize(staged[d])) for d in digests]
+    coverages = probe.probe([staged[d] for d in digests])
+    return [
+        StagedFile(d, os.path.getsize(staged[d]), coverage=c.pack(), status=c.status.value)
+        for d, c in zip(digests, coverages)
+    ]
+
+
+def _make_probe(config: CampaignConfig):
+    if not config.afl_target:
+        return None
+    from ..triage import CoverageProbe
+
+    return CoverageProbe(list(config.afl_target), timeout=config.timeout,
+                         memory_limit_mb=config.memory_limit_mb)
+
+
+def _invalid(work: Work, actual: str, reason: str) -> Result:
+    return Result(token=work.token, input_hash=actual, outcome="invalid-input",
+                  exit_status=None, wall_time=0.0, solver_time=0.0, staged=[], generated=0,
+                  message=reason)
+
+
+def _wait_for(channel: Channel, *tags: Tag):
+    """The next message from the master with one of `tags`; others are not expected."""
+    while True:
+        incoming = channel.wait()
+        if incoming.source == MASTER and incoming.tag in tags and incoming.message is not None:
+            return incoming.message
+        log.warning("rank %d: unexpected message tag %s from %d %s", channel.rank,
+                    incoming.tag, incoming.source, incoming.error)

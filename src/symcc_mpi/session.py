@@ -1,0 +1,115 @@
+"""One rank's life under MPI: rank 0 checks the configuration and runs the master loop,
+every other rank runs the worker loop. Rank 0's verdict reaches workers before any work."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+
+from .config import CampaignConfig, UsageError, check_numbers, check_seeds
+from .corpus import CampaignDir, CampaignError, check_out_dir
+from .executors import check_available
+from .protocol import ConfigVerdict, Tag
+
+log = logging.getLogger("symcc_mpi.session")
+
+
+def run_rank(config: CampaignConfig) -> int:
+    from mpi4py import MPI
+
+    from .roles.master import configure_logging
+    from .transport import Channel
+
+    channel = Channel(MPI.COMM_WORLD)
+    configure_logging(channel.rank)
+    if channel.rank != 0:
+        from .roles.worker import run_worker
+
+        return run_worker(channel, config)
+    try:
+        if channel.size < 2:
+            raise UsageError("a campaign needs at least 2 MPI ranks (1 master + 1 worker)")
+        master = open_master(channel, config)
+    except (UsageError, CampaignError) as error:
+        print(f"symcc-mpi: error: {error}", flush=True)
+        for rank in range(1, channel.size):
+            channel.send(rank, Tag.CONFIG, ConfigVerdict(ok=False, error=str(error)))
+        return 2
+    try:
+        return master.run()
+    finally:
+        master.campaign.close()
+
+
+def check_config(config: CampaignConfig) -> None:
+    """Everything that can be refused before a rank is started."""
+    check_numbers(config)
+    if not config.resume or config.seeds.exists():
+        check_seeds(config.seeds)
+    check_out_dir(config.out, resume=config.resume)
+    check_available(config.executor)
+    if config.afl_target:
+        from .triage import check_afl_target
+
+        check_afl_target(list(config.afl_target))
+
+
+def open_master(channel, config: CampaignConfig):
+    from .roles.master import Master
+    from .progress import CampaignReporter
+
+    check_config(config)
+    campaign = CampaignDir(config.out)
+    campaign.lock()
+    try:
+        if not config.resume:
+            campaign.create(config.to_json())
+        campaign.read_queues()
+        coverage = _coverage_map(config)
+        master = Master(channel, config, campaign, triage=coverage,
+                        reporter=CampaignReporter(config))
+        _load_state(master, config, campaign)
+    except BaseException:
+        campaign.close()
+        raise
+    return master
+
+
+def _coverage_map(config: CampaignConfig):
+    if not config.afl_target:
+        return None
+    from .triage import CoverageMap
+
+    return CoverageMap()
+
+
+def _load_state(master, config: CampaignConfig, campaign: CampaignDir) -> None:
+    """Seeds in, then the frontier: every corpus input not yet in the done journal."""
+    for leftover in campaign.leftover_staging():
+        shutil.rmtree(leftover, ignore_errors=True)  # nothing is in flight before we start
+    if config.seeds.is_dir():
+        for path in check_seeds(config.seeds):
+            campaign.add_seed(path.read_bytes(), path.name)
+    done = {record["sha256"] for record in campaign.read_done()}
+    corpus = campaign.corpus_hashes()
+    for digest in corpus - set(campaign.queue_ids):
+        campaign.add_to_queue(digest, parent="")  # promoted, then killed before queueing
+    ordered = sorted(corpus, key=lambda d: campaign.queue_ids.get(d, 1 << 62))
+    for digest in ordered:
+        master.scheduler.add_input(digest, done=digest in done)
+    master.seen.update(corpus)
+    master.stats.resumed_done = len(done & corpus)
+    if master.triage is not None:
+        _replay_coverage(master, config, campaign, ordered)
+    log.info("campaign %s: %d inputs, %d already analysed, %d in the frontier", config.out,
+             len(corpus), master.stats.resumed_done, len(master.scheduler.frontier))
+
+
+def _replay_coverage(master, config, campaign: CampaignDir, ordered: list[str]) -> None:
+    from .triage import CoverageProbe
+
+    probe = CoverageProbe(list(config.afl_target), timeout=config.timeout,
+                          memory_limit_mb=config.memory_limit_mb)
+    paths = [campaign.corpus / digest for digest in ordered]
+    for coverage in probe.probe(paths):
+        master.triage.merge(coverage)

@@ -1,0 +1,64 @@
+"""Raw-bytes MPI messaging: typed envelopes out, strictly decoded envelopes in.
+
+Waiting polls with `Iprobe` and a bounded, growing sleep: Open MPI's blocking receive spins
+a core, and on a machine with as many workers as cores a spinning master or idle worker
+takes CPU from the executors (DESIGN §8).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import msgspec
+from mpi4py import MPI
+
+from .protocol import MalformedMessage, Tag, decode, encode
+
+MIN_NAP = 0.0002
+MAX_NAP = 0.01
+
+
+@dataclass(frozen=True)
+class Incoming:
+    source: int
+    tag: int
+    message: msgspec.Struct | None  # None when the bytes were malformed
+    error: str = ""
+
+
+class Channel:
+    def __init__(self, comm: MPI.Comm, *, max_nap: float = MAX_NAP):
+        self.comm = comm
+        self.rank = comm.Get_rank()
+        self.size = comm.Get_size()
+        self.max_nap = max_nap
+        self._status = MPI.Status()
+
+    def send(self, dest: int, tag: Tag, message: msgspec.Struct) -> None:
+        payload = encode(message)
+        self.comm.Send([payload, MPI.BYTE], dest=dest, tag=int(tag))
+
+    def poll(self) -> Incoming | None:
+        """Receive one pending message from anyone, if there is one."""
+        if not self.comm.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG, self._status):
+            return None
+        source, tag = self._status.Get_source(), self._status.Get_tag()
+        buffer = bytearray(self._status.Get_count(MPI.BYTE))
+        self.comm.Recv([buffer, MPI.BYTE], source=source, tag=tag)
+        try:
+            return Incoming(source, tag, decode(tag, bytes(buffer)))
+        except MalformedMessage as error:
+            return Incoming(source, tag, None, str(error))
+
+    def wait(self, deadline: float | None = None) -> Incoming | None:
+        """Poll until a message arrives or the monotonic deadline passes."""
+        nap = MIN_NAP
+        while True:
+            incoming = self.poll()
+            if incoming is not None:
+                return incoming
+            if deadline is not None and time.monotonic() >= deadline:
+                return None
+            time.sleep(nap)
+            nap = min(nap * 2, self.max_nap)
