@@ -1,0 +1,404 @@
+"""SymCC-style concolic exploration of one input with tritondse, plus the native reference run."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import resource
+import signal
+import subprocess
+import time
+from collections import Counter, OrderedDict
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import tritondse
+import tritondse.logging as tdse_logging
+from tritondse import CompositeData, Config, Program, Seed, SeedFormat, SeedStatus, SymbolicExecutor
+from tritondse.exception import AbortExecutionException
+from tritondse.routines import SUPPORTED_ROUTINES
+from tritondse.types import SolverStatus
+
+from .base import Outcome
+
+STDIN_NAME = "stdin"  # tritondse's name for the input file fed on fd 0
+TMP_PREFIX = ".triton-tmp-"  # partially written outputs; a supervisor removes them after a kill
+
+# Routines after which the real program dies: tritondse models them as a clean stop.
+_CRASHING_ROUTINES = ("abort", "__assert_fail", "__stack_chk_fail")
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    solver_timeout_ms: int = 1000  # per query
+    max_queries: int = 2000  # per run; 0 = unlimited
+    optimistic: bool = True  # like QSYM: if a flip is UNSAT with its prefix, solve the flip alone
+
+    @classmethod
+    def from_dict(cls, d: dict | None) -> EngineOptions:
+        d = d or {}
+        return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
+
+
+@dataclass
+class NativeResult:
+    exit_status: int | None  # exit code, or -signal
+    wall_time: float
+
+    @property
+    def crashed(self) -> bool:
+        return self.exit_status is not None and self.exit_status < 0
+
+
+@dataclass
+class EngineResult:
+    stop: str  # "end" (normal end), "suspect" (engine saw a crash), "limit" (engine gave up)
+    message: str = ""
+    solver_time: float = 0.0
+    emulation_time: float = 0.0
+    queries: int = 0
+    sat: int = 0
+    generated: int = 0
+    branches: int = 0
+    instructions: int = 0
+    extra: dict = field(default_factory=dict)
+
+
+class _LogCapture(logging.Handler):
+    """Keeps tritondse's last warning/error: it is the only place it says why it stopped."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.last: str = ""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        msg = record.getMessage()
+        if "imported but unsupported" not in msg:  # printed for every unused weak symbol
+            self.last = msg
+
+
+_capture: _LogCapture | None = None
+
+
+def quiet_tritondse() -> _LogCapture:
+    """Silences tritondse's logging (it would print to our stderr) and captures its last word."""
+    global _capture
+    if _capture is None:
+        _capture = _LogCapture()
+        for name in ("", "executor", "routines", "process_state", "memory", "coverage", "config"):
+            log = tdse_logging.get(name)
+            log.setLevel(logging.WARNING)
+            log.handlers[:] = [_capture]
+            log.propagate = False
+        for log in list(tdse_logging._loggers.values()):
+            log.handlers[:] = [_capture]
+            log.propagate = False
+    return _capture
+
+
+def _stat_key(path: str) -> tuple:
+    st = os.stat(path)
+    return (os.path.realpath(path), st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+class LoadedTarget:
+    """A target binary parsed and mapped once; `executor()` may be called once per process.
+
+    The mapped process state is mutated by the run, so the server keeps one template and
+    uses it only in forked children, where the mutation stays private.
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.program = Program(path)
+        cfg = Config(seed_format=SeedFormat.COMPOSITE, program_argv=[path])
+        self._template = SymbolicExecutor(cfg, Seed(CompositeData()), workspace=_NO_WORKSPACE, uid=1)
+        self._template.load(self.program)
+
+    def executor(self, config: Config, seed: Seed) -> SymbolicExecutor:
+        se = SymbolicExecutor(config, seed, workspace=_NO_WORKSPACE, uid=1)
+        # Same effect as se.load(program) minus re-mapping the binary (~10 ms per run).
+        se.loader = self.program
+        se.pstate = self._template.pstate
+        se.rtn_table = dict(self._template.rtn_table)
+        se._load_seed_process_state(se.pstate, seed)
+        return se
+
+
+class _NoWorkspace:
+    """SymbolicExecutor only stores its workspace; a real one would create directories."""
+
+    def __bool__(self) -> bool:
+        return True
+
+
+_NO_WORKSPACE = _NoWorkspace()
+
+
+class TargetCache:
+    """Parsed targets by (path, inode, size, mtime), least recently used evicted."""
+
+    def __init__(self, size: int = 4) -> None:
+        self._size = size
+        self._items: OrderedDict[tuple, LoadedTarget] = OrderedDict()
+
+    def get(self, path: str) -> LoadedTarget:
+        key = _stat_key(path)
+        item = self._items.pop(key, None)
+        if item is None:
+            item = LoadedTarget(path)
+        self._items[key] = item
+        while len(self._items) > self._size:
+            self._items.popitem(last=False)
+        return item
+
+
+def _bucket(n: int) -> int:
+    """AFL/QSYM hit-count classes: a branch is re-flipped only when its count changes class."""
+    for i, limit in enumerate((1, 2, 3, 7, 15, 31, 127)):
+        if n <= limit:
+            return i
+    return 8
+
+
+class _Explorer:
+    """Flips every new branch of one concrete path as the emulation goes (SymCC does it online)."""
+
+    def __init__(
+        self,
+        se: SymbolicExecutor,
+        input_name: str,
+        data: bytes,
+        output_dir: Path,
+        options: EngineOptions,
+        on_query: Callable[[float, float], None] | None,
+    ) -> None:
+        self.se = se
+        self.input_name = input_name
+        self.data = data
+        self.output_dir = output_dir
+        self.options = options
+        self.on_query = on_query
+        self.result = EngineResult(stop="end")
+        self.t0 = time.perf_counter()
+        actx = se.pstate.actx
+        self._prefix = [actx.equal(actx.bvtrue(), actx.bvtrue())]  # land() needs >= 2 operands
+        self._consumed = 0
+        self._hits: Counter = Counter()
+        self._seen_keys: set = set()
+        self._seen_outputs = {hashlib.sha256(data).digest()}
+        self.unsupported: str | None = None
+        self.crash_hint: str | None = None
+        self.query_limit_hit = False
+        self._install_hooks()
+        se.callback_manager.register_on_branch_covered_callback(self._on_branch)
+
+    def _install_hooks(self) -> None:
+        se = self.se
+        for addr, (name, fn) in list(se.rtn_table.items()):
+            if name not in SUPPORTED_ROUTINES:
+                se.rtn_table[addr] = (name, self._unsupported_stub)
+            elif name in _CRASHING_ROUTINES:
+                se.rtn_table[addr] = (name, self._crash_wrapper(name, fn))
+
+    def _unsupported_stub(self, se: SymbolicExecutor, pstate) -> None:
+        self.unsupported, _ = se.rtn_table[pstate.cpu.program_counter]
+        raise AbortExecutionException("unsupported routine")
+
+    def _crash_wrapper(self, name: str, fn: Callable) -> Callable:
+        def wrapper(se: SymbolicExecutor, pstate):
+            self.crash_hint = f"{name}() called"
+            return fn(se, pstate)
+
+        return wrapper
+
+    def _on_branch(self, se: SymbolicExecutor, pstate, edge: tuple[int, int]) -> None:
+        pcs = pstate.get_path_constraints()
+        branch = pcs[-1]
+        for pc in pcs[self._consumed : len(pcs) - 1]:  # constraints routines pushed since the last branch
+            self._prefix.append(pc.getTakenPredicate())
+        self._consumed = len(pcs)
+        self.result.branches += 1
+        self._hits[edge] += 1
+        key = (edge, _bucket(self._hits[edge]))
+        if key not in self._seen_keys:
+            self._seen_keys.add(key)
+            for br in branch.getBranchConstraints():
+                if not br["isTaken"]:
+                    self._flip(br["constraint"])
+        self._prefix.append(branch.getTakenPredicate())
+        if self.query_limit_hit:
+            se.abort()  # nothing more will be solved: finishing the emulation would be wasted time
+
+    def _solve(self, constraint) -> tuple[SolverStatus, dict]:
+        if self.on_query is not None:
+            self.on_query(self.result.solver_time, time.perf_counter() - self.t0)
+        t = time.perf_counter()
+        status, model = self.se.pstate.solve(constraint, with_pp=False)
+        self.result.solver_time += time.perf_counter() - t
+        self.result.queries += 1
+        limit = self.options.max_queries
+        if limit and self.result.queries >= limit:
+            self.query_limit_hit = True
+        return status, model
+
+    def _flip(self, flipped) -> None:
+        if self.query_limit_hit:
+            return
+        actx = self.se.pstate.actx
+        status, model = self._solve(actx.land(self._prefix + [flipped]))
+        if status == SolverStatus.UNSAT and self.options.optimistic and not self.query_limit_hit:
+            status, model = self._solve(flipped)
+            if status == SolverStatus.SAT:
+                self.result.extra["optimistic"] = self.result.extra.get("optimistic", 0) + 1
+        if status == SolverStatus.SAT:
+            self.result.sat += 1
+            self._emit(model)
+
+    def _emit(self, model: dict) -> None:
+        content = bytearray(self.data)
+        for i, var in enumerate(self.se.symbolic_seed.files.get(self.input_name, ())):
+            if var is not None and i < len(content) and var.getId() in model:
+                content[i] = model[var.getId()].getValue() & 0xFF
+        digest = hashlib.sha256(content).digest()
+        if digest in self._seen_outputs:
+            return
+        self._seen_outputs.add(digest)
+        self.result.generated += 1
+        name = f"{self.result.generated:06d}"
+        tmp = self.output_dir / f"{TMP_PREFIX}{name}"
+        tmp.write_bytes(content)
+        os.replace(tmp, self.output_dir / name)  # a killed run never leaves a half file under a real name
+
+    def finish(self, capture: _LogCapture) -> EngineResult:
+        se, res = self.se, self.result
+        res.instructions = se.trace_offset
+        res.emulation_time = time.perf_counter() - self.t0 - res.solver_time
+        if self.unsupported:
+            res.stop, res.message = "limit", f"unsupported library function {self.unsupported}()"
+        elif self.crash_hint:
+            res.stop, res.message = "suspect", self.crash_hint
+        elif se.seed.status == SeedStatus.CRASH:
+            res.stop, res.message = "suspect", capture.last or "crash"
+        elif se.seed.status == SeedStatus.FAIL:
+            res.stop, res.message = "limit", capture.last or "execution interrupted"
+        elif self.query_limit_hit:
+            res.message = f"query limit {self.options.max_queries} reached"
+        elif not (se.pstate.stop or not se.pstate.threads or _at_halt(se)):
+            pc = se.pstate.cpu.program_counter
+            res.stop, res.message = "limit", capture.last or f"emulation stopped at {pc:#x}"
+        return res
+
+
+def _at_halt(se: SymbolicExecutor) -> bool:
+    """The normal end of a run: main returned into _start's `hlt`."""
+    try:
+        return se.pstate.is_halt_instruction()
+    except Exception:
+        return False
+
+
+def explore(
+    target: LoadedTarget,
+    argv: list[str],
+    input_name: str,
+    data: bytes,
+    output_dir: Path,
+    options: EngineOptions = EngineOptions(),
+    on_query: Callable[[float, float], None] | None = None,
+) -> EngineResult:
+    """Runs `argv` under tritondse on `data` (file `input_name`, or STDIN_NAME) and writes
+    one file per solved branch flip into `output_dir`."""
+    capture = quiet_tritondse()
+    capture.last = ""
+    config = Config(
+        seed_format=SeedFormat.COMPOSITE,
+        program_argv=list(argv),
+        smt_timeout=options.solver_timeout_ms,
+        # Off: tritondse's short tables (ctype) and unapplied relocations make it fault
+        # where the real program does not; crashes are judged by the native run instead.
+        memory_segmentation=False,
+        skip_unsupported_import=False,
+    )
+    seed = Seed(CompositeData(files={input_name: data}))
+    try:
+        se = target.executor(config, seed)
+    except Exception as e:  # noqa: BLE001 - anything from the loader is an engine limit
+        return EngineResult(stop="limit", message=f"cannot load target: {e}")
+    explorer = _Explorer(se, input_name, data, output_dir, options, on_query)
+    try:
+        se.run()
+    except Exception as e:  # noqa: BLE001 - tritondse raises from deep inside callbacks
+        r = explorer.finish(capture)
+        r.stop, r.message = "limit", f"tritondse failed: {type(e).__name__}: {e}"
+        return r
+    return explorer.finish(capture)
+
+
+def run_native(
+    argv: list[str],
+    stdin_data: bytes | None,
+    *,
+    env: dict | None = None,
+    memory_limit_mb: int | None = None,
+    timeout: float | None = None,
+) -> NativeResult:
+    """Runs the real binary once: it, not the emulator, says whether the input crashes."""
+    preexec = None
+    if memory_limit_mb:
+        limit = memory_limit_mb * 1024 * 1024
+
+        def preexec() -> None:
+            resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+    t = time.perf_counter()
+    try:
+        proc = subprocess.run(
+            argv,
+            input=stdin_data if stdin_data is not None else None,
+            stdin=None if stdin_data is not None else subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            env=env,
+            preexec_fn=preexec,
+            timeout=timeout,
+        )
+        status: int | None = proc.returncode
+    except subprocess.TimeoutExpired:
+        status = -signal.SIGKILL
+    except OSError:
+        status = None
+    return NativeResult(exit_status=status, wall_time=time.perf_counter() - t)
+
+
+def classify(native: NativeResult | None, engine: EngineResult | None) -> tuple[Outcome, int | None, str]:
+    """(outcome, exit status, message) of one run from the native run and the engine's stop."""
+    if native is None or native.exit_status is None:
+        return Outcome.ERROR, None, "the target could not be started"
+    if native.crashed:
+        return Outcome.CRASH, native.exit_status, ""
+    if engine is None:
+        return Outcome.ERROR, native.exit_status, "tritondse did not finish"
+    if engine.stop == "limit":
+        return Outcome.ERROR, native.exit_status, f"tritondse: {engine.message}"
+    if engine.stop == "suspect":
+        return (
+            Outcome.ERROR,
+            native.exit_status,
+            f"tritondse: {engine.message} (the native run did not crash)",
+        )
+    return Outcome.OK, native.exit_status, ""
+
+
+def engine_summary(engine: EngineResult) -> dict:
+    d = asdict(engine)
+    d.update(d.pop("extra"))
+    return d
+
+
+def versions() -> dict:
+    from importlib.metadata import version
+
+    return {"tritondse": version("tritondse"), "triton": tritondse.TRITON_VERSION}

@@ -1,0 +1,132 @@
+"""The campaign directory: output-dir checks, staging verification, done journal replay."""
+
+import os
+from pathlib import Path
+
+import pytest
+
+from symcc_mpi.corpus import CampaignDir, CampaignError, check_out_dir, sha256_bytes
+
+TOKEN = "ab" * 16
+
+
+@pytest.fixture
+def campaign(tmp_path):
+    c = CampaignDir(tmp_path / "out")
+    check_out_dir(c.out, resume=False)
+    c.create({"test": True})
+    c.lock()
+    yield c
+    c.close()
+
+
+def stage(c: CampaignDir, data: bytes, token=TOKEN) -> str:
+    d = sha256_bytes(data)
+    c.staging_dir(token).mkdir(parents=True, exist_ok=True)
+    (c.staging_dir(token) / d).write_bytes(data)
+    return d
+
+
+def test_foreign_directory_is_refused(tmp_path):
+    (tmp_path / "mine.txt").write_text("precious")
+    with pytest.raises(CampaignError, match="not empty"):
+        check_out_dir(tmp_path, resume=False)
+    assert (tmp_path / "mine.txt").read_text() == "precious"
+
+
+def test_existing_campaign_needs_resume(campaign):
+    with pytest.raises(CampaignError, match="--resume"):
+        check_out_dir(campaign.out, resume=False)
+    check_out_dir(campaign.out, resume=True)
+
+
+def test_resume_without_campaign(tmp_path):
+    with pytest.raises(CampaignError, match="no symcc-mpi campaign"):
+        check_out_dir(tmp_path / "nothing", resume=True)
+
+
+def test_unwritable_output(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(CampaignError):
+        check_out_dir(blocker / "out", resume=False)
+    with pytest.raises(CampaignError, match="not writable"):
+        check_out_dir(Path("/proc/self/symcc-out"), resume=False)  # even root cannot write
+
+
+def test_second_master_is_refused(campaign):
+    other = CampaignDir(campaign.out)
+    with pytest.raises(CampaignError, match="another campaign"):
+        other.lock()
+
+
+def test_verify_and_promote(campaign):
+    d = stage(campaign, b"child")
+    assert campaign.verify_staged(TOKEN, [(d, 5)]) is None
+    assert campaign.promote(TOKEN, d)
+    assert (campaign.corpus / d).read_bytes() == b"child"
+    assert not campaign.promote(TOKEN, d)  # already public: nothing to do
+
+
+def test_tampered_staging_is_rejected(campaign):
+    d = stage(campaign, b"child")
+    (campaign.staging_dir(TOKEN) / d).write_bytes(b"chilD")
+    assert "do not match" in campaign.verify_staged(TOKEN, [(d, 5)])
+    assert "size" in campaign.verify_staged(TOKEN, [(d, 6)])
+    assert "No such file" in campaign.verify_staged(TOKEN, [("0" * 64, 1)])
+
+
+def test_staging_path_cannot_escape(campaign):
+    with pytest.raises(ValueError):
+        campaign.staging_dir("../../etc")
+
+
+def test_done_journal_replays_and_drops_a_torn_tail(campaign):
+    campaign.record_done("a" * 64, TOKEN, "ok")
+    campaign.record_done("b" * 64, TOKEN, "crash")
+    campaign.close()
+    with open(campaign.done_journal, "ab") as handle:
+        handle.write(b'{"sha256": "cccc')  # killed mid-append
+    records = campaign.read_done()
+    assert [r["sha256"] for r in records] == ["a" * 64, "b" * 64]
+    assert campaign.done_journal.read_bytes().endswith(b"\n")
+    assert any(p.name.startswith("done.jsonl.torn") for p in campaign.quarantine.iterdir())
+
+
+def test_corrupt_done_journal_names_file_and_line(campaign):
+    campaign.record_done("a" * 64, TOKEN, "ok")
+    campaign.close()
+    with open(campaign.done_journal, "ab") as handle:
+        handle.write(b"garbage\n")
+        handle.write(b'{"sha256": "' + b"d" * 64 + b'"}\n')
+    with pytest.raises(CampaignError, match=r"done\.jsonl, line 2"):
+        campaign.read_done()
+
+
+def test_misnamed_corpus_file_is_quarantined_not_dropped(campaign):
+    good = campaign.add_seed(b"seed", "s1")
+    (campaign.corpus / ("f" * 64)).write_bytes(b"not matching")
+    assert campaign.corpus_hashes() == {good}
+    assert (campaign.quarantine / f"corpus-{'f' * 64}").read_bytes() == b"not matching"
+
+
+def test_queue_names_and_resume_numbering(campaign):
+    seed = campaign.add_seed(b"seed", "my seed!")
+    d = stage(campaign, b"child")
+    campaign.promote(TOKEN, d)
+    campaign.add_to_queue(d, seed)
+    names = sorted(p.name for p in campaign.queue.iterdir())
+    assert names == ["id:000000,orig:my_seed_", "id:000001,src:000000,op:symcc"]
+    reopened = CampaignDir(campaign.out)
+    reopened.read_queues()
+    assert reopened.queue_ids == {seed: 0, d: 1}
+    assert reopened._take_id("queue") == 2
+    assert os.path.samefile(campaign.corpus / d, campaign.queue / names[1])
+
+
+def test_findings_are_saved_once(campaign):
+    seed = campaign.add_seed(b"boom", "s")
+    path = campaign.corpus / seed
+    assert campaign.save_finding("crashes", path, seed, seed, "sig:11")
+    assert not campaign.save_finding("crashes", path, seed, seed, "sig:11")
+    assert [p.name for p in campaign.crashes.iterdir()] == ["id:000000,sig:11,src:000000,op:symcc"]

@@ -1,0 +1,91 @@
+"""The SymCC subprocess contract, with small shell targets standing in for the target's side.
+
+(The same contract with a real concolic engine behind it is tested in
+test_symcc_contract.py through the Triton shim.)
+"""
+
+import os
+import stat
+import time
+
+import pytest
+
+from symcc_mpi.executors import Outcome
+from symcc_mpi.executors.symcc import SymccExecutor, solver_seconds
+
+
+def script(tmp_path, name, body):
+    path = tmp_path / name
+    path.write_text("#!/bin/sh\n" + body)
+    path.chmod(path.stat().st_mode | stat.S_IEXEC)
+    return str(path)
+
+
+@pytest.fixture
+def dirs(tmp_path):
+    inp = tmp_path / "input"
+    inp.write_bytes(b"hello")
+    out = tmp_path / "gen"
+    out.mkdir()
+    return inp, out
+
+
+def test_at_at_is_the_input_path_and_symcc_input_file_is_set(tmp_path, dirs):
+    inp, out = dirs
+    target = script(tmp_path, "t", 'cat "$1" > "$SYMCC_OUTPUT_DIR/a"\n'
+                    'echo "$SYMCC_INPUT_FILE" > "$SYMCC_OUTPUT_DIR/b"\n')
+    result = SymccExecutor([target, "@@"], timeout=5).run(inp, out)
+    assert result.outcome is Outcome.OK and result.exit_status == 0
+    assert (out / "a").read_bytes() == b"hello"
+    assert (out / "b").read_text().strip() == str(inp)
+    assert [p.name for p in result.generated] == ["a", "b"]
+
+
+def test_without_at_at_input_is_on_stdin(tmp_path, dirs):
+    inp, out = dirs
+    target = script(tmp_path, "t", 'cat > "$SYMCC_OUTPUT_DIR/a"\n'
+                    'echo "${SYMCC_INPUT_FILE-unset}" > "$SYMCC_OUTPUT_DIR/b"\n')
+    result = SymccExecutor([target], timeout=5).run(inp, out)
+    assert (out / "a").read_bytes() == b"hello"
+    assert (out / "b").read_text().strip() == "unset"
+    assert result.outcome is Outcome.OK
+
+
+def test_signal_death_is_a_crash(tmp_path, dirs):
+    target = script(tmp_path, "t", "kill -SEGV $$\n")
+    result = SymccExecutor([target], timeout=5).run(*dirs)
+    assert result.outcome is Outcome.CRASH and result.exit_status == -11
+
+
+def test_exit_code_is_not_a_crash(tmp_path, dirs):
+    result = SymccExecutor([script(tmp_path, "t", "exit 3\n")], timeout=5).run(*dirs)
+    assert result.outcome is Outcome.OK and result.exit_status == 3
+
+
+def test_timeout_kills_the_whole_process_group(tmp_path, dirs):
+    marker = tmp_path / "grandchild-alive"
+    target = script(tmp_path, "t", f'(sleep 3; touch "{marker}") &\nsleep 30\n')
+    started = time.monotonic()
+    result = SymccExecutor([target], timeout=0.5).run(*dirs)
+    assert result.outcome is Outcome.TIMEOUT
+    assert time.monotonic() - started < 3
+    time.sleep(3.5)
+    assert not marker.exists(), "a descendant of the timed-out target survived"
+
+
+def test_memory_limit_applies(tmp_path, dirs):
+    target = script(tmp_path, "t", 'ulimit -v > "$SYMCC_OUTPUT_DIR/limit"\n')
+    SymccExecutor([target], timeout=5, memory_limit_mb=64).run(*dirs)
+    assert (dirs[1] / "limit").read_text().strip() == str(64 * 1024)
+
+
+def test_solver_time_from_stat_lines():
+    stderr = (b'[STAT] SMT: { "solving_time": 1500000, "total_time": 9 }\nnoise\n'
+              b'[STAT] SMT: { "solving_time": 500000 }\n[STAT] SMT: { broken }\n')
+    assert solver_seconds(stderr) == pytest.approx(2.0)
+
+
+def test_missing_program_is_an_executor_error(tmp_path, dirs):
+    result = SymccExecutor([str(tmp_path / "gone")], timeout=5).run(*dirs)
+    assert result.outcome is Outcome.ERROR and "cannot start" in result.message
+    assert os.listdir(dirs[1]) == []
