@@ -46,12 +46,12 @@ def check_config(config: CampaignConfig) -> None:
     check_numbers(config)
     if not config.resume or config.seeds.exists():
         check_seeds(config.seeds)
-    check_out_dir(config.out, resume=config.resume)
     check_available(config.executor)
     if config.afl_target:
         from .triage import check_afl_target
 
         check_afl_target(list(config.afl_target))
+    check_out_dir(config.out, resume=config.resume)  # last: it may create the directory
 
 
 def open_master(channel, config: CampaignConfig):

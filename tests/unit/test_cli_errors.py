@@ -1,0 +1,140 @@
+"""Every user mistake gets one line naming the problem, exit status 2, and no traceback."""
+
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from symcc_mpi.cli import cli
+
+
+@pytest.fixture
+def setup(tmp_path):
+    seeds = tmp_path / "seeds"
+    seeds.mkdir()
+    (seeds / "a").write_bytes(b"x")
+    target = tmp_path / "target"
+    target.write_text("#!/bin/sh\nexit 0\n")
+    target.chmod(target.stat().st_mode | stat.S_IEXEC)
+    return tmp_path, seeds, target
+
+
+def run(*args):
+    return CliRunner().invoke(cli, ["explore", *map(str, args)])
+
+
+def one_line_error(result, pattern):
+    assert result.exit_code == 2, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("symcc-mpi: error: "), result.output
+    assert pattern in lines[0], lines[0]
+    assert "Traceback" not in result.output
+
+
+def test_missing_target(setup):
+    tmp, seeds, _ = setup
+    one_line_error(run("--target", tmp / "nope @@", "--seeds", seeds, "--out", tmp / "o"),
+                   "does not exist")
+
+
+def test_non_executable_target(setup):
+    tmp, seeds, target = setup
+    target.chmod(0o644)
+    one_line_error(run("--target", f"{target} @@", "--seeds", seeds, "--out", tmp / "o"),
+                   "not an executable file")
+
+
+def test_target_command_without_program(setup):
+    tmp, seeds, _ = setup
+    one_line_error(run("--target", "@@", "--seeds", seeds, "--out", tmp / "o"),
+                   "names no program")
+    one_line_error(run("--target", "", "--seeds", seeds, "--out", tmp / "o"), "names no program")
+
+
+def test_program_not_on_path(setup):
+    tmp, seeds, _ = setup
+    one_line_error(run("--target", "no-such-program-xyz @@", "--seeds", seeds,
+                       "--out", tmp / "o"), "not found on PATH")
+
+
+def test_empty_seed_directory(setup):
+    tmp, _, target = setup
+    (tmp / "empty").mkdir()
+    one_line_error(run("--target", target, "--seeds", tmp / "empty", "--out", tmp / "o"),
+                   "holds no input files")
+
+
+def test_missing_seed_directory(setup):
+    tmp, _, target = setup
+    one_line_error(run("--target", target, "--seeds", tmp / "gone", "--out", tmp / "o"),
+                   "does not exist")
+
+
+def test_foreign_output_directory_is_left_alone(setup):
+    tmp, seeds, target = setup
+    out = tmp / "o"
+    out.mkdir()
+    (out / "thesis.tex").write_text("keep me")
+    one_line_error(run("--target", target, "--seeds", seeds, "--out", out),
+                   "holds no symcc-mpi campaign")
+    assert os.listdir(out) == ["thesis.tex"]
+
+
+def test_unwritable_output(setup):
+    tmp, seeds, target = setup
+    one_line_error(run("--target", target, "--seeds", seeds, "--out", "/proc/self/out"),
+                   "not writable")
+
+
+def test_zero_workers(setup):
+    tmp, seeds, target = setup
+    one_line_error(run("--target", target, "--seeds", seeds, "--out", tmp / "o",
+                       "--workers", 0), "--workers must be at least 1")
+
+
+def test_executor_not_installed(setup, monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "tritondse" else real(name, *a))
+    tmp, seeds, target = setup
+    one_line_error(run("--target", target, "--seeds", seeds, "--out", tmp / "o"),
+                   "needs the Python package 'tritondse'")
+
+
+def test_mpiexec_missing(setup, monkeypatch):
+    tmp, seeds, target = setup
+    monkeypatch.setattr(sys, "executable", str(tmp / "nowhere" / "python"))
+    monkeypatch.setenv("PATH", str(tmp / "nowhere"))
+    for name in ("OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    one_line_error(run("--target", target, "--seeds", seeds, "--out", tmp / "o",
+                       "--executor", "noop"), "mpiexec not found")
+
+
+def test_resume_of_nothing(setup):
+    tmp, _, target = setup
+    one_line_error(run("--target", target, "--out", tmp / "o", "--resume"),
+                   "no symcc-mpi campaign to resume")
+
+
+def test_real_process_prints_no_traceback(setup):
+    """The installed console script, not just click's runner."""
+    tmp, _, target = setup
+    script = Path(sys.executable).with_name("symcc-mpi")
+    process = subprocess.run([str(script), "explore", "--target", str(target), "--seeds",
+                              str(tmp / "gone"), "--out", str(tmp / "o")],
+                             capture_output=True, text=True, timeout=60)
+    assert process.returncode == 2
+    assert process.stderr.strip().startswith("symcc-mpi: error: seed directory")
+    assert "Traceback" not in process.stderr + process.stdout
+
+
+def test_verify_of_a_non_campaign(tmp_path):
+    result = CliRunner().invoke(cli, ["verify", str(tmp_path)])
+    assert result.exit_code == 2 and "holds no symcc-mpi campaign" in result.output
