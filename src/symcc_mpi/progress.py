@@ -43,7 +43,8 @@ def master_snapshot(master) -> dict:
         edges_found=master.triage.edges_covered if master.triage is not None else None,
         per_worker=per_worker,
         master_pid=os.getpid(),
-        master_cpu_seconds=time.process_time(),
+        master_loop_cpu_seconds=time.process_time() - master.loop_cpu_start,
+        master_task_time=master.task_time_summary(),
     )
     return figures
 

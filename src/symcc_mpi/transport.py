@@ -15,8 +15,9 @@ from mpi4py import MPI
 
 from .protocol import MalformedMessage, Tag, decode, encode
 
-MIN_NAP = 0.0002
-MAX_NAP = 0.01
+MIN_NAP = 0.00005
+MAX_NAP = 0.002
+NAP_GROWTH = 1.25  # slow growth: naps stay short for a while after any activity
 
 
 @dataclass(frozen=True)
@@ -61,4 +62,4 @@ class Channel:
             if deadline is not None and time.monotonic() >= deadline:
                 return None
             time.sleep(nap)
-            nap = min(nap * 2, self.max_nap)
+            nap = min(nap * NAP_GROWTH, self.max_nap)

@@ -13,8 +13,10 @@ import enum
 import logging
 import os
 import signal
+import statistics
 import sys
 import time
+from collections import deque
 from dataclasses import dataclass, field
 
 from ..config import CampaignConfig
@@ -32,7 +34,7 @@ from ..protocol import (
     Work,
 )
 from ..scheduler import Dispatch, Scheduler, Verdict
-from ..transport import Channel
+from ..transport import MIN_NAP, NAP_GROWTH, Channel
 
 log = logging.getLogger("symcc_mpi.master")
 
@@ -95,6 +97,10 @@ class Master:
         self.ack_deadline = 0.0
         self.acked: set[int] = set()
         self.workers = list(range(1, channel.size))
+        # Master time spent on each task (send WORK + handle its RESULT), for benchmarks.
+        self.send_seconds: dict[str, float] = {}
+        self.task_seconds: deque[float] = deque(maxlen=100_000)
+        self.loop_cpu_start = 0.0
         for rank in self.workers:
             self.stats.per_worker[rank] = WorkerStats()
 
@@ -106,7 +112,8 @@ class Master:
         for rank in self.workers:
             self.channel.send(rank, Tag.CONFIG, ConfigVerdict(ok=True))
         next_report = 0.0
-        nap = 0.0002
+        nap = MIN_NAP
+        self.loop_cpu_start = time.process_time()
         while self.phase is not Phase.DONE:
             handled = 0
             while (incoming := self.channel.poll()) is not None:
@@ -120,10 +127,10 @@ class Master:
                 self.report()
                 next_report = now + REPORT_INTERVAL
             if handled:
-                nap = 0.0002
+                nap = MIN_NAP
             else:
                 time.sleep(nap)
-                nap = min(nap * 2, self.channel.max_nap)
+                nap = min(nap * NAP_GROWTH, self.channel.max_nap)
         self.report(final=True)
         return 1 if self.stats.stop_reason.startswith("no usable worker") else 0
 
@@ -155,14 +162,33 @@ class Master:
         return len(dispatches)
 
     def _send_work(self, dispatch: Dispatch) -> None:
+        started = time.perf_counter()
         try:
             self.channel.send(dispatch.rank, Tag.WORK, Work(dispatch.token, dispatch.input_hash))
         except Exception as error:  # an MPI error: the work never left
             log.error("sending work to rank %d failed: %s", dispatch.rank, error)
             self.scheduler.send_failed(dispatch)
             self.scheduler.retire(dispatch.rank)
+            return
+        self.send_seconds[dispatch.token] = time.perf_counter() - started
 
     def _on_result(self, rank: int, result: Result) -> None:
+        started = time.perf_counter()
+        self._judge_and_commit(rank, result)
+        sent = self.send_seconds.pop(result.token, None)
+        if sent is not None:
+            self.task_seconds.append(sent + time.perf_counter() - started)
+
+    def task_time_summary(self) -> dict:
+        samples = list(self.task_seconds)
+        if not samples:
+            return {"tasks": 0}
+        samples.sort()
+        return {"tasks": len(samples), "median_ms": statistics.median(samples) * 1e3,
+                "p90_ms": samples[int(len(samples) * 0.9)] * 1e3,
+                "mean_ms": statistics.fmean(samples) * 1e3}
+
+    def _judge_and_commit(self, rank: int, result: Result) -> None:
         verdict = self.scheduler.judge_result(rank, result)
         if verdict is Verdict.STALE:
             log.warning("stale or foreign RESULT from rank %d dropped (token %s)", rank,

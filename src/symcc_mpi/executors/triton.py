@@ -1,0 +1,224 @@
+"""TritonExecutor: the embedded concolic backend (tritondse behind SymCC's contract, DESIGN §3)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import select
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from .base import ExecutionResult, ExecutorError, Outcome
+
+SERVER_MODULE = "symcc_mpi.executors.triton_server"
+_SRC_ROOT = Path(__file__).resolve().parents[2]  # so the server finds us even when not installed
+_REPLY_GRACE = 10.0  # seconds the server may take beyond the run timeout before we call it dead
+
+
+def check_tritondse() -> None:
+    """Raises ExecutorError when tritondse/Triton cannot be found (without importing them: 2 s)."""
+    for module, dist in (("tritondse", "tritondse"), ("triton", "triton-library")):
+        if importlib.util.find_spec(module) is None:
+            raise ExecutorError(
+                f"tritondse is not installed: module {module!r} not found "
+                f"(pip install tritondse triton-library 'bitstring<4')"
+            )
+
+
+def resolve_target(argv0: str) -> str:
+    path = shutil.which(argv0) if os.sep not in argv0 else argv0
+    if not path or not os.path.isfile(path) or not os.access(path, os.X_OK):
+        raise ExecutorError(f"target not found or not executable: {argv0}")
+    return os.path.abspath(path)
+
+
+class TritonExecutor:
+    """Explores one input per run with tritondse; see triton_server for the isolation.
+
+    The target is an ordinary x86-64 binary (plain `gcc -O0`). `@@` in its arguments is
+    replaced by the input path (else the input goes to stdin). Each run also executes the
+    real binary once: its fate decides CRASH; engine limits are reported as ERROR.
+    """
+
+    name = "triton"
+
+    def __init__(
+        self,
+        target_argv: list[str],
+        *,
+        timeout: float,
+        memory_limit_mb: int | None = None,
+        solver_timeout_ms: int = 1000,
+        max_queries: int = 2000,
+        optimistic: bool = True,
+        solver: str = "bitwuzla",
+        startup_timeout: float = 60.0,
+        python: str | None = None,
+    ) -> None:
+        if not target_argv:
+            raise ExecutorError("empty target command line")
+        if timeout <= 0:
+            raise ExecutorError("timeout must be positive")
+        check_tritondse()
+        self.target_argv = [resolve_target(target_argv[0]), *target_argv[1:]]
+        self.timeout = float(timeout)
+        self.memory_limit_mb = memory_limit_mb
+        self.engine_options = {
+            "solver_timeout_ms": int(solver_timeout_ms),
+            "max_queries": int(max_queries),
+            "optimistic": bool(optimistic),
+            "solver": solver,
+        }
+        if solver not in ("bitwuzla", "z3"):
+            raise ExecutorError(f"unknown solver {solver!r} (bitwuzla or z3)")
+        self.startup_timeout = startup_timeout
+        self.python = python or sys.executable
+        self.stdin_mode = not any("@@" in a for a in target_argv[1:])
+        self._server: subprocess.Popen | None = None
+        self._buf = b""
+        self.server_starts = 0
+
+    # -- server lifecycle -------------------------------------------------------------
+
+    def start(self) -> None:
+        """Starts the server now (else the first run does); raises ExecutorError if unusable."""
+        if self._server is not None and self._server.poll() is None:
+            return
+        self._discard_server()
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_SRC_ROOT), env.get("PYTHONPATH")) if p)
+        try:
+            # Popen execs right away (no Python code runs between fork and exec): safe in an MPI rank.
+            self._server = subprocess.Popen(
+                [self.python, "-m", SERVER_MODULE],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                env=env,
+                close_fds=True,
+            )
+        except OSError as e:
+            raise ExecutorError(f"cannot start the triton server: {e}") from None
+        self.server_starts += 1
+        hello = self._read_reply(time.monotonic() + self.startup_timeout)
+        if hello is None:
+            self._discard_server()
+            raise ExecutorError("the triton server did not start")
+        if not hello.get("hello"):
+            self._discard_server()
+            raise ExecutorError(f"tritondse is not usable: {hello.get('error', 'unknown error')}")
+        self.versions = hello.get("versions", {})
+
+    def close(self) -> None:
+        """Stops the server (a later run starts a new one)."""
+        srv = self._server
+        if srv is None:
+            return
+        try:
+            srv.stdin.write(b'{"op": "shutdown"}\n')
+            srv.stdin.close()
+        except OSError:
+            pass
+        try:
+            srv.wait(timeout=2.0)
+        except subprocess.TimeoutExpired:
+            srv.kill()
+            srv.wait()
+        self._discard_server()
+
+    def __enter__(self) -> TritonExecutor:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _discard_server(self) -> None:
+        srv, self._server, self._buf = self._server, None, b""
+        if srv is None:
+            return
+        if srv.poll() is None:
+            srv.kill()
+            srv.wait()
+        for f in (srv.stdin, srv.stdout):
+            try:
+                f.close()
+            except OSError:
+                pass
+
+    def _read_reply(self, deadline: float) -> dict | None:
+        """One JSON line from the server, or None if it died or stayed silent until deadline."""
+        fd = self._server.stdout.fileno()
+        while b"\n" not in self._buf:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return None
+            r, _, _ = select.select([fd], [], [], remaining)
+            if not r:
+                continue
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                return None
+            self._buf += chunk
+        line, _, self._buf = self._buf.partition(b"\n")
+        try:
+            return json.loads(line)
+        except ValueError:
+            return None
+
+    # -- runs -------------------------------------------------------------------------
+
+    def command_for(self, input_path: Path) -> list[str]:
+        path = str(input_path)
+        return [self.target_argv[0], *(a.replace("@@", path) for a in self.target_argv[1:])]
+
+    def run(self, input_path: Path, output_dir: Path) -> ExecutionResult:
+        input_path = Path(os.path.abspath(input_path))
+        output_dir = Path(os.path.abspath(output_dir))
+        self.start()
+        request = {
+            "op": "run",
+            "argv": self.command_for(input_path),
+            "input": str(input_path),
+            "input_name": "stdin" if self.stdin_mode else str(input_path),
+            "output_dir": str(output_dir),
+            "timeout": self.timeout,
+            "memory_limit_mb": self.memory_limit_mb,
+            "engine": self.engine_options,
+        }
+        t0 = time.monotonic()
+        reply = None
+        try:
+            self._server.stdin.write((json.dumps(request) + "\n").encode())
+            self._server.stdin.flush()
+            reply = self._read_reply(t0 + self.timeout + _REPLY_GRACE)
+        except OSError:
+            pass
+        if reply is None or "outcome" not in reply:
+            # Dead or wedged: the next run starts a fresh server.
+            self._discard_server()
+            return ExecutionResult(
+                outcome=Outcome.ERROR,
+                exit_status=None,
+                wall_time=time.monotonic() - t0,
+                generated=_listing(output_dir),
+                message="the triton server died during the run",
+            )
+        return ExecutionResult(
+            outcome=Outcome(reply["outcome"]),
+            exit_status=reply.get("exit_status"),
+            wall_time=float(reply.get("wall_time", time.monotonic() - t0)),
+            solver_time=float(reply.get("solver_time", 0.0)),
+            generated=_listing(output_dir),
+            message=reply.get("message", ""),
+            extra=reply.get("extra", {}),
+        )
+
+
+def _listing(output_dir: Path) -> tuple[Path, ...]:
+    try:
+        return tuple(sorted(p for p in output_dir.iterdir() if p.is_file()))
+    except OSError:
+        return ()
