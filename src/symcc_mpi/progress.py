@@ -43,6 +43,7 @@ def master_snapshot(master) -> dict:
         edges_found=master.triage.edges_covered if master.triage is not None else None,
         per_worker=per_worker,
         master_pid=os.getpid(),
+        master_loop_seconds=time.monotonic() - master.loop_started,
         master_loop_cpu_seconds=time.process_time() - master.loop_cpu_start,
         master_task_time=master.task_time_summary(),
     )

@@ -101,6 +101,7 @@ class Master:
         self.send_seconds: dict[str, float] = {}
         self.task_seconds: deque[float] = deque(maxlen=100_000)
         self.loop_cpu_start = 0.0
+        self.loop_started = time.monotonic()
         for rank in self.workers:
             self.stats.per_worker[rank] = WorkerStats()
 
@@ -114,6 +115,7 @@ class Master:
         next_report = 0.0
         nap = MIN_NAP
         self.loop_cpu_start = time.process_time()
+        self.loop_started = time.monotonic()
         while self.phase is not Phase.DONE:
             handled = 0
             while (incoming := self.channel.poll()) is not None:
