@@ -96,10 +96,11 @@ def render_live(s: dict):
 
 
 def summary_table(s: dict) -> Table:
-    table = Table(title=f"campaign summary ({s.get('stop_reason') or 'stopped'})")
+    table = Table(title="campaign summary")
     table.add_column("figure")
     table.add_column("value", justify="right")
     rows = [
+        ("stopped because", s.get("stop_reason") or "?"),
         ("elapsed", _duration(s["elapsed"])),
         ("executions", s["executions"]),
         ("executions/s", f"{s['execs_per_sec']:.2f}"),
@@ -151,7 +152,7 @@ class LiveView:
 
     def log(self, line: str) -> None:
         self.recent.append(line)
-        self.console.print(line, markup=False, highlight=False)
+        self.console.print(line, markup=False, highlight=False, soft_wrap=True)
 
     def note(self, line: str) -> None:
         self.console.print(f"[yellow]{line}[/yellow]")

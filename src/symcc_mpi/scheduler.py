@@ -66,18 +66,19 @@ class Scheduler:
             self.frontier.append(digest)
         return True
 
-    def worker_ready(self, rank: int, token: str | None) -> None:
+    def worker_ready(self, rank: int, token: str | None) -> Dispatch | None:
+        """The rank wants work. Returns the dispatch whose RESULT it never delivered, if any."""
         if rank in self.retired:
-            return
-        current = self.active.get(rank)
-        if current is not None:
+            return None
+        lost = self.active.pop(rank, None)
+        if lost is not None:
             # The worker asks for work while we still wait for its RESULT: that RESULT was
             # lost or malformed. The input was not analysed; give it to someone again.
-            del self.active[rank]
             self.stats.ready_without_result += 1
-            self._requeue(current.input_hash)
+            self._requeue(lost.input_hash)
         if rank not in self.idle:
             self.idle.append(rank)
+        return lost
 
     def next_dispatches(self) -> list[Dispatch]:
         dispatches = []
@@ -116,6 +117,9 @@ class Scheduler:
         """An accepted RESULT could not be committed (bad staging): requeue its input."""
         self.stats.invalid_results += 1
         self._requeue(digest)
+
+    def is_active_token(self, token: str) -> bool:
+        return any(d.token == token for d in self.active.values())
 
     def mark_done(self, digest: str) -> None:
         self.done.add(digest)

@@ -106,3 +106,14 @@ def test_retired_rank_gets_nothing_and_returns_its_work():
     s.retire(1)
     s.worker_ready(1, None)
     assert not s.idle and list(s.frontier) == [digest(1)]
+
+
+def test_lost_result_is_returned_for_cleanup():
+    s = Scheduler()
+    s.add_input(digest(1))
+    s.worker_ready(1, None)
+    (d,) = s.next_dispatches()
+    assert s.is_active_token(d.token)
+    assert s.worker_ready(1, d.token) == d
+    assert not s.is_active_token(d.token)
+    assert s.worker_ready(1, d.token) is None

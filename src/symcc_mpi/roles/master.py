@@ -145,7 +145,11 @@ class Master:
             return
         rank = incoming.source
         if isinstance(message, Ready):
-            self.scheduler.worker_ready(rank, message.token)
+            lost = self.scheduler.worker_ready(rank, message.token)
+            if lost is not None:
+                log.warning("rank %d is ready again without a valid RESULT for %s; requeued",
+                            rank, lost.input_hash[:12])
+                self._discard_staging(lost.token)
         elif isinstance(message, Result):
             self._on_result(rank, message)
         elif isinstance(message, StopAck):
@@ -195,7 +199,8 @@ class Master:
         if verdict is Verdict.STALE:
             log.warning("stale or foreign RESULT from rank %d dropped (token %s)", rank,
                         result.token[:12])
-            self._discard_staging(result.token)
+            if not self.scheduler.is_active_token(result.token):
+                self._discard_staging(result.token)  # never another rank's live staging
             return
         if verdict is Verdict.HASH_MISMATCH or result.outcome == "invalid-input":
             log.warning("rank %d ran other bytes than it was sent: %s", rank, result.message)

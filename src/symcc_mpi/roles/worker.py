@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import shutil
 import signal
 import socket
 import tempfile
 from pathlib import Path
 
+from mpi4py import MPI
+
 from ..config import CampaignConfig
 from ..corpus import sha256_bytes, sha256_file
 from ..executors import ExecutorError, make_executor
+from ..faults import Faults
 from ..protocol import ConfigVerdict, Fatal, Ready, Result, StagedFile, Stop, StopAck, Tag, Work
 from ..transport import Channel
 
@@ -34,6 +38,7 @@ def run_worker(channel: Channel, config: CampaignConfig) -> int:
         _wait_for(channel, Tag.STOP)
         return 1
     scratch = Path(tempfile.mkdtemp(prefix=f"symcc-mpi-w{channel.rank}-"))
+    faults = Faults(channel.rank)
     executions = 0
     executor_time = 0.0
     last_token = None
@@ -44,10 +49,16 @@ def run_worker(channel: Channel, config: CampaignConfig) -> int:
             if isinstance(message, Stop):
                 break
             result = execute(message, config, executor, probe, scratch)
-            channel.send(MASTER, Tag.RESULT, result)
             executions += 1
-            executor_time += result.wall_time
             last_token = message.token
+            if faults.fire("foreign-result", executions):
+                _send_foreign_result(channel, config, result)
+            if faults.fire("malformed-result", executions):
+                channel.comm.Send([b"\xc1 not msgpack", MPI.BYTE], dest=MASTER,
+                                  tag=int(Tag.RESULT))
+                continue
+            channel.send(MASTER, Tag.RESULT, result)
+            executor_time += result.wall_time
         channel.send(MASTER, Tag.STOP_ACK, StopAck(executions, executor_time))
     finally:
         executor.close()
@@ -115,6 +126,20 @@ def _invalid(work: Work, actual: str, reason: str) -> Result:
     return Result(token=work.token, input_hash=actual, outcome="invalid-input",
                   exit_status=None, wall_time=0.0, solver_time=0.0, staged=[], generated=0,
                   message=reason)
+
+
+def _send_foreign_result(channel: Channel, config: CampaignConfig, real: Result) -> None:
+    """A RESULT for a dispatch this rank was never given, with a real staged file."""
+    token = secrets.token_hex(16)
+    stage = config.out / ".staging" / token
+    stage.mkdir(parents=True)
+    data = b"foreign result: must never reach the corpus " + token.encode()
+    digest = sha256_bytes(data)
+    (stage / digest).write_bytes(data)
+    forged = Result(token=token, input_hash=real.input_hash, outcome="ok", exit_status=0,
+                    wall_time=0.0, solver_time=0.0, staged=[StagedFile(digest, len(data))],
+                    generated=1)
+    channel.send(MASTER, Tag.RESULT, forged)
 
 
 def _wait_for(channel: Channel, *tags: Tag):

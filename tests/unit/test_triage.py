@@ -1,0 +1,440 @@
+"""Tests of the coverage oracle: afl-showmap batch probes and the master's coverage map."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import msgspec
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from symcc_mpi.triage import (
+    BUCKET_BITS,
+    AflTargetError,
+    CoverageMap,
+    CoverageProbe,
+    FileCoverage,
+    Novelty,
+    Status,
+    TriageError,
+    _parse_batch_stdout,
+    bucket_bit,
+    check_afl_target,
+    parse_showmap_text,
+)
+
+HAVE_AFL = shutil.which("afl-clang-fast") is not None and shutil.which("afl-showmap") is not None
+needs_afl = pytest.mark.skipif(
+    not HAVE_AFL, reason="afl-clang-fast / afl-showmap not installed (Debian package afl++)"
+)
+
+# Crashes on "CRASH", aborts on "ABRT", spins forever on "HANG"; the loop over the input
+# makes one edge's hit count follow the number of 'a' bytes.
+TARGET_C = r"""
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+int main(int argc, char **argv) {
+  char buf[512];
+  FILE *f = argc > 1 ? fopen(argv[1], "rb") : stdin;
+  if (!f) return 1;
+  size_t n = fread(buf, 1, sizeof buf, f);
+  int as = 0;
+  for (size_t i = 0; i < n; i++)
+    if (buf[i] == 'a') as++;
+  if (n >= 5 && memcmp(buf, "CRASH", 5) == 0) { volatile int *p = 0; *p = 1; }
+  if (n >= 4 && memcmp(buf, "ABRT", 4) == 0) abort();
+  if (n >= 4 && memcmp(buf, "HANG", 4) == 0) { for (;;) {} }
+  if (n > 0 && buf[0] == 'x') puts("x");
+  if (as > 3) puts("many");
+  return 0;
+}
+"""
+
+
+# --------------------------------------------------------------------------- pure parts
+
+
+def test_bucket_bits_follow_afl_classes():
+    expected = {0: 0, 1: 1, 2: 2, 3: 4, 4: 8, 7: 8, 8: 16, 15: 16, 16: 32, 31: 32}
+    expected |= {32: 64, 127: 64, 128: 128, 255: 128, 10_000: 128}
+    assert {hits: bucket_bit(hits) for hits in expected} == expected
+    assert BUCKET_BITS == (1, 2, 4, 8, 16, 32, 64, 128)
+
+
+def _showmap_text(pairs: list[tuple[int, int]]) -> bytes:
+    return b"".join(b"%06u:%u\n" % (i, cls) for i, cls in pairs)
+
+
+def _naive_parse(text: bytes) -> list[tuple[int, int]]:
+    out = []
+    for line in text.decode().splitlines():
+        index, cls = line.split(":")
+        out.append((int(index), 1 << (int(cls) - 1)))
+    return out
+
+
+def test_parse_fixed_width_output():
+    text = _showmap_text([(1, 1), (7, 5), (42, 8), (999_999, 3)])
+    edges, buckets = parse_showmap_text(text)
+    cov = FileCoverage(Status.OK, edges, buckets)
+    assert cov.pairs() == [(1, 1), (7, 16), (42, 128), (999_999, 4)]
+
+
+def test_parse_wide_indices_and_empty():
+    # Maps over 10^6 entries print 7-digit indices: the generic path takes over.
+    text = _showmap_text([(5, 2), (1_234_567, 4)])
+    assert FileCoverage(Status.OK, *parse_showmap_text(text)).pairs() == [(5, 2), (1_234_567, 8)]
+    assert parse_showmap_text(b"") == (b"", b"")
+
+
+@pytest.mark.parametrize("bad", [b"000001:9\n", b"000001\n", b"abc:1\n", b"000001:1:2\n"])
+def test_parse_rejects_garbage(bad):
+    with pytest.raises(TriageError):
+        parse_showmap_text(bad)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.dictionaries(
+        st.one_of(st.integers(0, 999_999), st.integers(0, 5_000_000)),
+        st.integers(1, 8),
+        max_size=300,
+    )
+)
+def test_parse_matches_naive_parser(entries):
+    text = _showmap_text(sorted(entries.items()))
+    edges, buckets = parse_showmap_text(text)
+    assert FileCoverage(Status.OK, edges, buckets).pairs() == _naive_parse(text)
+
+
+def test_file_coverage_is_compact_and_round_trips():
+    cov = FileCoverage.from_pairs([(3, 1), (70_000, 16), (12, 128)], Status.CRASH, map_size=1 << 17)
+    wire = msgspec.msgpack.encode(cov)
+    back = msgspec.msgpack.decode(wire, type=FileCoverage)
+    assert back == cov and back.status is Status.CRASH
+    assert back.pairs() == [(3, 1), (12, 128), (70_000, 16)]
+    assert len(wire) < 5 * cov.edge_count + 16
+
+
+@pytest.mark.parametrize(
+    "cov",
+    [
+        FileCoverage(Status.OK, b"\x01\x00\x00", b"\x01"),
+        FileCoverage(Status.OK, b"\x01\x00\x00\x00", b"\x03"),
+        FileCoverage(Status.OK, b"", b"", map_size=-1),
+    ],
+)
+def test_malformed_summaries_are_rejected(cov):
+    with pytest.raises(ValueError):
+        cov.validate()
+    with pytest.raises(ValueError):
+        CoverageMap().merge(cov)
+
+
+def ok(*pairs: tuple[int, int], map_size: int = 0) -> FileCoverage:
+    return FileCoverage.from_pairs(pairs, Status.OK, map_size)
+
+
+def test_merge_new_edge_then_new_count_then_nothing():
+    cmap = CoverageMap(64)
+    assert cmap.merge_novelty(ok((1, 1), (5, 2))) is Novelty.NEW_EDGE
+    assert cmap.merge_novelty(ok((1, 1), (5, 2))) is Novelty.NONE
+    assert cmap.merge_novelty(ok((1, 1), (5, 8))) is Novelty.NEW_COUNT
+    assert cmap.merge_novelty(ok((1, 1), (5, 2))) is Novelty.NONE
+    assert cmap.merge_novelty(ok((5, 8))) is Novelty.NONE
+    assert cmap.merge(ok((5, 8), (9, 1))) is True
+    stats = cmap.statistics()
+    assert (stats.edges_covered, stats.merged, stats.interesting) == (3, 6, 3)
+    assert stats.new_edge_finds == 2 and stats.duplicate_summaries == 2
+    assert cmap.bitmap_cvg == pytest.approx(100 * 3 / 64)
+
+
+def test_merge_grows_past_declared_map_and_bounds_indices():
+    cmap = CoverageMap()
+    assert cmap.merge(ok((100_000, 1)))
+    assert cmap.map_size == 100_001 and cmap.edges_covered == 1
+    assert cmap.merge(ok((2, 1), map_size=200_000)) and cmap.map_size == 200_000
+    with pytest.raises(ValueError):
+        cmap.merge(ok((1 << 28, 1)))
+    assert not cmap.merge(ok())  # an empty trace adds nothing
+
+
+def test_crashes_and_hangs_use_their_own_maps():
+    cmap = CoverageMap(16)
+    crash = FileCoverage.from_pairs([(1, 1), (2, 1)], Status.CRASH)
+    assert cmap.merge_novelty(crash) is Novelty.NEW_EDGE  # the first crash is unique
+    assert cmap.merge_novelty(crash) is Novelty.NONE
+    # Hit counts do not matter for crashes (AFL simplifies their traces).
+    assert not cmap.merge(FileCoverage.from_pairs([(1, 128), (2, 4)], Status.CRASH))
+    # Missing an edge that every earlier crash hit is new, as in AFL.
+    assert cmap.merge_novelty(FileCoverage.from_pairs([(1, 1)], Status.CRASH)) is Novelty.NEW_COUNT
+    assert not cmap.merge(FileCoverage.from_pairs([(1, 1)], Status.CRASH))
+    assert cmap.merge_novelty(FileCoverage.from_pairs([(3, 1)], Status.CRASH)) is Novelty.NEW_EDGE
+    assert cmap.merge(FileCoverage.from_pairs([(1, 1)], Status.HANG))
+    stats = cmap.statistics()
+    assert (stats.crash_runs, stats.unique_crashes, stats.hang_runs, stats.unique_hangs) == (
+        6,
+        3,
+        1,
+        1,
+    )
+    assert stats.edges_covered == 0  # faults never feed the queue's map
+    assert cmap.merge(ok((1, 1)))
+
+
+def test_status_may_arrive_as_a_plain_int():
+    cmap, cov = CoverageMap(), ok((4, 1))
+    assert cmap.merge(FileCoverage(1, cov.edges, cov.buckets))  # type: ignore[arg-type]
+    assert cmap.statistics().crash_runs == 1
+
+
+def test_duplicate_cache_is_bounded_and_only_a_cache():
+    cmap = CoverageMap(dedup_capacity=2)
+    for i in range(5):
+        assert cmap.merge(ok((i, 1)))
+    for i in range(5):
+        assert not cmap.merge(ok((i, 1)))
+    assert cmap.statistics().interesting == 5
+
+
+def test_map_state_round_trips():
+    cmap = CoverageMap(32)
+    cmap.merge(ok((1, 1), (4, 16)))
+    cmap.merge(FileCoverage.from_pairs([(2, 1), (3, 1)], Status.CRASH))
+    cmap.merge(FileCoverage.from_pairs([(9, 1)], Status.HANG))
+    back = CoverageMap.from_bytes(cmap.to_bytes())
+    assert back.statistics() == cmap.statistics()
+    assert not back.merge(ok((1, 1), (4, 16)))
+    assert not back.merge(FileCoverage.from_pairs([(2, 1), (3, 1)], Status.CRASH))
+    assert back.merge(ok((4, 32)))
+    with pytest.raises((ValueError, msgspec.DecodeError)):
+        CoverageMap.from_bytes(b"\x93\x02\x00")
+
+
+class _ReferenceVirgin:
+    """AFL's has_new_bits on a dense virgin map, written plainly, as the oracle."""
+
+    def __init__(self) -> None:
+        self.virgin: dict[int, int] = {}
+
+    def merge(self, pairs: list[tuple[int, int]]) -> Novelty:
+        result = Novelty.NONE
+        for index, bit in pairs:
+            v = self.virgin.get(index, 0xFF)
+            if bit & v:
+                result = max(result, Novelty.NEW_EDGE if v == 0xFF else Novelty.NEW_COUNT)
+                self.virgin[index] = v & ~bit
+        return result
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(
+        st.dictionaries(st.integers(0, 40), st.sampled_from(BUCKET_BITS), max_size=12),
+        max_size=30,
+    )
+)
+def test_merge_matches_afl_has_new_bits(traces):
+    cmap, ref = CoverageMap(8), _ReferenceVirgin()
+    for trace in traces:
+        pairs = sorted(trace.items())
+        assert cmap.merge_novelty(ok(*pairs)) is ref.merge(pairs)
+    assert cmap.edges_covered == len(ref.virgin)
+
+
+def test_batch_status_stream_parsing():
+    raw = (
+        b"\x1b[1;94m[*] \x1b[0mTarget map size: 22\x1b[0m\n"
+        b"Processing /x/in/f0000000\n-- Program output begins --\n"
+        b"\x1b[0m-- Program output ends --\n"
+        b"Processing /x/in/f0000001\n-- Program output begins --\n"
+        b"\x1b[0m-- Program output ends --\n"
+        b"\x1b[1;91m\n+++ Program killed by signal 11 +++\n"
+        b"\x1b[0mProcessing /x/in/f0000002\n\x1b[1;91m\n+++ Program timed off +++\n"
+        b"\x1b[1;92m[+] \x1b[0mProcessed 3 input files.\x1b[0m\n"
+    )
+    outcome, map_size = _parse_batch_stdout(raw)
+    assert map_size == 22 and outcome.completed and not outcome.error
+    assert outcome.statuses == {
+        "f0000000": Status.OK,
+        "f0000001": Status.CRASH,
+        "f0000002": Status.HANG,
+    }
+    aborted, _ = _parse_batch_stdout(
+        b"Processing /x/in/f0000000\n\x1b[1;91m\n[-] PROGRAM ABORT : \x1b[0mFork server is dead\n"
+    )
+    assert not aborted.completed and aborted.error == "Fork server is dead"
+
+
+def test_probe_needs_afl_showmap(tmp_path):
+    with pytest.raises(TriageError, match="not found"):
+        CoverageProbe(["x"], timeout=1, showmap=str(tmp_path / "no-afl-showmap"))
+    with pytest.raises(AflTargetError, match="empty"):
+        check_afl_target([])
+
+
+# --------------------------------------------------------------------------- with AFL++
+
+
+@pytest.fixture(scope="module")
+def afl_target(tmp_path_factory) -> Path:
+    if not HAVE_AFL:
+        pytest.skip("afl-clang-fast / afl-showmap not installed (Debian package afl++)")
+    build = tmp_path_factory.mktemp("afl-target")
+    (build / "target.c").write_text(TARGET_C)
+    subprocess.run(
+        ["afl-clang-fast", "-O0", "-o", str(build / "target"), str(build / "target.c")],
+        check=True,
+        capture_output=True,
+        env={**os.environ, "AFL_QUIET": "1"},
+    )
+    return build / "target"
+
+
+@pytest.fixture()
+def inputs(tmp_path) -> dict[str, Path]:
+    contents = {
+        "plain": b"hello",
+        "xs": b"xaaaaaaaaa",
+        "crash": b"CRASH",
+        "abort": b"ABRT",
+        "hang": b"HANG",
+        "empty": b"",
+        "two_as": b"aa",
+    }
+    (tmp_path / "inputs").mkdir()
+    paths = {}
+    for name, data in contents.items():
+        paths[name] = tmp_path / "inputs" / name
+        paths[name].write_bytes(data)
+    return paths
+
+
+EXPECTED = {
+    "plain": Status.OK,
+    "xs": Status.OK,
+    "crash": Status.CRASH,
+    "abort": Status.CRASH,
+    "hang": Status.HANG,
+    "empty": Status.OK,
+    "two_as": Status.OK,
+}
+
+
+@needs_afl
+def test_check_afl_target(afl_target, tmp_path):
+    assert check_afl_target([str(afl_target), "@@"]) == afl_target
+    plain = tmp_path / "plain"
+    subprocess.run(["cc", "-x", "c", "-o", str(plain), "-"], input=TARGET_C.encode(), check=True)
+    with pytest.raises(AflTargetError, match="not AFL-instrumented"):
+        check_afl_target([str(plain)])
+    script = tmp_path / "script.sh"
+    script.write_text("#!/bin/sh\nexit 0\n")
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    with pytest.raises(AflTargetError, match="not an ELF"):
+        check_afl_target([str(script)])
+    with pytest.raises(AflTargetError, match="not found"):
+        check_afl_target([str(tmp_path / "missing")])
+    with pytest.raises(AflTargetError, match="not an executable"):
+        check_afl_target([str(tmp_path)])
+
+
+@needs_afl
+@pytest.mark.parametrize("use_file", [True, False], ids=["@@", "stdin"])
+def test_probe_reports_coverage_and_status(afl_target, inputs, tmp_path, use_file):
+    argv = [str(afl_target), "@@"] if use_file else [str(afl_target)]
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    probe = CoverageProbe(argv, timeout=0.2, scratch_dir=scratch)
+    names = list(inputs)
+    results = probe.probe([inputs[n] for n in names])
+    assert {n: r.status for n, r in zip(names, results, strict=True)} == EXPECTED
+    assert probe.map_size and all(r.map_size == probe.map_size for r in results)
+    for r in results:
+        r.validate()
+        assert r.edge_count > 0
+    by_name = dict(zip(names, results, strict=True))
+    assert by_name["plain"].pairs() != by_name["xs"].pairs()
+    assert probe.stats.batches == 1 and probe.stats.single_runs == 1  # only the empty input
+    assert (probe.stats.crashes, probe.stats.hangs, probe.stats.files) == (2, 1, len(names))
+    assert list(scratch.iterdir()) == []  # nothing left behind
+
+
+@needs_afl
+def test_batch_and_single_runs_agree(afl_target, inputs, tmp_path):
+    probe = CoverageProbe([str(afl_target), "@@"], timeout=0.2)
+    batch = probe.probe(list(inputs.values()))
+    single = [probe._probe_single(path, tmp_path) for path in inputs.values()]
+    assert [c.pairs() for c in single] == [c.pairs() for c in batch]
+    assert [c.status for c in single] == [c.status for c in batch]
+
+
+@needs_afl
+def test_hit_counts_reach_the_master(afl_target, tmp_path):
+    files = []
+    for count in (2, 9, 9, 3):
+        files.append(tmp_path / f"a{count}-{len(files)}")
+        files[-1].write_bytes(b"a" * count)
+    covs = CoverageProbe([str(afl_target), "@@"], timeout=1).probe(files)
+    cmap = CoverageMap()
+    wire = [msgspec.msgpack.encode(c) for c in covs]
+    novelty = [cmap.merge_novelty(msgspec.msgpack.decode(w, type=FileCoverage)) for w in wire]
+    # 9 'a's add the "many" branch; 3 'a's only move the loop edge to another class.
+    assert novelty == [Novelty.NEW_EDGE, Novelty.NEW_EDGE, Novelty.NONE, Novelty.NEW_COUNT]
+    assert cmap.edges_covered == len({i for c in covs for i, _ in c.pairs()})
+
+
+@needs_afl
+def test_probe_survives_afl_showmap_dying_mid_batch(afl_target, inputs, tmp_path):
+    # A stand-in that runs the real afl-showmap, then behaves as if it had aborted
+    # while running the second input of every batch (as when a forkserver dies).
+    fake = tmp_path / "afl-showmap"
+    fake.write_text(
+        textwrap.dedent(
+            f"""\
+            #!{sys.executable}
+            import os, shutil, subprocess, sys
+            args = sys.argv[1:]
+            if "-i" not in args:
+                os.execv({shutil.which("afl-showmap")!r}, ["afl-showmap", *args])
+            out = args[args.index("-o") + 1]
+            run = subprocess.run([{shutil.which("afl-showmap")!r}, *args], capture_output=True)
+            lines = run.stdout.decode().splitlines(keepends=True)
+            starts = [i for i, l in enumerate(lines) if l.startswith("Processing ")]
+            if len(starts) < 2:
+                sys.stdout.write(run.stdout.decode())
+                sys.exit(run.returncode)
+            sys.stdout.write("".join(lines[: starts[1] + 1]))
+            for line in lines[starts[1] + 1 :]:
+                if line.startswith("Processing "):
+                    os.unlink(os.path.join(out, line.split()[-1].rsplit("/", 1)[-1]))
+            os.unlink(os.path.join(out, lines[starts[1]].split()[-1].rsplit("/", 1)[-1]))
+            print("[-] PROGRAM ABORT : Fork server is gone")
+            sys.exit(1)
+            """
+        )
+    )
+    fake.chmod(0o755)
+    names = list(inputs)
+    probe = CoverageProbe([str(afl_target), "@@"], timeout=0.2, showmap=str(fake))
+    results = probe.probe([inputs[n] for n in names])
+    assert {n: r.status for n, r in zip(names, results, strict=True)} == EXPECTED
+    assert probe.stats.batches > 1 and probe.stats.single_runs > 1
+    reference = CoverageProbe([str(afl_target), "@@"], timeout=0.2).probe(list(inputs.values()))
+    assert [c.pairs() for c in results] == [c.pairs() for c in reference]
+
+
+@needs_afl
+def test_probe_reports_a_broken_target(tmp_path, inputs):
+    probe = CoverageProbe([str(tmp_path / "nope"), "@@"], timeout=0.2)
+    with pytest.raises(TriageError, match="afl-showmap failed"):
+        probe.probe([inputs["plain"]])
+    assert probe.probe([]) == []
