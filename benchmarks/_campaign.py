@@ -25,9 +25,9 @@ def run_campaign(out: Path, *args: str) -> dict:
 
 def print_table(columns: list[str], rows: list[list]) -> None:
     widths = [max(len(str(c)), *(len(_cell(r[i])) for r in rows)) for i, c in enumerate(columns)]
-    print("  ".join(str(c).rjust(w) for c, w in zip(columns, widths)))
+    print("  ".join(str(c).rjust(w) for c, w in zip(columns, widths, strict=True)))
     for row in rows:
-        print("  ".join(_cell(v).rjust(w) for v, w in zip(row, widths)))
+        print("  ".join(_cell(v).rjust(w) for v, w in zip(row, widths, strict=True)))
 
 
 def _cell(value) -> str:

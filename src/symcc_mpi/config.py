@@ -91,4 +91,5 @@ def check_numbers(config: CampaignConfig) -> None:
         if value is not None and not value > 0:
             raise UsageError(f"{name} must be positive (got {value})")
     if config.executor not in EXECUTORS:
-        raise UsageError(f"unknown executor {config.executor!r} (choose from {', '.join(EXECUTORS)})")
+        choices = ", ".join(EXECUTORS)
+        raise UsageError(f"unknown executor {config.executor!r} (choose from {choices})")

@@ -5,7 +5,6 @@ from __future__ import annotations
 import array
 import contextlib
 import enum
-import hashlib
 import math
 import mmap
 import os
@@ -51,12 +50,12 @@ class AflTargetError(TriageError):
     """The AFL build of the target cannot be used (missing, not instrumented...)."""
 
 
-class Status(enum.IntEnum):
-    """How one run of the AFL build ended."""
+class Status(str, enum.Enum):
+    """How one run of the AFL build ended (values as in protocol.StagedFile.status)."""
 
-    OK = 0
-    CRASH = 1
-    HANG = 2
+    OK = "ok"
+    CRASH = "crash"
+    HANG = "hang"
 
 
 class Novelty(enum.IntEnum):
@@ -134,6 +133,20 @@ class FileCoverage(msgspec.Struct, frozen=True, array_like=True, gc=False):
             map_size=map_size,
         )
 
+    @classmethod
+    def unpack(cls, data: bytes) -> FileCoverage:
+        """Decode and validate what pack() produced (raises ValueError if malformed)."""
+        try:
+            cov = _DECODER.decode(data)
+        except msgspec.DecodeError as exc:
+            raise ValueError(f"coverage summary: {exc}") from None
+        cov.validate()
+        return cov
+
+    def pack(self) -> bytes:
+        """The summary as compact msgpack bytes, for a protocol message."""
+        return _ENCODER.encode(self)
+
     @property
     def edge_count(self) -> int:
         return len(self.buckets)
@@ -155,6 +168,8 @@ class FileCoverage(msgspec.Struct, frozen=True, array_like=True, gc=False):
 
 
 _VALID_BUCKETS = bytes(BUCKET_BITS)
+_ENCODER = msgspec.msgpack.Encoder()
+_DECODER = msgspec.msgpack.Decoder(FileCoverage)
 
 
 # --------------------------------------------------------------------------- parsing
@@ -475,7 +490,7 @@ class CoverageProbe:
         cmd += self._argv
         # A generous ceiling: every file may run into the timeout, plus start-up.
         budget = 30.0 + len(pending) * (self._timeout_ms / 1000.0 + 0.5)
-        raw = self._run_showmap(cmd, budget)
+        _, raw = self._run_showmap(cmd, budget, subprocess.DEVNULL)
         self.stats.batches += 1
         outcome, map_size = _parse_batch_stdout(raw)
         if map_size is not None:
@@ -487,7 +502,7 @@ class CoverageProbe:
                 "afl-showmap printed no per-file status: it needs AFL_PRINT_FILENAMES "
                 "(AFL++ >= 3.13c)"
             )
-        settled = 0
+        settled: list[str] = []
         in_flight: str | None = None
         for name, status in outcome.statuses.items():
             if name not in pending:
@@ -500,8 +515,7 @@ class CoverageProbe:
                 continue
             edges, buckets = parse_showmap_text(map_file.read_bytes())
             results[pending.pop(name)] = FileCoverage(status, edges, buckets, self.map_size)
-            (in_dir / name).unlink()
-            settled += 1
+            settled.append(name)
         if outcome.completed:
             if pending:
                 raise TriageError(f"afl-showmap skipped {len(pending)} input(s)")
@@ -509,15 +523,18 @@ class CoverageProbe:
         if in_flight is not None:
             index = pending.pop(in_flight)
             results[index] = self._probe_single(paths[index], work)
-            (in_dir / in_flight).unlink()
-            settled += 1
+            settled.append(in_flight)
         if not settled:
             raise TriageError(f"afl-showmap failed: {outcome.error or 'no output'}")
+        for name in settled:  # the next run takes only what is left
+            (in_dir / name).unlink()
 
-    def _run_showmap(self, cmd: list[str], budget: float) -> bytes:
+    def _run_showmap(
+        self, cmd: list[str], budget: float, stdin: int | BinaryIO
+    ) -> tuple[int, bytes]:
         proc = subprocess.Popen(
             cmd,
-            stdin=subprocess.DEVNULL,
+            stdin=stdin,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             env=self._env,
@@ -529,7 +546,7 @@ class CoverageProbe:
         except subprocess.TimeoutExpired:
             _stop(proc)
             raise TriageError(f"afl-showmap did not finish within {budget:.0f} s") from None
-        return out
+        return proc.returncode, out
 
     # -- single inputs
 
@@ -541,18 +558,9 @@ class CoverageProbe:
         map_file.unlink(missing_ok=True)
         cmd = [self._showmap, "-q", "-o", _showmap_path(map_file), *self._limits(), "--", *argv]
         with _stdin_for(path, self._uses_file) as stdin:
-            proc = subprocess.run(
-                cmd,
-                stdin=stdin,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                env=self._env,
-                cwd=self._cwd,
-                timeout=30.0 + self._timeout_ms / 1000.0,
-                start_new_session=True,
-            )
-        if proc.returncode not in (0, 1, 2) or not map_file.exists():
-            outcome, _ = _parse_batch_stdout(proc.stdout)
+            rc, raw = self._run_showmap(cmd, 30.0 + self._timeout_ms / 1000.0, stdin)
+        if rc not in (0, 1, 2) or not map_file.exists():
+            outcome, _ = _parse_batch_stdout(raw)
             raise TriageError(f"afl-showmap failed on {path.name}: {outcome.error or 'no map'}")
         edges, buckets = parse_showmap_text(map_file.read_bytes())
         status = self._native_status(argv, path)
@@ -695,6 +703,9 @@ class _FaultMap:
         return novelty
 
 
+_NONZERO = re.compile(rb"[^\x00]")
+
+
 def _gather(table: bytearray, idx: Sequence[int]) -> bytes:
     n = len(idx)
     if n > 1:
@@ -733,8 +744,8 @@ class CoverageMap:
         self._new_edge_finds = 0
         self._duplicates = 0
         # Digests of summaries already merged: concolic children of one seed often follow
-        # exactly the same path, and a digest lookup is ~10x cheaper than the bitmap check.
-        self._digests: set[bytes] = set()
+        # exactly the same path, and a digest lookup is several times cheaper than the check.
+        self._digests: set[tuple[int, int]] = set()
         self._dedup_capacity = dedup_capacity
 
     # -- merging
@@ -742,6 +753,10 @@ class CoverageMap:
     def merge(self, cov: FileCoverage) -> bool:
         """Merge one summary; True if it is interesting (new coverage, unique crash/hang)."""
         return self.merge_novelty(cov) is not Novelty.NONE
+
+    def merge_packed(self, data: bytes) -> bool:
+        """merge() of a FileCoverage.pack() result (raises ValueError if malformed)."""
+        return self.merge_novelty(FileCoverage.unpack(data)) is not Novelty.NONE
 
     def merge_novelty(self, cov: FileCoverage) -> Novelty:
         """Merge one summary and say what it added (Novelty.NONE if nothing)."""
@@ -756,9 +771,9 @@ class CoverageMap:
             return self._hangs.merge(idx)
         if not idx:
             return Novelty.NONE
-        digest = hashlib.blake2b(cov.edges, digest_size=16)
-        digest.update(cov.buckets)
-        key = digest.digest()
+        # Python's SipHash of each field: 64 bits at least tell two summaries apart, ~4x
+        # cheaper than blake2b; a collision could only drop one input as a duplicate.
+        key = (hash(cov.edges), hash(cov.buckets))
         if key in self._digests:
             self._duplicates += 1
             return Novelty.NONE
@@ -770,15 +785,18 @@ class CoverageMap:
             got = _gather(seen, idx)
         novelty = Novelty.NONE
         # Byte lanes line up, so one big-int AND tests every edge's new bits at once.
-        if int.from_bytes(cov.buckets, "little") & ~int.from_bytes(got, "little"):
+        fresh = int.from_bytes(cov.buckets, "little") & ~int.from_bytes(got, "little")
+        if fresh:
             novelty = Novelty.NEW_COUNT
-            for i, bit in zip(idx, cov.buckets, strict=True):
+            lanes = fresh.to_bytes(len(got), "little")
+            for m in _NONZERO.finditer(lanes):  # visits only the edges with new bits
+                k = m.start()
+                i = idx[k]
                 old = seen[i]
-                if bit & ~old:
-                    if not old:
-                        novelty = Novelty.NEW_EDGE
-                        self._edges_covered += 1
-                    seen[i] = old | bit
+                if not old:
+                    novelty = Novelty.NEW_EDGE
+                    self._edges_covered += 1
+                seen[i] = old | lanes[k]
             self._interesting += 1
             if novelty is Novelty.NEW_EDGE:
                 self._new_edge_finds += 1

@@ -37,8 +37,8 @@ def verify_campaign(out: Path) -> tuple[list[str], dict]:
     if leftovers:
         problems.append(f"{len(leftovers)} staging directories left in {campaign.staging}")
     pending = len(set(corpus) - set(observations))
-    stats = _read_stats(out)
-    if stats.get("stop_reason") == "frontier exhausted" and pending:
+    stop_reason = _read_stats(out).get("extra", {}).get("stop_reason", "?")
+    if stop_reason == "frontier exhausted" and pending:
         problems.append(f"campaign says its frontier is exhausted but {pending} inputs "
                         "were never analysed")
     facts = {
@@ -49,7 +49,7 @@ def verify_campaign(out: Path) -> tuple[list[str], dict]:
         "pending": pending,
         "crashes": sum(1 for p in campaign.crashes.iterdir() if p.name.startswith("id:")),
         "hangs": sum(1 for p in campaign.hangs.iterdir() if p.name.startswith("id:")),
-        "stop reason": stats.get("stop_reason", "?"),
+        "stop reason": stop_reason,
     }
     return problems, facts
 

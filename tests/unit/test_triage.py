@@ -121,7 +121,7 @@ def test_file_coverage_is_compact_and_round_trips():
     back = msgspec.msgpack.decode(wire, type=FileCoverage)
     assert back == cov and back.status is Status.CRASH
     assert back.pairs() == [(3, 1), (12, 128), (70_000, 16)]
-    assert len(wire) < 5 * cov.edge_count + 16
+    assert len(wire) < 5 * cov.edge_count + 24
 
 
 @pytest.mark.parametrize(
@@ -190,10 +190,23 @@ def test_crashes_and_hangs_use_their_own_maps():
     assert cmap.merge(ok((1, 1)))
 
 
-def test_status_may_arrive_as_a_plain_int():
+def test_status_may_arrive_as_a_plain_string():
     cmap, cov = CoverageMap(), ok((4, 1))
-    assert cmap.merge(FileCoverage(1, cov.edges, cov.buckets))  # type: ignore[arg-type]
+    assert cmap.merge(FileCoverage("crash", cov.edges, cov.buckets))  # type: ignore[arg-type]
     assert cmap.statistics().crash_runs == 1
+    assert [s.value for s in Status] == ["ok", "crash", "hang"]
+
+
+def test_packed_summaries_for_the_protocol():
+    cov = FileCoverage.from_pairs([(9, 2), (1, 1)], Status.HANG, map_size=64)
+    assert FileCoverage.unpack(cov.pack()) == cov
+    cmap = CoverageMap()
+    assert cmap.merge_packed(ok((1, 1)).pack()) and not cmap.merge_packed(ok((1, 1)).pack())
+    assert cmap.merge_packed(cov.pack()) and cmap.statistics().unique_hangs == 1
+    bad = msgspec.msgpack.encode(["ok", b"\x01\x00\x00\x00", b"\x05", 0])
+    for data in (b"", b"\xc1", msgspec.msgpack.encode(["weird", b"", b"", 0]), bad):
+        with pytest.raises(ValueError):
+            cmap.merge_packed(data)
 
 
 def test_duplicate_cache_is_bounded_and_only_a_cache():

@@ -66,6 +66,9 @@ class MasterStats:
     interesting: int = 0
     crashes: int = 0
     hangs: int = 0
+    crashing_runs: int = 0
+    hanging_runs: int = 0
+    first_crash_seconds: float | None = None  # campaign time to the first crash
     executor_errors: int = 0
     executor_time: float = 0.0
     solver_time: float = 0.0
@@ -228,13 +231,9 @@ class Master:
         parent_path = self.campaign.corpus / parent
         if outcome is Outcome.CRASH:
             detail = f"sig:{-result.exit_status:02d}" if (result.exit_status or 0) < 0 else ""
-            if self.campaign.save_finding("crashes", parent_path, parent, parent, detail):
-                self.stats.crashes += 1
-                self.stats.last_crash = now
+            self._save_crash(parent_path, parent, parent, detail, now)
         elif outcome is Outcome.TIMEOUT:
-            if self.campaign.save_finding("hangs", parent_path, parent, parent):
-                self.stats.hangs += 1
-                self.stats.last_hang = now
+            self._save_hang(parent_path, parent, parent, now)
         elif outcome is Outcome.ERROR:
             self.stats.executor_errors += 1
             log.warning("executor error on %s (rank %d): %s", parent[:12], rank, result.message)
@@ -258,14 +257,10 @@ class Master:
         staged_path = self.campaign.staging_dir(token) / digest
         if self.triage is not None and staged.coverage is not None:
             if staged.status == "crash":
-                if self.campaign.save_finding("crashes", staged_path, digest, parent):
-                    self.stats.crashes += 1
-                    self.stats.last_crash = self.stats.last_find = now
+                self._save_crash(staged_path, digest, parent, "", now)
                 return
             if staged.status == "hang":
-                if self.campaign.save_finding("hangs", staged_path, digest, parent):
-                    self.stats.hangs += 1
-                    self.stats.last_hang = now
+                self._save_hang(staged_path, digest, parent, now)
                 return
             if not self.triage.merge_packed(staged.coverage):
                 return
@@ -274,6 +269,20 @@ class Master:
         self.scheduler.add_input(digest)
         self.stats.interesting += 1
         self.stats.last_find = now
+
+    def _save_crash(self, path, digest: str, parent: str, detail: str, now: float) -> None:
+        self.stats.crashing_runs += 1
+        if self.campaign.save_finding("crashes", path, digest, parent, detail):
+            self.stats.crashes += 1
+            self.stats.last_crash = self.stats.last_find = now
+            if self.stats.first_crash_seconds is None:
+                self.stats.first_crash_seconds = now - self.stats.start_time
+
+    def _save_hang(self, path, digest: str, parent: str, now: float) -> None:
+        self.stats.hanging_runs += 1
+        if self.campaign.save_finding("hangs", path, digest, parent):
+            self.stats.hangs += 1
+            self.stats.last_hang = now
 
     def _discard_staging(self, token: str) -> None:
         self.campaign.discard_staging(token)

@@ -109,7 +109,7 @@ def _describe(staged: dict[str, Path], probe) -> list[StagedFile]:
     coverages = probe.probe([staged[d] for d in digests])
     return [
         StagedFile(d, os.path.getsize(staged[d]), coverage=c.pack(), status=c.status.value)
-        for d, c in zip(digests, coverages)
+        for d, c in zip(digests, coverages, strict=True)
     ]
 
 

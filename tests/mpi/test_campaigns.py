@@ -1,0 +1,137 @@
+"""Whole campaigns under real mpiexec find each example's planted bug, exactly once each input."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from harness import (
+    ROOT,
+    assert_oracles,
+    crash_files,
+    crashes_natively,
+    done_hashes,
+    explore,
+    stats,
+)
+
+pytestmark = [pytest.mark.mpi, pytest.mark.timeout(600)]
+
+EXAMPLES = ["magic", "checksum", "tlv"]
+
+
+@pytest.mark.parametrize("workers", [1, 3])
+@pytest.mark.parametrize("example", EXAMPLES)
+def test_triton_campaign_finds_the_planted_bug(build, tmp_path, example, workers):
+    out = tmp_path / "out"
+    process = explore(out, "--target", f"{build / example} @@", "--seeds",
+                      build.parent / "seeds" / example, "--workers", workers,
+                      "--timeout", 20, "--wall-timeout", 300)
+    assert_oracles(out, process)
+    crashes = crash_files(out)
+    assert crashes, f"no crash found for {example}: {process.stdout[-2000:]}"
+    assert all(crashes_natively(build / example, p.read_bytes(), tmp_path) for p in crashes)
+    figures = stats(out)
+    assert figures["executions"] == len(done_hashes(out))
+    assert figures["extra"]["scheduler"]["stale_results"] == 0
+    assert sum(w["executions"] for w in figures["per_worker"].values()) == figures["executions"]
+    if workers == 3:
+        busy = [w for w in figures["per_worker"].values() if w["executions"] > 0]
+        assert len(busy) >= 2, "work was not spread over the workers"
+
+
+def test_afl_triage_keeps_only_new_coverage(build, tmp_path):
+    out = tmp_path / "out"
+    process = explore(out, "--target", f"{build / 'magic'} @@", "--afl-target",
+                      f"{build / 'magic.afl'} @@", "--seeds", build.parent / "seeds" / "magic",
+                      "--workers", 2, "--timeout", 20, "--wall-timeout", 300)
+    assert_oracles(out, process)
+    figures = stats(out)
+    assert crash_files(out)
+    assert figures["edges_found"] > 0
+    assert figures["corpus_count"] < figures["unique"] + 1  # triage pruned or kept each once
+    fuzzer_stats = (out / "fuzzer_stats").read_text()
+    assert "execs_done" in fuzzer_stats and "saved_crashes" in fuzzer_stats
+    assert (out / "plot_data").read_text().startswith("#")
+
+
+def test_runs_under_the_users_own_mpiexec(build, tmp_path):
+    out = tmp_path / "out"
+    mpiexec = [os.path.join(os.path.dirname(sys.executable), "mpiexec"), "-n", "3",
+               "--oversubscribe"]
+    if os.geteuid() == 0:
+        mpiexec.append("--allow-run-as-root")
+    process = subprocess.run(
+        [*mpiexec, sys.executable, "-m", "symcc_mpi", "explore", "--target",
+         f"{build / 'magic'} @@", "--seeds", str(build.parent / "seeds" / "magic"), "--out",
+         str(out)], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert_oracles(out, process)
+    assert crash_files(out)
+    assert len(stats(out)["per_worker"]) == 2  # the job size decides, not --workers
+    assert "execs" in process.stderr  # rank 0's progress lines stand in for the live view
+
+
+def test_interrupt_then_resume_loses_and_repeats_nothing(build, tmp_path):
+    out = tmp_path / "out"
+    args = ["--target", f"{build / 'tlv'} @@", "--seeds", build.parent / "seeds" / "tlv",
+            "--workers", 2, "--timeout", 20]
+    command = [sys.executable, "-m", "symcc_mpi", "explore", "--out", str(out), "--no-live",
+               *map(str, args)]
+    launcher = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True, cwd=ROOT)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if (out / "state" / "done.jsonl").exists() and len(done_hashes(out)) >= 3:
+            break
+        time.sleep(0.2)
+    launcher.send_signal(signal.SIGINT)
+    output, _ = launcher.communicate(timeout=120)
+    assert launcher.returncode == 0, output
+    first = stats(out)
+    assert first["extra"]["stop_reason"] == "stop requested"
+    assert first["pending"] > 0, "the campaign ended before it could be interrupted"
+    assert not any((out / ".staging").iterdir())
+    analysed_before = set(done_hashes(out))
+    corpus_before = {p.name for p in (out / "corpus").iterdir()}
+
+    process = explore(out, *args, "--resume")
+    assert_oracles(out, process)
+    done = done_hashes(out)
+    assert set(done) >= analysed_before
+    assert len(done) == len(set(done)), "resume analysed an input again"
+    assert corpus_before <= {p.name for p in (out / "corpus").iterdir()}, "resume lost inputs"
+    assert stats(out)["extra"]["stop_reason"] == "frontier exhausted"
+    assert stats(out)["executions"] == len(done) - len(analysed_before)
+
+
+def test_foreign_and_malformed_results_are_dropped_not_triaged(build, tmp_path):
+    out = tmp_path / "out"
+    env = dict(os.environ, SYMCC_MPI_FAULTS="1:foreign-result@2,2:malformed-result@1")
+    process = explore(out, "--target", f"{build / 'magic'} @@", "--seeds",
+                      build.parent / "seeds" / "magic", "--workers", 2, "--timeout", 20,
+                      env=env)
+    assert_oracles(out, process)
+    figures = stats(out)
+    assert figures["extra"]["scheduler"]["stale_results"] == 1
+    assert figures["extra"]["scheduler"]["ready_without_result"] == 1
+    assert figures["extra"]["malformed_messages"] == 1
+    for path in (out / "corpus").iterdir():
+        assert not path.read_bytes().startswith(b"foreign result")
+    assert crash_files(out)
+
+
+def test_symcc_backend_with_a_real_concolic_engine_behind_it(build, tmp_path):
+    """The SymCC subprocess contract, honoured by the Triton shim as a SymCC binary would."""
+    out = tmp_path / "out"
+    shim = f"{sys.executable} -m symcc_mpi.executors.triton_shim"
+    for target in (f"{shim} {build / 'magic'} @@", f"{shim} {build / 'magic'}"):
+        out = tmp_path / ("file" if "@@" in target else "stdin")
+        process = explore(out, "--executor", "symcc", "--target", target, "--seeds",
+                          build.parent / "seeds" / "magic", "--workers", 2, "--timeout", 60)
+        assert_oracles(out, process)
+        assert crash_files(out), process.stdout[-2000:]
+        assert stats(out)["solver_time"] > 0
