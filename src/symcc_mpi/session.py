@@ -55,8 +55,8 @@ def check_config(config: CampaignConfig) -> None:
 
 
 def open_master(channel, config: CampaignConfig):
-    from .roles.master import Master
     from .progress import CampaignReporter
+    from .roles.master import Master
 
     check_config(config)
     campaign = CampaignDir(config.out)
