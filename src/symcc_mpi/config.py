@@ -65,7 +65,8 @@ def parse_command(text: str, what: str) -> tuple[str, ...]:
         raise UsageError(f"{what}: program {program} does not exist")
     if not path.is_file() or not os.access(path, os.X_OK):
         raise UsageError(f"{what}: program {program} is not an executable file")
-    return (str(path.resolve()), *argv[1:])
+    # abspath, not resolve: a venv's python is a symlink that must stay the venv's.
+    return (os.path.abspath(path), *argv[1:])
 
 
 def check_seeds(seeds: Path) -> list[Path]:

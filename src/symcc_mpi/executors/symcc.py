@@ -17,11 +17,15 @@ _SMT_STAT = re.compile(rb"\[STAT\] SMT:\s*(\{.*?\})")
 
 
 def solver_seconds(stderr: bytes) -> float:
-    """Sum SymCC/QSYM's `[STAT] SMT: { "solving_time": N }` lines (N in microseconds)."""
+    """Solver time from SymCC/QSYM's `[STAT] SMT: { "solving_time": N }` lines.
+
+    QSYM prints a running total in microseconds around each query, so the figure of the
+    run is the largest value seen, not their sum.
+    """
     total = 0
     for match in _SMT_STAT.finditer(stderr):
         try:
-            total += int(json.loads(match.group(1)).get("solving_time", 0))
+            total = max(total, int(json.loads(match.group(1)).get("solving_time", 0)))
         except (ValueError, TypeError, AttributeError):
             continue
     return total / 1e6
@@ -75,7 +79,9 @@ class SymccExecutor:
         else:
             outcome = Outcome.OK
         _kill_group(process.pid)  # descendants the target left behind
-        generated = tuple(sorted(p for p in output_dir.iterdir() if p.is_file()))
+        # A dot-file is a test case still being written when the run was killed.
+        generated = tuple(sorted(p for p in output_dir.iterdir()
+                                 if p.is_file() and not p.name.startswith(".")))
         return ExecutionResult(outcome, status, wall, solver_seconds(stderr), generated)
 
     def _child_setup(self) -> None:

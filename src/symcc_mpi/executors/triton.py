@@ -21,7 +21,7 @@ _REPLY_GRACE = 10.0  # seconds the server may take beyond the run timeout before
 
 def check_tritondse() -> None:
     """Raises ExecutorError when tritondse/Triton cannot be found (without importing them: 2 s)."""
-    for module, dist in (("tritondse", "tritondse"), ("triton", "triton-library")):
+    for module in ("tritondse", "triton"):
         if importlib.util.find_spec(module) is None:
             raise ExecutorError(
                 f"tritondse is not installed: module {module!r} not found "
@@ -81,6 +81,7 @@ class TritonExecutor:
         self._server: subprocess.Popen | None = None
         self._buf = b""
         self.server_starts = 0
+        self.versions: dict = {}  # tritondse and Triton versions, known once the server runs
 
     # -- server lifecycle -------------------------------------------------------------
 
@@ -92,7 +93,7 @@ class TritonExecutor:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_SRC_ROOT), env.get("PYTHONPATH")) if p)
         try:
-            # Popen execs right away (no Python code runs between fork and exec): safe in an MPI rank.
+            # Popen execs at once (no Python runs between fork and exec): safe in an MPI rank.
             self._server = subprocess.Popen(
                 [self.python, "-m", SERVER_MODULE],
                 stdin=subprocess.PIPE,

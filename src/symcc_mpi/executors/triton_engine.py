@@ -10,9 +10,9 @@ import subprocess
 import tempfile
 import time
 from collections import Counter, OrderedDict
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import tritondse
 import tritondse.logging as tdse_logging
@@ -35,7 +35,8 @@ class EngineOptions:
     solver_timeout_ms: int = 1000  # per query
     max_queries: int = 2000  # per run; 0 = unlimited
     optimistic: bool = True  # like QSYM: if a flip is UNSAT with its prefix, solve the flip alone
-    solver: str = "bitwuzla"  # or "z3"; Triton's Z3 path costs ~15-30 ms per query, Bitwuzla ~0.5 ms
+    # Or "z3": through Triton a trivial Z3 query costs 15-30 ms, a Bitwuzla one 0.5 ms.
+    solver: str = "bitwuzla"
 
     @classmethod
     def from_dict(cls, d: dict | None) -> EngineOptions:
@@ -104,6 +105,16 @@ def _stat_key(path: str) -> tuple:
     return (os.path.realpath(path), st.st_ino, st.st_size, st.st_mtime_ns)
 
 
+class _NoWorkspace:
+    """SymbolicExecutor only stores its workspace; a real one would create directories."""
+
+    def __bool__(self) -> bool:
+        return True
+
+
+_NO_WORKSPACE = _NoWorkspace()
+
+
 class LoadedTarget:
     """A target binary parsed and mapped once; `executor()` may be called once per process.
 
@@ -115,7 +126,9 @@ class LoadedTarget:
         self.path = path
         self.program = Program(path)
         cfg = Config(seed_format=SeedFormat.COMPOSITE, program_argv=[path])
-        self._template = SymbolicExecutor(cfg, Seed(CompositeData()), workspace=_NO_WORKSPACE, uid=1)
+        self._template = SymbolicExecutor(
+            cfg, Seed(CompositeData()), workspace=_NO_WORKSPACE, uid=1
+        )
         self._template.load(self.program)
 
     def executor(self, config: Config, seed: Seed) -> SymbolicExecutor:
@@ -126,16 +139,6 @@ class LoadedTarget:
         se.rtn_table = dict(self._template.rtn_table)
         se._load_seed_process_state(se.pstate, seed)
         return se
-
-
-class _NoWorkspace:
-    """SymbolicExecutor only stores its workspace; a real one would create directories."""
-
-    def __bool__(self) -> bool:
-        return True
-
-
-_NO_WORKSPACE = _NoWorkspace()
 
 
 class TargetCache:
@@ -174,7 +177,7 @@ class _Explorer:
         data: bytes,
         output_dir: Path,
         options: EngineOptions,
-        on_query: Callable[[float, float], None] | None,
+        on_query: Callable[[float, float | None], None] | None,
     ) -> None:
         self.se = se
         self.input_name = input_name
@@ -218,7 +221,9 @@ class _Explorer:
     def _on_branch(self, se: SymbolicExecutor, pstate, edge: tuple[int, int]) -> None:
         pcs = pstate.get_path_constraints()
         branch = pcs[-1]
-        for pc in pcs[self._consumed : len(pcs) - 1]:  # constraints routines pushed since the last branch
+        for pc in pcs[
+            self._consumed : len(pcs) - 1
+        ]:  # constraints routines pushed since the last branch
             self._prefix.append(pc.getTakenPredicate())
         self._consumed = len(pcs)
         self.result.branches += 1
@@ -239,6 +244,8 @@ class _Explorer:
         t = time.perf_counter()
         status, model = self.se.pstate.solve(constraint, with_pp=False)
         self.result.solver_time += time.perf_counter() - t
+        if self.on_query is not None:
+            self.on_query(self.result.solver_time, None)
         self.result.queries += 1
         limit = self.options.max_queries
         if limit and self.result.queries >= limit:
@@ -250,15 +257,15 @@ class _Explorer:
             return
         actx = self.se.pstate.actx
         status, model = self._solve(actx.land(self._prefix + [flipped]))
+        optimistic = False
         if status == SolverStatus.UNSAT and self.options.optimistic and not self.query_limit_hit:
             status, model = self._solve(flipped)
-            if status == SolverStatus.SAT:
-                self.result.extra["optimistic"] = self.result.extra.get("optimistic", 0) + 1
+            optimistic = True
         if status == SolverStatus.SAT:
             self.result.sat += 1
-            self._emit(model)
+            self._emit(model, optimistic)
 
-    def _emit(self, model: dict) -> None:
+    def _emit(self, model: dict, optimistic: bool) -> None:
         content = bytearray(self.data)
         for i, var in enumerate(self.se.symbolic_seed.files.get(self.input_name, ())):
             if var is not None and i < len(content) and var.getId() in model:
@@ -267,11 +274,15 @@ class _Explorer:
         if digest in self._seen_outputs:
             return
         self._seen_outputs.add(digest)
+        # QSYM's names: a 6-digit counter from 0, "-optimistic" for a flip solved without prefix.
+        name = f"{self.result.generated:06d}" + ("-optimistic" if optimistic else "")
         self.result.generated += 1
-        name = f"{self.result.generated:06d}"
+        if optimistic:
+            self.result.extra["optimistic"] = self.result.extra.get("optimistic", 0) + 1
         tmp = self.output_dir / f"{TMP_PREFIX}{name}"
         tmp.write_bytes(content)
-        os.replace(tmp, self.output_dir / name)  # a killed run never leaves a half file under a real name
+        # Renamed whole: a killed run never leaves a half-written file under a real name.
+        os.replace(tmp, self.output_dir / name)
 
     def finish(self, capture: _LogCapture) -> EngineResult:
         se, res = self.se, self.result
@@ -308,10 +319,13 @@ def explore(
     data: bytes,
     output_dir: Path,
     options: EngineOptions = EngineOptions(),
-    on_query: Callable[[float, float], None] | None = None,
+    on_query: Callable[[float, float | None], None] | None = None,
 ) -> EngineResult:
     """Runs `argv` under tritondse on `data` (file `input_name`, or STDIN_NAME) and writes
-    one file per solved branch flip into `output_dir`."""
+    one file per solved branch flip into `output_dir`.
+
+    `on_query(solving_seconds, total_seconds)` is called before each query and
+    `on_query(solving_seconds, None)` after it (cumulative values, QSYM's [STAT] points)."""
     capture = quiet_tritondse()
     capture.last = ""
     config = Config(
@@ -388,7 +402,9 @@ def run_native(argv: list[str], stdin_data: bytes | None, **kwargs) -> NativeRes
     return NativeRun(argv, stdin_data, **kwargs).wait()
 
 
-def classify(native: NativeResult | None, engine: EngineResult | None) -> tuple[Outcome, int | None, str]:
+def classify(
+    native: NativeResult | None, engine: EngineResult | None
+) -> tuple[Outcome, int | None, str]:
     """(outcome, exit status, message) of one run from the native run and the engine's stop."""
     if native is None or native.exit_status is None:
         return Outcome.ERROR, None, "the target could not be started"
@@ -397,14 +413,19 @@ def classify(native: NativeResult | None, engine: EngineResult | None) -> tuple[
     if engine is None:
         return Outcome.ERROR, native.exit_status, "tritondse did not finish"
     if engine.stop == "limit":
-        return Outcome.ERROR, native.exit_status, f"tritondse: {engine.message}"
+        return Outcome.ERROR, native.exit_status, f"tritondse: {_one_line(engine.message)}"
     if engine.stop == "suspect":
         return (
             Outcome.ERROR,
             native.exit_status,
-            f"tritondse: {engine.message} (the native run did not crash)",
+            f"tritondse: {_one_line(engine.message)} (the native run did not crash)",
         )
     return Outcome.OK, native.exit_status, ""
+
+
+def _one_line(text: str, limit: int = 300) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def engine_summary(engine: EngineResult) -> dict:

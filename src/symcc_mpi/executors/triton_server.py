@@ -70,10 +70,7 @@ class Server:
         triton_engine.quiet_tritondse()
 
     def send(self, obj: dict) -> None:
-        data = (json.dumps(obj) + "\n").encode()
-        while data:
-            n = os.write(self.wfd, data)
-            data = data[n:]
+        _write_line(self.wfd, obj)
 
     def _readline(self) -> bytes | None:
         while b"\n" not in self._buf:
@@ -124,8 +121,12 @@ class Server:
         try:
             target = self.targets.get(req["argv"][0])
         except Exception as e:  # noqa: BLE001 - lief/tritondse raise many kinds
-            return {"outcome": "error", "exit_status": None, "wall_time": 0.0,
-                    "message": f"tritondse cannot load {req['argv'][0]}: {e}"}
+            return {
+                "outcome": "error",
+                "exit_status": None,
+                "wall_time": 0.0,
+                "message": f"tritondse cannot load {req['argv'][0]}: {e}",
+            }
         out_dir = Path(req["output_dir"])
         rfd, wfd = os.pipe()
         gc.freeze()  # the child's collections must not touch (and so copy) the server's heap
@@ -155,7 +156,7 @@ class Server:
             self._explore(target, req, wfd)
         except BaseException as e:  # noqa: BLE001 - report anything, never unwind into the server loop
             try:
-                os.write(wfd, (json.dumps({"error": f"{type(e).__name__}: {e}"}) + "\n").encode())
+                _write_line(wfd, {"error": f"{type(e).__name__}: {e}"})
             except OSError:
                 pass
             status = 1
@@ -168,6 +169,7 @@ class Server:
         input_name = req["input_name"]
         data = Path(req["input"]).read_bytes()
         env = dict(os.environ)
+        env.pop("SYMCC_INPUT_FILE", None)
         if input_name != eng.STDIN_NAME:
             env["SYMCC_INPUT_FILE"] = req["input"]
         # The native result goes first so that a timeout in the emulator cannot hide a crash.
@@ -177,11 +179,16 @@ class Server:
             env=env,
             memory_limit_mb=req.get("memory_limit_mb"),
         )
-        os.write(wfd, (json.dumps({"native": native.exit_status, "native_wall": native.wall_time}) + "\n").encode())
+        _write_line(wfd, {"native": native.exit_status, "native_wall": native.wall_time})
         result = eng.explore(
-            target, argv, input_name, data, Path(req["output_dir"]), eng.EngineOptions.from_dict(req.get("engine"))
+            target,
+            argv,
+            input_name,
+            data,
+            Path(req["output_dir"]),
+            eng.EngineOptions.from_dict(req.get("engine")),
         )
-        os.write(wfd, (json.dumps({"engine": eng.engine_summary(result)}) + "\n").encode())
+        _write_line(wfd, {"engine": eng.engine_summary(result)})
 
     def _wait(self, pid: int, rfd: int, req: dict, out_dir: Path, t0: float) -> dict:
         deadline = t0 + float(req["timeout"])
@@ -236,7 +243,9 @@ class Server:
                 pass
         native = None
         if "native" in msgs:
-            native = eng.NativeResult(exit_status=msgs["native"], wall_time=msgs.get("native_wall", 0.0))
+            native = eng.NativeResult(
+                exit_status=msgs["native"], wall_time=msgs.get("native_wall", 0.0)
+            )
         engine = None
         if "engine" in msgs:
             e = msgs["engine"]
@@ -264,17 +273,32 @@ class Server:
         elif killed:
             reply.update(outcome="error", exit_status=None, message=killed)
         elif "error" in msgs:
-            reply.update(outcome="error", exit_status=native.exit_status if native else None,
-                         message=f"triton child failed: {msgs['error']}")
+            reply.update(
+                outcome="error",
+                exit_status=native.exit_status if native else None,
+                message=f"triton child failed: {msgs['error']}",
+            )
         elif engine is None:
-            how = (f"signal {os.WTERMSIG(wstatus)}" if os.WIFSIGNALED(wstatus)
-                   else f"exit status {os.WEXITSTATUS(wstatus)}")
-            reply.update(outcome="error", exit_status=native.exit_status if native else None,
-                         message=f"triton child died ({how}) before finishing")
+            how = (
+                f"signal {os.WTERMSIG(wstatus)}"
+                if os.WIFSIGNALED(wstatus)
+                else f"exit status {os.WEXITSTATUS(wstatus)}"
+            )
+            reply.update(
+                outcome="error",
+                exit_status=native.exit_status if native else None,
+                message=f"triton child died ({how}) before finishing",
+            )
         else:
             outcome, status, message = eng.classify(native, engine)
             reply.update(outcome=outcome.value, exit_status=status, message=message)
         return reply
+
+
+def _write_line(fd: int, obj: dict) -> None:
+    data = (json.dumps(obj) + "\n").encode()
+    while data:
+        data = data[os.write(fd, data) :]
 
 
 def _drain(fd: int) -> bytes:
@@ -298,11 +322,13 @@ def main() -> int:
     os.close(devnull)
     os.dup2(2, 1)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C for the job ends us through EOF instead
-    _prctl(_PR_SET_CHILD_SUBREAPER, 1)  # so that targets orphaned by a kill come back to us to be reaped
+    _prctl(
+        _PR_SET_CHILD_SUBREAPER, 1
+    )  # so that targets orphaned by a kill come back to us to be reaped
     try:
         server = Server(rfd, wfd)
     except Exception as e:  # noqa: BLE001 - any import failure is reported as one line
-        os.write(wfd, (json.dumps({"hello": False, "error": f"{type(e).__name__}: {e}"}) + "\n").encode())
+        _write_line(wfd, {"hello": False, "error": f"{type(e).__name__}: {e}"})
         return 1
     try:
         server.send({"hello": True, "pid": os.getpid(), "versions": server.engine.versions()})

@@ -2,10 +2,14 @@
 
 It behaves like TARGET compiled with SymCC (QSYM backend): the input is the file named by
 SYMCC_INPUT_FILE when that path appears in ARGS, else its own stdin; new inputs land in
-SYMCC_OUTPUT_DIR (default /tmp/output); `[STAT] SMT: { "solving_time": N, "total_time": M }`
-lines (cumulative microseconds, printed before each query, as QSYM does) go to stderr; and
+SYMCC_OUTPUT_DIR (default /tmp/output), named like QSYM's (000000, 000001-optimistic, ...);
+QSYM's `[STAT] SMT: { "solving_time": N, "total_time": M }` (before each query) and
+`[STAT] SMT: { "solving_time": N }` (after it) lines go to stderr, N and M cumulative
+microseconds, so the last line carries the run's total solving time; and
 it ends like the target did natively: same exit code, or death by the same signal.
 Used to test the SymCC subprocess backend with a real concolic engine behind it.
+SYMCC_TRITON_SOLVER=z3 selects Z3 instead of Bitwuzla. If tritondse cannot be imported it
+says so in one line and exits with status 127, like a binary that cannot start.
 """
 
 from __future__ import annotations
@@ -19,8 +23,10 @@ from pathlib import Path
 USAGE = "usage: python -m symcc_mpi.executors.triton_shim TARGET [ARGS...]"
 
 
-def _stat_line(solving: float, total: float) -> None:
-    sys.stderr.write(f'[STAT] SMT: {{ "solving_time": {int(solving * 1e6)}, "total_time": {int(total * 1e6)} }}\n')
+def _stat_line(solving: float, total: float | None) -> None:
+    """QSYM's lines: before a query with total_time, after it without (both cumulative µs)."""
+    extra = "" if total is None else f', "total_time": {int(total * 1e6)}'
+    sys.stderr.write(f'[STAT] SMT: {{ "solving_time": {int(solving * 1e6)}{extra} }}\n')
 
 
 def _die_like(status: int) -> None:
@@ -38,7 +44,9 @@ def _die_like(status: int) -> None:
         except (ImportError, ValueError, OSError):
             pass
         os.kill(os.getpid(), sig)
-        os._exit(128 + sig)  # a signal that does not kill (e.g. SIGCHLD) falls back to the shell convention
+        os._exit(
+            128 + sig
+        )  # a signal that does not kill (e.g. SIGCHLD) falls back to the shell convention
     # os._exit: skip interpreter teardown (lief's bindings print leak warnings at exit).
     os._exit(status & 0xFF)
 
@@ -65,7 +73,11 @@ def main(args: list[str] | None = None) -> None:
     out_dir = Path(os.environ.get("SYMCC_OUTPUT_DIR", "/tmp/output"))
     out_dir.mkdir(parents=True, exist_ok=True)
 
-    from . import triton_engine as eng  # ~2 s: the price a one-shot process pays
+    try:
+        from . import triton_engine as eng  # ~2 s: the price a one-shot process pays
+    except Exception as e:  # noqa: BLE001 - one line, like a binary that cannot start
+        sys.stderr.write(f"triton_shim: tritondse is not usable: {type(e).__name__}: {e}\n")
+        _die_like(127)
 
     if stdin_data is not None:
         input_name = eng.STDIN_NAME
@@ -78,10 +90,11 @@ def main(args: list[str] | None = None) -> None:
             input_name,
             data,
             out_dir,
-            eng.EngineOptions.from_dict({"solver": os.environ.get("SYMCC_TRITON_SOLVER", "bitwuzla")}),
+            eng.EngineOptions.from_dict(
+                {"solver": os.environ.get("SYMCC_TRITON_SOLVER", "bitwuzla")}
+            ),
             on_query=_stat_line,
         )
-        _stat_line(result.solver_time, result.solver_time + result.emulation_time)
         if result.stop != "end":
             sys.stderr.write(f"triton_shim: tritondse: {result.message}\n")
     except Exception as e:  # noqa: BLE001 - the target's own fate must still be reported
