@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .protocol import SHA256_PATTERN, TOKEN_PATTERN
+from .report import afl_queue_name, parse_afl_queue_id
 
 MARKER = ".symcc-mpi"
 STOP_REQUEST = ".stop-request"
@@ -193,7 +194,7 @@ class CampaignDir:
         for kind, directory in (("queue", self.queue), ("crashes", self.crashes),
                                 ("hangs", self.hangs)):
             for path in directory.iterdir():
-                entry_id = _afl_id(path.name)
+                entry_id = parse_afl_queue_id(path.name)
                 if entry_id is None:
                     continue
                 self._next_ids[kind] = max(self._next_ids[kind], entry_id + 1)
@@ -220,7 +221,7 @@ class CampaignDir:
         if not path.exists():
             write_atomic(path, data)
         if digest not in self.queue_ids:
-            self._add_to_queue(digest, f"orig:{_safe(name)}")
+            self._add_to_queue(digest, orig=name)
         return digest
 
     def staging_dir(self, token: str) -> Path:
@@ -254,33 +255,29 @@ class CampaignDir:
         return True
 
     def add_to_queue(self, digest: str, parent: str) -> None:
-        source = self.queue_ids.get(parent)
-        self._add_to_queue(digest, f"src:{source:06d},op:symcc" if source is not None
-                           else "op:symcc")
+        self._add_to_queue(digest, sources=self._source_ids(parent))
 
-    def _add_to_queue(self, digest: str, suffix: str) -> None:
+    def _add_to_queue(self, digest: str, *, sources: tuple[int, ...] = (),
+                      orig: str | None = None) -> None:
         entry_id = self._take_id("queue")
-        _link_or_copy(self.corpus / digest, self.queue / f"id:{entry_id:06d},{suffix}")
+        name = afl_queue_name(entry_id, sources, orig=orig)
+        _publish_link(self.corpus / digest, self.queue / name)
         self.queue_ids[digest] = entry_id
 
     def save_finding(self, kind: str, source: Path, digest: str, parent: str | None,
-                     detail: str = "") -> bool:
+                     signal: int | None = None) -> bool:
         """Record a crashing or hanging input once; False if it is known already."""
         known = self.crash_hashes if kind == "crashes" else self.hang_hashes
         if digest in known:
             return False
-        entry_id = self._take_id(kind)
-        parts = [f"id:{entry_id:06d}"]
-        if detail:
-            parts.append(detail)
-        source_id = self.queue_ids.get(parent) if parent else None
-        if source_id is not None:
-            parts.append(f"src:{source_id:06d}")
-        parts.append("op:symcc")
-        directory = self.crashes if kind == "crashes" else self.hangs
-        _link_or_copy(source, directory / ",".join(parts))
+        name = afl_queue_name(self._take_id(kind), self._source_ids(parent), sig=signal)
+        _publish_link(source, (self.crashes if kind == "crashes" else self.hangs) / name)
         known.add(digest)
         return True
+
+    def _source_ids(self, parent: str | None) -> tuple[int, ...]:
+        source = self.queue_ids.get(parent) if parent else None
+        return () if source is None else (source,)
 
     def record_done(self, digest: str, token: str, outcome: str) -> None:
         """The input is analysed and its results are published: make that durable."""
@@ -313,19 +310,11 @@ class CampaignDir:
         return entry_id
 
 
-def _afl_id(name: str) -> int | None:
-    if not name.startswith("id:"):
-        return None
-    digits = name[3:].split(",", 1)[0]
-    return int(digits) if digits.isdigit() else None
-
-
-def _safe(name: str) -> str:
-    return "".join(c if c.isalnum() or c in "._-" else "_" for c in name)[:64]
-
-
-def _link_or_copy(source: Path, target: Path) -> None:
+def _publish_link(source: Path, target: Path) -> None:
+    """Make `target` appear whole (AFL's sync reads any id: name it sees)."""
     try:
         os.link(source, target)
     except OSError:
-        shutil.copyfile(source, target)
+        temporary = target.with_name(f".{target.name}.tmp")
+        shutil.copyfile(source, temporary)
+        os.replace(temporary, target)

@@ -24,6 +24,11 @@ class Tag(enum.IntEnum):
     CONFIG = 7  # rank 0's verdict on the configuration, sent before any work
 
 
+# Result outcomes besides executors.base.Outcome: the input was not analysed at all.
+INVALID_INPUT = "invalid-input"  # the worker could not read the bytes it was sent, intact
+WORKER_ERROR = "worker-error"  # the worker failed around the executor (disk, triage, ...)
+NOT_ANALYSED = (INVALID_INPUT, WORKER_ERROR)
+
 TOKEN_PATTERN = re.compile(r"^[0-9a-f]{8,64}$")
 SHA256_PATTERN = re.compile(r"^[0-9a-f]{64}$")
 
@@ -51,7 +56,7 @@ class StagedFile(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
 class Result(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     token: str
     input_hash: str  # SHA-256 the worker computed over the bytes it actually ran
-    outcome: str  # executors.base.Outcome value, or "invalid-input"
+    outcome: str  # executors.base.Outcome value, or one of NOT_ANALYSED
     exit_status: int | None
     wall_time: float
     solver_time: float

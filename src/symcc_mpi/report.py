@@ -411,6 +411,7 @@ def afl_queue_name(
     src_ids: Sequence[int] = (),
     op: str | None = "symcc",
     *,
+    sig: int | None = None,
     orig: str | None = None,
     time_ms: int | None = None,
     execs: int | None = None,
@@ -427,6 +428,8 @@ def afl_queue_name(
     if id < 0 or any(s < 0 for s in src_ids):
         raise ValueError("AFL queue ids are non-negative")
     parts = [f"id:{id:06d}"]
+    if sig is not None:
+        parts.append(f"sig:{sig:02d}")
     if src_ids:
         parts.append("src:" + "+".join(f"{s:06d}" for s in src_ids))
     if time_ms is not None:

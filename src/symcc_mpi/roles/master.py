@@ -23,6 +23,7 @@ from ..config import CampaignConfig
 from ..corpus import CampaignDir
 from ..executors import Outcome
 from ..protocol import (
+    NOT_ANALYSED,
     ConfigVerdict,
     Fatal,
     Ready,
@@ -205,8 +206,9 @@ class Master:
             if not self.scheduler.is_active_token(result.token):
                 self._discard_staging(result.token)  # never another rank's live staging
             return
-        if verdict is Verdict.HASH_MISMATCH or result.outcome == "invalid-input":
-            log.warning("rank %d ran other bytes than it was sent: %s", rank, result.message)
+        if verdict is Verdict.HASH_MISMATCH or result.outcome in NOT_ANALYSED:
+            log.warning("rank %d did not analyse %s: %s", rank, result.input_hash[:12],
+                        result.message or "it ran other bytes than it was sent")
             if verdict is Verdict.ACCEPT:
                 self.scheduler.result_failed(result.input_hash)
             self._discard_staging(result.token)
@@ -230,8 +232,8 @@ class Master:
             else Outcome.ERROR
         parent_path = self.campaign.corpus / parent
         if outcome is Outcome.CRASH:
-            detail = f"sig:{-result.exit_status:02d}" if (result.exit_status or 0) < 0 else ""
-            self._save_crash(parent_path, parent, parent, detail, now)
+            signal_number = -result.exit_status if (result.exit_status or 0) < 0 else None
+            self._save_crash(parent_path, parent, parent, signal_number, now)
         elif outcome is Outcome.TIMEOUT:
             self._save_hang(parent_path, parent, parent, now)
         elif outcome is Outcome.ERROR:
@@ -257,7 +259,7 @@ class Master:
         staged_path = self.campaign.staging_dir(token) / digest
         if self.triage is not None and staged.coverage is not None:
             if staged.status == "crash":
-                self._save_crash(staged_path, digest, parent, "", now)
+                self._save_crash(staged_path, digest, parent, None, now)
                 return
             if staged.status == "hang":
                 self._save_hang(staged_path, digest, parent, now)
@@ -270,9 +272,10 @@ class Master:
         self.stats.interesting += 1
         self.stats.last_find = now
 
-    def _save_crash(self, path, digest: str, parent: str, detail: str, now: float) -> None:
+    def _save_crash(self, path, digest: str, parent: str, signal_number: int | None,
+                    now: float) -> None:
         self.stats.crashing_runs += 1
-        if self.campaign.save_finding("crashes", path, digest, parent, detail):
+        if self.campaign.save_finding("crashes", path, digest, parent, signal_number):
             self.stats.crashes += 1
             self.stats.last_crash = self.stats.last_find = now
             if self.stats.first_crash_seconds is None:

@@ -17,7 +17,19 @@ from ..config import CampaignConfig
 from ..corpus import sha256_bytes, sha256_file
 from ..executors import ExecutorError, make_executor
 from ..faults import Faults
-from ..protocol import ConfigVerdict, Fatal, Ready, Result, StagedFile, Stop, StopAck, Tag, Work
+from ..protocol import (
+    INVALID_INPUT,
+    WORKER_ERROR,
+    ConfigVerdict,
+    Fatal,
+    Ready,
+    Result,
+    StagedFile,
+    Stop,
+    StopAck,
+    Tag,
+    Work,
+)
 from ..transport import Channel
 
 log = logging.getLogger("symcc_mpi.worker")
@@ -48,7 +60,13 @@ def run_worker(channel: Channel, config: CampaignConfig) -> int:
             message = _wait_for(channel, Tag.WORK, Tag.STOP)
             if isinstance(message, Stop):
                 break
-            result = execute(message, config, executor, probe, scratch)
+            try:
+                result = execute(message, config, executor, probe, scratch)
+            except Exception as error:  # noqa: BLE001 - reported to the master as data
+                log.exception("rank %d: executing %s failed", channel.rank,
+                              message.input_hash[:12])
+                result = _failed(message, message.input_hash, WORKER_ERROR,
+                                 f"{type(error).__name__}: {error}")
             executions += 1
             last_token = message.token
             if faults.fire("foreign-result", executions):
@@ -71,10 +89,11 @@ def execute(work: Work, config: CampaignConfig, executor, probe, scratch: Path) 
     try:
         data = (config.out / "corpus" / work.input_hash).read_bytes()
     except OSError as error:
-        return _invalid(work, work.input_hash, f"cannot read input: {error.strerror}")
+        return _failed(work, work.input_hash, INVALID_INPUT,
+                       f"cannot read input: {error.strerror}")
     actual = sha256_bytes(data)
     if actual != work.input_hash:
-        return _invalid(work, actual, "input bytes do not match their SHA-256")
+        return _failed(work, actual, INVALID_INPUT, "input bytes do not match their SHA-256")
     local_input = scratch / "input"
     local_input.write_bytes(data)
     stage = config.out / ".staging" / work.token
@@ -122,10 +141,10 @@ def _make_probe(config: CampaignConfig):
                          memory_limit_mb=config.memory_limit_mb)
 
 
-def _invalid(work: Work, actual: str, reason: str) -> Result:
-    return Result(token=work.token, input_hash=actual, outcome="invalid-input",
-                  exit_status=None, wall_time=0.0, solver_time=0.0, staged=[], generated=0,
-                  message=reason)
+def _failed(work: Work, actual: str, outcome: str, reason: str) -> Result:
+    """A RESULT saying the input was not analysed: the master gives it to someone again."""
+    return Result(token=work.token, input_hash=actual, outcome=outcome, exit_status=None,
+                  wall_time=0.0, solver_time=0.0, staged=[], generated=0, message=reason)
 
 
 def _send_foreign_result(channel: Channel, config: CampaignConfig, real: Result) -> None:

@@ -1,0 +1,1 @@
+"""Durable coordination structures, pure of MPI: locks, lease tables, journals, WAL, QueryStore."""

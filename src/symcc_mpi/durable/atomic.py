@@ -1,0 +1,52 @@
+"""Whole-file durable writes: temp file in the same directory, fsync, rename, directory fsync.
+
+A reader sees the old bytes or the new bytes, never a mix; after `write_durable` returns the
+new bytes survive a crash of the machine. A process killed mid-write leaves at most a
+dot-named temporary file, which `is_temporary` recognises so scans can skip and sweep it.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+TEMPORARY_PREFIX = ".tmp-"
+
+
+def fsync_directory(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_durable(path: Path, data: bytes, *, fsync: bool = True) -> None:
+    temporary = path.with_name(f"{TEMPORARY_PREFIX}{path.name}.{os.getpid()}")
+    try:
+        with open(temporary, "wb") as handle:
+            handle.write(data)
+            if fsync:
+                handle.flush()
+                os.fsync(handle.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
+    if fsync:
+        fsync_directory(path.parent)
+
+
+def remove_durable(path: Path, *, fsync: bool = True) -> bool:
+    """Delete `path` (False if it was not there) and make the deletion durable."""
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        return False
+    if fsync:
+        fsync_directory(path.parent)
+    return True
+
+
+def is_temporary(path: Path) -> bool:
+    return path.name.startswith(TEMPORARY_PREFIX)

@@ -1,0 +1,43 @@
+"""Injected clocks: leases and deadlines read time only through a Clock, so tests move it."""
+
+from __future__ import annotations
+
+import time
+from typing import Protocol
+
+
+class Clock(Protocol):
+    def time(self) -> float:
+        """Wall-clock Unix seconds: comparable across processes and hosts (lease expiry)."""
+
+    def monotonic(self) -> float:
+        """This process's monotonic seconds: for waits and deadlines."""
+
+
+class SystemClock:
+    def time(self) -> float:
+        return time.time()
+
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+
+class ManualClock:
+    """A clock that only moves when told to."""
+
+    def __init__(self, start: float = 1_000_000.0):
+        self.now = start
+        self.mono = 0.0
+
+    def time(self) -> float:
+        return self.now
+
+    def monotonic(self) -> float:
+        return self.mono
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+        self.mono += seconds
+
+
+SYSTEM_CLOCK = SystemClock()
