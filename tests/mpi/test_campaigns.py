@@ -137,7 +137,9 @@ def test_symcc_backend_with_a_real_concolic_engine_behind_it(build, tmp_path):
     shim = f"{sys.executable} -m symcc_mpi.executors.triton_shim"
     for target in (f"{shim} {build / 'magic'} @@", f"{shim} {build / 'magic'}"):
         out = tmp_path / ("file" if "@@" in target else "stdin")
-        process = explore(out, "--executor", "symcc", "--target", target, "--seeds",
+        # Each shim run imports tritondse afresh (~2 s): triage keeps the campaign short.
+        process = explore(out, "--executor", "symcc", "--target", target, "--afl-target",
+                          f"{build / 'magic.afl'} @@", "--seeds",
                           build.parent / "seeds" / "magic", "--workers", 2, "--timeout", 60)
         assert_oracles(out, process)
         assert crash_files(out), process.stdout[-2000:]

@@ -111,12 +111,12 @@ def test_misnamed_corpus_file_is_quarantined_not_dropped(campaign):
 
 
 def test_queue_names_and_resume_numbering(campaign):
-    seed = campaign.add_seed(b"seed", "my seed!")
+    seed = campaign.add_seed(b"seed", "my,seed")
     d = stage(campaign, b"child")
     campaign.promote(TOKEN, d)
     campaign.add_to_queue(d, seed)
     names = sorted(p.name for p in campaign.queue.iterdir())
-    assert names == ["id:000000,orig:my_seed_", "id:000001,src:000000,op:symcc"]
+    assert names == ["id:000000,orig:my_seed", "id:000001,src:000000,op:symcc"]
     reopened = CampaignDir(campaign.out)
     reopened.read_queues()
     assert reopened.queue_ids == {seed: 0, d: 1}
@@ -127,6 +127,6 @@ def test_queue_names_and_resume_numbering(campaign):
 def test_findings_are_saved_once(campaign):
     seed = campaign.add_seed(b"boom", "s")
     path = campaign.corpus / seed
-    assert campaign.save_finding("crashes", path, seed, seed, "sig:11")
-    assert not campaign.save_finding("crashes", path, seed, seed, "sig:11")
+    assert campaign.save_finding("crashes", path, seed, seed, 11)
+    assert not campaign.save_finding("crashes", path, seed, seed, 11)
     assert [p.name for p in campaign.crashes.iterdir()] == ["id:000000,sig:11,src:000000,op:symcc"]
