@@ -30,8 +30,8 @@ examples: setup
 
 demo: examples
 	rm -rf $(DEMO_OUT)
-	$(VENV)/bin/symcc-mpi explore --target "examples/build/magic @@" \
-	    --afl-target "examples/build/magic.afl @@" --seeds examples/seeds/magic \
+	$(VENV)/bin/symcc-mpi explore --target "examples/build/tlv @@" \
+	    --afl-target "examples/build/tlv.afl @@" --seeds examples/seeds/tlv \
 	    --out $(DEMO_OUT) --workers 2 --timeout 10 --wall-timeout 300
 	$(VENV)/bin/symcc-mpi verify $(DEMO_OUT)
 

@@ -38,6 +38,7 @@ def master_snapshot(master) -> CampaignSnapshot:
         interesting=stats.interesting,
         corpus_count=len(scheduler.known),
         pending=len(scheduler.frontier),
+        max_depth=stats.max_depth,
         crashes=stats.crashes,
         hangs=stats.hangs,
         crashing_runs=stats.crashing_runs,

@@ -497,12 +497,9 @@ def render_live(snap: CampaignSnapshot) -> Panel:
         Text("hangs", style=label),
         Text(f"{snap.hangs:,}", style=hang_style),
     )
-    edges = f"{snap.edges_found:,}"
-    if snap.map_size:
-        edges += f"/{snap.map_size:,} ({snap.bitmap_cvg:.2f}%)"
     grid.add_row(
         Text("edges", style=label),
-        edges,
+        _edges(snap),
         Text("last find", style=label),
         _ago(snap, snap.last_find),
     )
@@ -535,7 +532,7 @@ def summary_table(snap: CampaignSnapshot) -> Table:
         ("max depth", f"{snap.max_depth:,}"),
         ("unique crashes", f"{snap.crashes:,} of {snap.crashing_runs:,} crashing runs"),
         ("unique hangs", f"{snap.hangs:,} of {snap.hanging_runs:,} hanging runs"),
-        ("edges", f"{snap.edges_found:,}/{snap.map_size:,} ({snap.bitmap_cvg:.2f}%)"),
+        ("edges", _edges(snap)),
         ("executor time", f"{snap.executor_time:,.1f} s"),
         ("solver time", f"{snap.solver_time:,.1f} s ({_share(snap.solver_time, busy)})"),
         ("last find", _ago(snap, snap.last_find)),
@@ -547,6 +544,12 @@ def summary_table(snap: CampaignSnapshot) -> Table:
         text = ", ".join(f"{k}={_figure(v)}" for k, v in figures.items())
         table.add_row(f"worker {rank}", text)
     return table
+
+
+def _edges(snap: CampaignSnapshot) -> str:
+    if not snap.map_size:
+        return "no coverage oracle"
+    return f"{snap.edges_found:,}/{snap.map_size:,} ({snap.bitmap_cvg:.2f}%)"
 
 
 def _share(part: float, whole: float) -> str:

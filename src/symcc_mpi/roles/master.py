@@ -80,6 +80,7 @@ class MasterStats:
     last_crash: float = 0.0
     last_hang: float = 0.0
     resumed_done: int = 0
+    max_depth: int = 1
     stop_reason: str = ""
     per_worker: dict[int, WorkerStats] = field(default_factory=dict)
 
@@ -95,6 +96,7 @@ class Master:
         self.scheduler = Scheduler()
         self.stats = MasterStats()
         self.seen: set[str] = set()  # every generated hash, kept or not
+        self.depth: dict[str, int] = {}  # generations from a seed, of kept inputs
         self.phase = Phase.RUNNING
         self.stop_requested_by_signal = False
         self.started = time.monotonic()
@@ -270,6 +272,9 @@ class Master:
                 return
         self.campaign.promote(token, digest)
         self.campaign.add_to_queue(digest, parent)
+        depth = self.depth.get(parent, 1) + 1  # AFL counts seeds as depth 1
+        self.depth[digest] = depth
+        self.stats.max_depth = max(self.stats.max_depth, depth)
         self.scheduler.add_input(digest)
         self.stats.interesting += 1
         self.stats.last_find = now
