@@ -54,6 +54,7 @@ def launch(config: CampaignConfig, argv: list[str], *, live: bool) -> int:
     env = dict(os.environ, SYMCC_MPI_LAUNCHED="1", PYTHONUNBUFFERED="1")
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+    launched_at = time.time()
     view = LiveView(config.out, live=live)
     interrupts = 0
 
@@ -83,8 +84,16 @@ def launch(config: CampaignConfig, argv: list[str], *, live: bool) -> int:
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
-    view.summary()
+    if _stats_written_since(config.out, launched_at):
+        view.summary()
     return process.returncode if process.returncode >= 0 else 128 - process.returncode
+
+
+def _stats_written_since(out: Path, moment: float) -> bool:
+    try:
+        return (out / "stats.json").stat().st_mtime >= moment
+    except OSError:
+        return False
 
 
 def _forward_output(process: subprocess.Popen, view) -> None:

@@ -51,7 +51,9 @@ def check_config(config: CampaignConfig) -> None:
         from .triage import check_afl_target
 
         check_afl_target(list(config.afl_target))
-    check_out_dir(config.out, resume=config.resume)  # last: it may create the directory
+    check_out_dir(config.out, resume=config.resume)  # it may create the directory
+    if config.resume:
+        CampaignDir(config.out).read_done()  # a corrupt journal is refused before launch
 
 
 def open_master(channel, config: CampaignConfig):

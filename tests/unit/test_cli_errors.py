@@ -138,3 +138,17 @@ def test_real_process_prints_no_traceback(setup):
 def test_verify_of_a_non_campaign(tmp_path):
     result = CliRunner().invoke(cli, ["verify", str(tmp_path)])
     assert result.exit_code == 2 and "holds no symcc-mpi campaign" in result.output
+
+
+def test_corrupt_state_file_is_refused_before_launch(setup):
+    from symcc_mpi.corpus import CampaignDir
+
+    tmp, seeds, target = setup
+    campaign = CampaignDir(tmp / "o")
+    campaign.create({})
+    campaign.state.mkdir(exist_ok=True)
+    campaign.done_journal.write_bytes(b'not json\n{"sha256": "' + b"a" * 64 + b'"}\n')
+    before = campaign.done_journal.read_bytes()
+    one_line_error(run("--target", target, "--out", tmp / "o", "--resume"),
+                   "done.jsonl, line 1")
+    assert campaign.done_journal.read_bytes() == before
