@@ -157,6 +157,7 @@ class Master:
             if lost is not None:
                 log.warning("rank %d is ready again without a valid RESULT for %s; requeued",
                             rank, lost.input_hash[:12])
+                self.send_seconds.pop(lost.token, None)
                 self._discard_staging(lost.token)
         elif isinstance(message, Result):
             self._on_result(rank, message)
