@@ -17,7 +17,7 @@ from pathlib import Path
 
 from _campaign import ROOT, print_table, run_campaign
 
-SEEDS = 40
+SEEDS = 100
 SPEEDUP_TARGET = 1.7
 MASTER_SHARE_TARGET = 5.0
 

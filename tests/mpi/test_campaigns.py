@@ -144,3 +144,22 @@ def test_symcc_backend_with_a_real_concolic_engine_behind_it(build, tmp_path):
         assert_oracles(out, process)
         assert crash_files(out), process.stdout[-2000:]
         assert stats(out)["solver_time"] > 0
+
+
+@pytest.mark.parametrize("option, reason", [("--max-idle", "no new finding for 2 s"),
+                                            ("--wall-timeout", "wall-clock budget spent")])
+def test_budgets_stop_the_campaign_and_keep_the_rest_for_resume(tmp_path, option, reason):
+    seeds = tmp_path / "seeds"
+    seeds.mkdir()
+    for i in range(30):
+        (seeds / f"s{i}").write_bytes(b"%d" % i)
+    slow = tmp_path / "slow-target"
+    slow.write_text("#!/bin/sh\nsleep 0.5\n")  # finds nothing, takes its time
+    slow.chmod(0o755)
+    out = tmp_path / "out"
+    process = explore(out, "--executor", "symcc", "--target", slow, "--seeds", seeds,
+                      "--workers", 1, option, 2)
+    assert_oracles(out, process)
+    figures = stats(out)
+    assert figures["extra"]["stop_reason"] == reason
+    assert 0 < figures["executions"] < 30 and figures["pending"] > 0
