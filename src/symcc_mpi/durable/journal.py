@@ -1,0 +1,623 @@
+"""Checksummed local JSONL journals: work leases (F313 §3.4) and deferred work (F317 §4.2).
+
+Every line is `<crc32 of the JSON, 8 hex> <JSON object>\n`, ASCII only. The checksum is what
+tells a torn append (a process killed inside `write`) or a flipped byte from a real record:
+JSON alone would accept a line cut exactly at a closing brace.
+
+Damage on open is never fatal and never silent. A bad LAST line is an interrupted append: its
+bytes are kept in the quarantine directory and the file is truncated before them. A bad line
+elsewhere is kept the same way, reported with path and line number, and the journal is rewritten
+without it; every other record survives. The quarantine copy is made durable before the live
+file changes, so a crash during repair cannot lose the bad bytes (nothing is dropped silently).
+
+Writes go through an injectable `writer(fd, data)` so tests can make the write step raise. A
+failed append is cut back off the file (ftruncate to the last good size) before the error
+propagates, so memory and file both stay as they were; if even that fails, the journal becomes
+`broken` and refuses further appends rather than appending after a torn fragment.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import logging
+import os
+import zlib
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .atomic import fsync_directory, is_temporary, write_durable
+from .clock import SYSTEM_CLOCK, Clock
+
+log = logging.getLogger(__name__)
+
+Writer = Callable[[int, bytes], None]
+"""Write all of `data` to the file descriptor; raise OSError on failure."""
+
+DEFERRED_JOURNAL_NAME = ".dispatch_protocol_deferred.jsonl"
+MAX_ID_LENGTH = 256
+
+
+def write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
+
+
+# -- line codec ----------------------------------------------------------------------------
+
+
+class LineError(ValueError):
+    """A journal line is not a well-formed, checksummed record."""
+
+
+def encode_line(record: Mapping[str, Any]) -> bytes:
+    payload = json.dumps(record, sort_keys=True, separators=(",", ":"),
+                         ensure_ascii=True, allow_nan=False).encode("ascii")
+    return b"%08x %s\n" % (zlib.crc32(payload), payload)
+
+
+def decode_line(line: bytes) -> dict[str, Any]:
+    """Decode one line (its trailing newline already removed)."""
+    if len(line) < 10 or line[8:9] != b" ":
+        raise LineError("no checksum field")
+    try:
+        stated = int(line[:8], 16)
+    except ValueError:
+        raise LineError("checksum field is not hex") from None
+    payload = line[9:]
+    if zlib.crc32(payload) != stated:
+        raise LineError("checksum mismatch")
+    try:
+        record = json.loads(payload)
+    except ValueError:
+        raise LineError("checksummed payload is not JSON") from None
+    if not isinstance(record, dict):
+        raise LineError("record is not a JSON object")
+    return record
+
+
+# -- damage reports --------------------------------------------------------------------------
+
+
+class DamageKind(enum.Enum):
+    TORN_TAIL = "torn-tail"  # the last line: an append interrupted by a crash
+    CORRUPT_LINE = "corrupt-line"  # any other bad line: corruption, reported loudly
+
+
+@dataclass(frozen=True)
+class Damage:
+    path: Path
+    line: int
+    kind: DamageKind
+    reason: str
+    kept_at: Path
+
+    def __str__(self) -> str:
+        return f"{self.path}:{self.line}: {self.kind.value}: {self.reason}; kept at {self.kept_at}"
+
+
+class JournalError(Exception):
+    """Base of the journal errors."""
+
+
+class JournalConflict(JournalError):
+    """The event contradicts the journal's state (wrong token, already done): nothing written."""
+
+
+class JournalBroken(OSError):
+    """A failed append could not be cut back off the file; no further appends are accepted."""
+
+
+class JournalClosed(JournalError):
+    """The journal was closed."""
+
+
+def _check_id(kind: str, value: str) -> None:
+    if not isinstance(value, str) or not value or len(value) > MAX_ID_LENGTH:
+        raise ValueError(f"{kind} must be a non-empty string of at most {MAX_ID_LENGTH} characters")
+
+
+# -- the shared file engine ------------------------------------------------------------------
+
+
+class _LineLog:
+    """One append-only checksummed JSONL file: load with repair, append, rewrite."""
+
+    def __init__(self, path: Path, *, clock: Clock, fsync: bool, writer: Writer | None,
+                 quarantine_dir: Path | None):
+        self.path = Path(path)
+        self.clock = clock
+        self.fsync = fsync
+        self.writer = writer or write_all
+        self.quarantine_dir = quarantine_dir or self.path.parent / "quarantine"
+        self.lines = 0
+        self.size = 0
+        self.broken: OSError | None = None
+        self._fd: int | None = None
+        self._closed = False
+
+    # loading
+
+    def load(self, apply: Callable[[dict[str, Any]], None]) -> tuple[Damage, ...]:
+        """Replay every good line through `apply` (ValueError = the record does not apply),
+        quarantine the bad ones and repair the file. Call `open_for_append` next."""
+        self._sweep_temporaries()
+        try:
+            raw = self.path.read_bytes()
+        except FileNotFoundError:
+            raw = b""
+        good: list[bytes] = []
+        bad: list[tuple[int, bytes, str, bool]] = []  # line number, bytes, reason, torn tail
+        torn_at: int | None = None
+        offset = number = 0
+        while offset < len(raw):
+            number += 1
+            end = raw.find(b"\n", offset)
+            if end == -1:
+                # An append writes its line and newline in one call: no newline, no record,
+                # even if the bytes before the cut happen to decode.
+                bad.append((number, raw[offset:], "interrupted append (no newline)", True))
+                torn_at = offset
+                break
+            line = raw[offset:end + 1]
+            try:
+                apply(decode_line(line[:-1]))
+            except LineError as error:
+                last = end == len(raw) - 1
+                bad.append((number, line, str(error), last))
+                if last:
+                    torn_at = offset
+            except ValueError as error:
+                # Checksummed, so written whole: corruption or a bug, never a torn append.
+                bad.append((number, line, f"record does not apply: {error}", False))
+            else:
+                good.append(line)
+            offset = end + 1
+        damage = tuple(self._quarantine(n, data, reason, torn) for n, data, reason, torn in bad)
+        for item in damage:
+            log.warning("journal damage: %s", item)
+        if any(item.kind is DamageKind.CORRUPT_LINE for item in damage):
+            self._replace(b"".join(good))
+        elif torn_at is not None:
+            self._truncate(torn_at)
+        self.lines = len(good)
+        return damage
+
+    def _sweep_temporaries(self) -> None:
+        # A compaction killed before its rename leaves `.tmp-<name>.<pid>`: never visible, so
+        # removing it loses nothing.
+        if not self.path.parent.is_dir():
+            return
+        for candidate in self.path.parent.glob(f".tmp-{self.path.name}.*"):
+            if is_temporary(candidate):
+                candidate.unlink(missing_ok=True)
+
+    def _quarantine(self, number: int, data: bytes, reason: str, last: bool) -> Damage:
+        kind = DamageKind.TORN_TAIL if last else DamageKind.CORRUPT_LINE
+        self.quarantine_dir.mkdir(parents=True, exist_ok=True)
+        stamp = f"{self.clock.time():.6f}"
+        serial = 0
+        while True:
+            target = self.quarantine_dir / f"{self.path.name}.line{number}.{stamp}.{serial}"
+            if not target.exists():
+                break
+            serial += 1
+        # Durable before the live file is repaired: the bad bytes must outlive the repair.
+        write_durable(target, data, fsync=self.fsync)
+        return Damage(self.path, number, kind, reason, target)
+
+    def _truncate(self, keep: int) -> None:
+        with open(self.path, "r+b") as handle:
+            handle.truncate(keep)
+            if self.fsync:
+                os.fsync(handle.fileno())
+
+    def _replace(self, data: bytes) -> None:
+        write_durable(self.path, data, fsync=self.fsync)
+
+    def open_for_append(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        existed = self.path.exists()
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        if not existed and self.fsync:
+            fsync_directory(self.path.parent)  # the new name must survive with its first line
+        if self._fd is not None:
+            os.close(self._fd)
+        self._fd = fd
+        self.size = os.fstat(fd).st_size
+
+    # writing
+
+    def append(self, record: Mapping[str, Any]) -> None:
+        """Durably append one record, or raise with the file as it was."""
+        self._check_writable()
+        if self._fd is None:
+            self.open_for_append()  # an earlier open failed (F317: retry on the next write)
+        assert self._fd is not None
+        data = encode_line(record)
+        try:
+            self.writer(self._fd, data)
+            if self.fsync:
+                os.fsync(self._fd)
+        except OSError:
+            self._cut_back()
+            raise
+        self.size += len(data)
+        self.lines += 1
+
+    def _cut_back(self) -> None:
+        # F313 §3.4: an append failure must leave no trace a later open would replay. A torn
+        # fragment left in place would also turn the NEXT good line into a corrupt one.
+        try:
+            os.ftruncate(self._fd, self.size)
+            if self.fsync:
+                os.fsync(self._fd)
+        except OSError as error:
+            self.broken = error
+            log.error("journal %s: could not remove a failed append: %s", self.path, error)
+
+    def rewrite(self, records: Iterable[Mapping[str, Any]]) -> None:
+        """Replace the whole file atomically (compaction)."""
+        self._check_writable()
+        lines = [encode_line(record) for record in records]
+        try:
+            write_durable(self.path, b"".join(lines), fsync=self.fsync)
+        finally:
+            # Even a failure may come after the rename (in the directory fsync): the old
+            # descriptor may then name an unlinked file, and appends to it would be lost.
+            self.open_for_append()
+        self.lines = len(lines)
+
+    def _check_writable(self) -> None:
+        if self._closed:
+            raise JournalClosed(f"journal {self.path} is closed")
+        if self.broken is not None:
+            raise JournalBroken(self.broken.errno, f"journal {self.path} is broken after a "
+                                f"failed append could not be removed: {self.broken}")
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+        self._closed = True
+
+
+# -- WorkLeaseJournal (F313 §3.4) ------------------------------------------------------------
+
+
+class LeaseState(enum.Enum):
+    FREE = "free"
+    LEASED = "leased"
+    DONE = "done"
+
+
+class LeaseEvent(enum.Enum):
+    LEASE = "lease"
+    DONE = "done"
+    RECLAIM = "reclaim"
+
+
+@dataclass(frozen=True)
+class JournalLease:
+    work_id: str
+    token: str
+    at: float
+
+
+@dataclass(frozen=True)
+class JournalStatistics:
+    leased: int
+    done: int
+    lines: int
+    appends: int
+    append_failures: int
+    compactions: int
+    compaction_failures: int
+    damage: int
+    broken: bool
+
+
+class WorkLeaseJournal:
+    """This master's local record of work it leased, finished or gave back.
+
+    F313 §3.4 order: append the event (flushed, fsynced) first, then change memory, then compact
+    if the file has grown. Memory is therefore never ahead of the file, and compaction, which
+    writes memory, always sees every appended event.
+
+    Operations are repeat-safe: repeating a call that already took effect returns False and
+    writes nothing; a call that contradicts the state raises JournalConflict and writes nothing.
+    """
+
+    def __init__(self, path: Path, *, clock: Clock = SYSTEM_CLOCK, fsync: bool = True,
+                 writer: Writer | None = None, compact_after: int = 4096,
+                 quarantine_dir: Path | None = None):
+        if compact_after < 1:
+            raise ValueError("compact_after must be at least 1")
+        self._log = _LineLog(path, clock=clock, fsync=fsync, writer=writer,
+                             quarantine_dir=quarantine_dir)
+        self._clock = clock
+        self._compact_after = compact_after
+        self._leased: dict[str, JournalLease] = {}
+        self._done: dict[str, JournalLease] = {}  # the done event's token and time
+        self._appends = 0
+        self._append_failures = 0
+        self._compactions = 0
+        self._compaction_failures = 0
+        self.damage: tuple[Damage, ...] = self._log.load(self._replay)
+        self._log.open_for_append()
+
+    @property
+    def path(self) -> Path:
+        return self._log.path
+
+    # reading
+
+    def state(self, work_id: str) -> LeaseState:
+        if work_id in self._done:
+            return LeaseState.DONE
+        return LeaseState.LEASED if work_id in self._leased else LeaseState.FREE
+
+    def leases(self) -> dict[str, JournalLease]:
+        return dict(self._leased)
+
+    def done_ids(self) -> frozenset[str]:
+        return frozenset(self._done)
+
+    def statistics(self) -> JournalStatistics:
+        return JournalStatistics(
+            leased=len(self._leased), done=len(self._done), lines=self._log.lines,
+            appends=self._appends, append_failures=self._append_failures,
+            compactions=self._compactions, compaction_failures=self._compaction_failures,
+            damage=len(self.damage), broken=self._log.broken is not None)
+
+    # events
+
+    def lease(self, work_id: str, token: str) -> bool:
+        return self._event(LeaseEvent.LEASE, work_id, token)
+
+    def done(self, work_id: str, token: str) -> bool:
+        return self._event(LeaseEvent.DONE, work_id, token)
+
+    def reclaim(self, work_id: str, token: str) -> bool:
+        """Give a lease back (F313 `abandon`): the work becomes free, nothing is marked done."""
+        return self._event(LeaseEvent.RECLAIM, work_id, token)
+
+    def _event(self, event: LeaseEvent, work_id: str, token: str) -> bool:
+        _check_id("work_id", work_id)
+        _check_id("token", token)
+        if not self._applies(event, work_id, token):
+            return False
+        record = {"event": event.value, "work": work_id, "token": token,
+                  "at": self._clock.time()}
+        try:
+            self._log.append(record)
+        except OSError:
+            self._append_failures += 1
+            raise
+        self._appends += 1
+        self._apply(record)
+        self._maybe_compact()
+        return True
+
+    def _applies(self, event: LeaseEvent, work_id: str, token: str) -> bool:
+        """True if the event changes the state, False if it is a repeat; raises on conflict."""
+        state = self.state(work_id)
+        if state is LeaseState.DONE:
+            if event is LeaseEvent.DONE and self._done[work_id].token == token:
+                return False
+            raise JournalConflict(f"work {work_id} is already done")
+        if state is LeaseState.LEASED:
+            held = self._leased[work_id].token
+            if held != token:
+                raise JournalConflict(f"work {work_id} is leased under another token")
+            return event is not LeaseEvent.LEASE
+        if event is LeaseEvent.LEASE:
+            return True
+        if event is LeaseEvent.RECLAIM:
+            return False  # nothing held: a repeated reclaim
+        raise JournalConflict(f"work {work_id} is not leased: cannot mark it done")
+
+    def _apply(self, record: Mapping[str, Any]) -> None:
+        event = LeaseEvent(record["event"])
+        work_id = record["work"]
+        if event is LeaseEvent.LEASE:
+            self._leased[work_id] = JournalLease(work_id, record["token"], record["at"])
+        elif event is LeaseEvent.DONE:
+            self._leased.pop(work_id, None)
+            self._done[work_id] = JournalLease(work_id, record["token"], record["at"])
+        else:
+            self._leased.pop(work_id, None)
+
+    def _replay(self, record: dict[str, Any]) -> None:
+        try:
+            event = LeaseEvent(record["event"])
+            work_id, token, at = record["work"], record["token"], record["at"]
+            _check_id("work_id", work_id)
+            _check_id("token", token)
+            if not isinstance(at, (int, float)):
+                raise ValueError("at is not a number")
+        except (KeyError, TypeError) as error:
+            raise ValueError(f"not a lease event: {error!r}") from None
+        try:
+            changes = self._applies(event, work_id, token)
+        except JournalConflict as error:
+            raise ValueError(str(error)) from None
+        if changes:  # a repeated event carries nothing new: harmless, kept
+            self._apply(record)
+
+    # compaction
+
+    def _records(self) -> list[dict[str, Any]]:
+        records: list[dict[str, Any]] = []
+        for item in self._done.values():
+            # Replay accepts `done` only under a lease of the same token: write the pair.
+            for event in (LeaseEvent.LEASE, LeaseEvent.DONE):
+                records.append({"event": event.value, "work": item.work_id,
+                                "token": item.token, "at": item.at})
+        records += [{"event": LeaseEvent.LEASE.value, "work": item.work_id,
+                     "token": item.token, "at": item.at} for item in self._leased.values()]
+        return records
+
+    def compact(self) -> None:
+        """Rewrite the file from memory (atomically: old or new file, never a mix)."""
+        self._log.rewrite(self._records())
+        self._compactions += 1
+
+    def _maybe_compact(self) -> None:
+        live = 2 * len(self._done) + len(self._leased)
+        if self._log.lines < self._compact_after or self._log.lines < 2 * live:
+            return
+        try:
+            self.compact()
+        except OSError as error:
+            # The event is already durable; a failed compaction leaves a longer file that
+            # replays to the same state, so the operation still succeeded.
+            self._compaction_failures += 1
+            log.warning("journal %s: compaction failed: %s", self.path, error)
+
+    def close(self) -> None:
+        self._log.close()
+
+    def __enter__(self) -> WorkLeaseJournal:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+# -- DeferredWorkJournal (F317 §4.2) ---------------------------------------------------------
+
+
+class Deferral(enum.Enum):
+    PERSISTED = "persisted"
+    MEMORY_ONLY = "memory-only"  # the write failed: kept in memory, reported, retried later
+
+
+@dataclass(frozen=True)
+class DeferredWork:
+    work_id: str
+    source: str
+    attempts: int
+    at: float
+    payload: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class DeferredStatistics:
+    persisted: int
+    memory_only: int
+    write_failures: int
+    last_error: str | None
+    damage: int
+
+
+class DeferredWorkJournal:
+    """Work set aside after `SYMCC_DISPATCH_PROTOCOL_RETRIES` protocol failures (F317 §4.2).
+
+    `defer` never raises on a write failure: the work is kept in memory, counted and reported
+    as MEMORY_ONLY (F317: "journal 写失败则回到内存，绝不把持久化失败当成成功"). Later calls
+    (`defer` of the same work again, or `retry`) try the write again. Deferring a work that is
+    already persisted is a repeat and writes nothing.
+    """
+
+    def __init__(self, path: Path, *, clock: Clock = SYSTEM_CLOCK, fsync: bool = True,
+                 writer: Writer | None = None, quarantine_dir: Path | None = None):
+        self._clock = clock
+        self._persisted: dict[str, DeferredWork] = {}
+        self._memory_only: dict[str, DeferredWork] = {}
+        self._write_failures = 0
+        self._last_error: str | None = None
+        self._log = _LineLog(path, clock=clock, fsync=fsync, writer=writer,
+                             quarantine_dir=quarantine_dir)
+        self.damage: tuple[Damage, ...] = self._log.load(self._replay)
+        try:
+            self._log.open_for_append()
+        except OSError as error:
+            # Unwritable directory or full disk: deferring still works, in memory, and says so.
+            self._fail(error)
+
+    @classmethod
+    def in_campaign(cls, out: Path, **options: Any) -> DeferredWorkJournal:
+        return cls(Path(out) / DEFERRED_JOURNAL_NAME, **options)
+
+    @property
+    def path(self) -> Path:
+        return self._log.path
+
+    def defer(self, work_id: str, *, source: str, attempts: int,
+              payload: Mapping[str, Any] | None = None) -> Deferral:
+        _check_id("work_id", work_id)
+        _check_id("source", source)
+        if not isinstance(attempts, int) or attempts < 0:
+            raise ValueError("attempts must be a non-negative integer")
+        if work_id in self._persisted:
+            return Deferral.PERSISTED
+        item = self._memory_only.get(work_id) or DeferredWork(
+            work_id, source, attempts, self._clock.time(), dict(payload or {}))
+        return self._persist(item)
+
+    def retry(self) -> int:
+        """Try again to persist every memory-only deferral; return how many are still only in
+        memory."""
+        for item in list(self._memory_only.values()):
+            self._persist(item)
+        return len(self._memory_only)
+
+    def _persist(self, item: DeferredWork) -> Deferral:
+        record = {"event": "defer", "work": item.work_id, "source": item.source,
+                  "attempts": item.attempts, "at": item.at, "payload": dict(item.payload)}
+        try:
+            self._log.append(record)
+        except OSError as error:
+            self._memory_only[item.work_id] = item
+            self._fail(error)
+            return Deferral.MEMORY_ONLY
+        self._memory_only.pop(item.work_id, None)
+        self._persisted[item.work_id] = item
+        return Deferral.PERSISTED
+
+    def _fail(self, error: OSError) -> None:
+        self._write_failures += 1
+        self._last_error = f"{self.path}: {error}"
+        log.warning("deferred-work journal write failed, kept in memory: %s", self._last_error)
+
+    def _replay(self, record: dict[str, Any]) -> None:
+        try:
+            if record["event"] != "defer":
+                raise ValueError(f"unknown event {record['event']!r}")
+            item = DeferredWork(record["work"], record["source"], record["attempts"],
+                                record["at"], record["payload"])
+            _check_id("work_id", item.work_id)
+            _check_id("source", item.source)
+            if not isinstance(item.attempts, int) or not isinstance(item.payload, dict):
+                raise ValueError("attempts or payload has the wrong type")
+        except (KeyError, TypeError) as error:
+            raise ValueError(f"not a deferral: {error!r}") from None
+        self._persisted.setdefault(item.work_id, item)  # the first deferral wins; repeats are
+        # harmless (a retry after an ambiguous failure)
+
+    def deferred(self) -> dict[str, DeferredWork]:
+        """Every deferred work, persisted or not."""
+        return {**self._memory_only, **self._persisted}
+
+    def is_persisted(self, work_id: str) -> bool:
+        return work_id in self._persisted
+
+    def statistics(self) -> DeferredStatistics:
+        return DeferredStatistics(
+            persisted=len(self._persisted), memory_only=len(self._memory_only),
+            write_failures=self._write_failures, last_error=self._last_error,
+            damage=len(self.damage))
+
+    def close(self) -> None:
+        self._log.close()
+
+    def __enter__(self) -> DeferredWorkJournal:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
