@@ -1,0 +1,1 @@
+"""Pure dispatch state machines: compensating transactions, their tables, resources, watchdog."""

@@ -1,0 +1,96 @@
+"""Which content-addressed objects each worker holds: WORK ships only missing ones (F313 §3.5).
+
+An object's id is the SHA-256 of its bytes. `plan()` decides, before the send, which objects
+a WORK must carry in full (those the worker is not known to hold) and loads them (the CAS
+import may happen before the send); `confirm()` records them as held, and must be called only
+after the send *returned* (F313 D7). The old code added the ids before the send: a failed send
+then left the master believing the worker had objects it never received, and the next WORK
+omitted their content. Here a plan that is never confirmed changes nothing, so the next
+dispatch ships the full content again.
+
+Mistakes only in the safe direction: a worker may hold an object the cache does not know of
+(an ambiguous send that did deliver), never the reverse.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from .transaction import DispatchError
+
+
+class ObjectMismatch(DispatchError):
+    """Loaded bytes whose SHA-256 is not the object id they were loaded for."""
+
+
+@dataclass(frozen=True)
+class TransferPlan:
+    worker: int
+    object_ids: tuple[str, ...]  # every object the WORK refers to, in the caller's order
+    contents: Mapping[str, bytes] = field(default_factory=dict)  # only what must be shipped
+
+    @property
+    def hits(self) -> int:
+        return len(self.object_ids) - len(self.contents)
+
+
+@dataclass(frozen=True)
+class ObjectCacheStatistics:
+    workers: int
+    plans: int
+    confirmed: int
+    shipped_objects: int  # confirmed transfers only
+    shipped_bytes: int
+    hits: int  # objects a confirmed plan did not need to ship
+
+
+class ObjectTransferCache:
+    def __init__(self) -> None:
+        self._held: dict[int, set[str]] = {}
+        self._plans = 0
+        self._confirmed = 0
+        self._shipped_objects = 0
+        self._shipped_bytes = 0
+        self._hits = 0
+
+    def knows(self, worker: int, object_id: str) -> bool:
+        return object_id in self._held.get(worker, ())
+
+    def held(self, worker: int) -> frozenset[str]:
+        return frozenset(self._held.get(worker, ()))
+
+    def plan(self, worker: int, object_ids: Iterable[str],
+             load: Callable[[str], bytes]) -> TransferPlan:
+        """Load the objects `worker` lacks, each checked against its id. Changes nothing."""
+        ids = tuple(dict.fromkeys(object_ids))
+        held = self._held.get(worker, set())
+        contents: dict[str, bytes] = {}
+        for object_id in ids:
+            if object_id in held:
+                continue
+            data = bytes(load(object_id))
+            if hashlib.sha256(data).hexdigest() != object_id:
+                raise ObjectMismatch(f"object {object_id[:12]}: loaded bytes have another hash")
+            contents[object_id] = data
+        self._plans += 1
+        return TransferPlan(worker, ids, MappingProxyType(contents))
+
+    def confirm(self, plan: TransferPlan) -> None:
+        """The WORK carrying `plan` was sent (the send returned): the worker now holds its
+        objects (F313 D7). Never call this before the send, nor after a failed one."""
+        self._held.setdefault(plan.worker, set()).update(plan.object_ids)
+        self._confirmed += 1
+        self._shipped_objects += len(plan.contents)
+        self._shipped_bytes += sum(len(data) for data in plan.contents.values())
+        self._hits += plan.hits
+
+    def forget(self, worker: int) -> None:
+        """The worker may have lost its cache (restarted, replaced): ship everything again."""
+        self._held.pop(worker, None)
+
+    def statistics(self) -> ObjectCacheStatistics:
+        return ObjectCacheStatistics(len(self._held), self._plans, self._confirmed,
+                                     self._shipped_objects, self._shipped_bytes, self._hits)
