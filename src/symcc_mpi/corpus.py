@@ -18,7 +18,6 @@ import json
 import os
 import shutil
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from .protocol import SHA256_PATTERN, TOKEN_PATTERN
@@ -81,12 +80,6 @@ def check_out_dir(out: Path, *, resume: bool) -> None:
         probe.unlink()
     except OSError as error:
         raise CampaignError(f"output directory {out} is not writable: {error.strerror}") from None
-
-
-@dataclass(frozen=True)
-class QueueEntry:
-    id: int
-    sha256: str
 
 
 class CampaignDir:

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from .config import CampaignConfig, UsageError
-from .corpus import STOP_REQUEST
+from .corpus import CampaignDir
 
 # Set by mpiexec/mpirun (Open MPI, MPICH, Intel MPI) and by srun --mpi=pmix.
 _MPI_ENVIRONMENT = ("OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE")
@@ -62,7 +62,7 @@ def launch(config: CampaignConfig, argv: list[str], *, live: bool) -> int:
         nonlocal interrupts
         interrupts += 1
         if interrupts == 1:
-            (config.out / STOP_REQUEST).write_text(f"{os.getpid()}\n")
+            CampaignDir(config.out).request_stop()
             view.note("stopping: finishing the executions in flight (Ctrl-C again to abort)")
         else:
             sig = signal.SIGTERM if interrupts == 2 else signal.SIGKILL

@@ -6,7 +6,6 @@ import json
 import os
 import sys
 import time
-from collections import deque
 from dataclasses import asdict
 from pathlib import Path
 
@@ -120,7 +119,6 @@ class LiveView:
         self.console = Console()
         self.live = Live(console=self.console, refresh_per_second=2, transient=True) \
             if live else None
-        self.recent = deque(maxlen=200)
         self.next_line = 0.0
 
     def __enter__(self):
@@ -133,7 +131,6 @@ class LiveView:
             self.live.__exit__(*exc)
 
     def log(self, line: str) -> None:
-        self.recent.append(line)
         self.console.print(line, markup=False, highlight=False, soft_wrap=True)
 
     def note(self, line: str) -> None:

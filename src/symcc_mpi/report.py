@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import collections
 import os
 import re
 import tempfile
@@ -14,7 +13,6 @@ from typing import Any
 
 import msgspec
 from rich import box
-from rich.console import Group
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
@@ -23,14 +21,12 @@ __all__ = [
     "AFL_SYNC_MAX_ID",
     "CampaignSnapshot",
     "PLOT_HEADER",
-    "RateMeter",
     "ReportWriter",
     "afl_queue_name",
     "format_fuzzer_stats",
     "format_plot_row",
     "parse_afl_queue_id",
     "render_live",
-    "render_summary",
     "summary_table",
 ]
 
@@ -124,22 +120,6 @@ def snapshot_from_stats(document: Mapping[str, Any]) -> CampaignSnapshot:
     values["map_size"] = document.get("map_size", 0)
     values["per_worker"] = {int(rank): f for rank, f in document.get("per_worker", {}).items()}
     return CampaignSnapshot(**values)
-
-
-class RateMeter:
-    """Executions per second over a sliding window (the live view's and plot's speed)."""
-
-    def __init__(self, window: float = 60.0) -> None:
-        self._window = window
-        self._points: collections.deque[tuple[float, int]] = collections.deque()
-
-    def update(self, now: float, total: int) -> float:
-        points = self._points
-        points.append((now, total))
-        while len(points) > 2 and now - points[1][0] >= self._window:
-            points.popleft()
-        t0, n0 = points[0]
-        return (total - n0) / (now - t0) if now > t0 else 0.0
 
 
 # --------------------------------------------------------------------------- formats
@@ -562,8 +542,3 @@ def _figure(value: object) -> str:
     if isinstance(value, int) and not isinstance(value, bool):
         return f"{value:,}"
     return str(value)
-
-
-def render_summary(snap: CampaignSnapshot) -> Group:
-    """Panel plus table, for a final print."""
-    return Group(render_live(snap), summary_table(snap))

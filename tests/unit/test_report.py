@@ -19,14 +19,12 @@ from symcc_mpi.report import (
     AFL_SYNC_MAX_ID,
     PLOT_HEADER,
     CampaignSnapshot,
-    RateMeter,
     ReportWriter,
     afl_queue_name,
     format_fuzzer_stats,
     format_plot_row,
     parse_afl_queue_id,
     render_live,
-    render_summary,
     summary_table,
 )
 
@@ -219,17 +217,6 @@ def test_writer_keeps_a_foreign_plot_data(tmp_path):
     assert (out / "plot_data").read_text().startswith(PLOT_HEADER)
 
 
-def test_rate_meter_window():
-    meter = RateMeter(window=10)
-    assert meter.update(0, 0) == 0.0
-    assert meter.update(5, 50) == pytest.approx(10)
-    assert meter.update(10, 100) == pytest.approx(10)
-    assert meter.update(20, 400) == pytest.approx(30)  # only the last 10 s count
-
-
-# --------------------------------------------------------------------------- AFL tools
-
-
 def _tool_env() -> dict[str, str]:
     return {**os.environ, "TERM": "dumb"}
 
@@ -345,6 +332,6 @@ def test_live_panel_and_summary_table():
     for text in ("120,000", "2 of 9 crashing runs", "1 of 3 hanging runs", "(78%)", "worker 2"):
         assert text in table
     assert "executions=60,000, generated=3,000,000" in table
-    assert "0:10:00" in _render(render_summary(snap))
+    assert "0:10:00" in _render(summary_table(snap))
     empty = _render(render_live(CampaignSnapshot(start_time=T0, now=T0)))
     assert "never" in empty and "0 (0.0/s)" in empty
