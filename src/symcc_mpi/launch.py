@@ -84,8 +84,12 @@ def launch(config: CampaignConfig, argv: list[str], *, live: bool) -> int:
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
-    if _stats_written_since(config.out, launched_at):
+    ran = _stats_written_since(config.out, launched_at)
+    if ran:
         view.summary()
+    if process.returncode != 0 and ran:
+        view.note(f"the job ended abnormally (exit status {process.returncode}); what was "
+                  f"committed is kept: continue with --resume --out {config.out}")
     return process.returncode if process.returncode >= 0 else 128 - process.returncode
 
 
