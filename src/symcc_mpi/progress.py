@@ -134,7 +134,7 @@ class LiveView:
         self.console.print(line, markup=False, highlight=False, soft_wrap=True)
 
     def note(self, line: str) -> None:
-        self.console.print(f"[yellow]{line}[/yellow]")
+        self.console.print(f"[yellow]{line}[/yellow]", soft_wrap=True)
 
     def refresh(self) -> None:
         snapshot = read_snapshot(self.out)
