@@ -4,19 +4,52 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
 
 
+def _explore_command(out: Path, args) -> list[str]:
+    return [sys.executable, "-m", "symcc_mpi", "explore", "--out", str(out), "--no-live",
+            *map(str, args)]
+
+
 def explore(out: Path, *args, env: dict | None = None, timeout: float = 300):
-    command = [sys.executable, "-m", "symcc_mpi", "explore", "--out", str(out), "--no-live",
-               *map(str, args)]
-    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env,
-                          cwd=ROOT)
+    return subprocess.run(_explore_command(out, args), capture_output=True, text=True,
+                          timeout=timeout, env=env, cwd=ROOT)
+
+
+def start_explore(out: Path, *args, analysed: int) -> subprocess.Popen:
+    """Launch a campaign in the background; return once `analysed` inputs are done."""
+    launcher = subprocess.Popen(_explore_command(out, args), stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, cwd=ROOT)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if (out / "state" / "done.jsonl").exists() and len(done_hashes(out)) >= analysed:
+            break
+        time.sleep(0.1)
+    return launcher
+
+
+def rank_pid(out: Path, rank: int) -> int | None:
+    """The pid of MPI rank `rank` of the campaign writing to `out`, from /proc."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            cmdline = open(f"/proc/{entry}/cmdline", "rb").read()
+            environ = open(f"/proc/{entry}/environ", "rb").read()
+        except OSError:
+            continue
+        if str(out).encode() in cmdline and \
+                f"OMPI_COMM_WORLD_RANK={rank}".encode() in environ.split(b"\0"):
+            return int(entry)
+    return None
 
 
 def verify(out: Path) -> subprocess.CompletedProcess:

@@ -6,7 +6,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 from harness import (
@@ -16,6 +15,8 @@ from harness import (
     crashes_natively,
     done_hashes,
     explore,
+    rank_pid,
+    start_explore,
     stats,
 )
 
@@ -86,15 +87,7 @@ def test_interrupt_then_resume_loses_and_repeats_nothing(build, tmp_path):
     out = tmp_path / "out"
     args = ["--target", f"{build / 'checksum'} @@", "--seeds",
             build.parent / "seeds" / "checksum", "--workers", 2, "--timeout", 20]
-    command = [sys.executable, "-m", "symcc_mpi", "explore", "--out", str(out), "--no-live",
-               *map(str, args)]
-    launcher = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                text=True, cwd=ROOT)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if (out / "state" / "done.jsonl").exists() and len(done_hashes(out)) >= 3:
-            break
-        time.sleep(0.2)
+    launcher = start_explore(out, *args, analysed=3)
     launcher.send_signal(signal.SIGINT)
     output, _ = launcher.communicate(timeout=120)
     assert launcher.returncode == 0, output
@@ -165,36 +158,12 @@ def test_budgets_stop_the_campaign_and_keep_the_rest_for_resume(tmp_path, option
     assert 0 < figures["executions"] < 30 and figures["pending"] > 0
 
 
-def _rank_pid(out, rank: int) -> int | None:
-    """The pid of MPI rank `rank` of the campaign writing to `out`, from /proc."""
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            cmdline = open(f"/proc/{entry}/cmdline", "rb").read()
-            environ = open(f"/proc/{entry}/environ", "rb").read()
-        except OSError:
-            continue
-        if str(out).encode() in cmdline and \
-                f"OMPI_COMM_WORLD_RANK={rank}".encode() in environ.split(b"\0"):
-            return int(entry)
-    return None
-
-
 def test_a_killed_rank_ends_the_job_and_resume_loses_and_repeats_nothing(build, tmp_path):
     out = tmp_path / "out"
     args = ["--target", f"{build / 'checksum'} @@", "--seeds",
             build.parent / "seeds" / "checksum", "--workers", 2, "--timeout", 20]
-    command = [sys.executable, "-m", "symcc_mpi", "explore", "--out", str(out), "--no-live",
-               *map(str, args)]
-    launcher = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                text=True, cwd=ROOT)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if (out / "state" / "done.jsonl").exists() and len(done_hashes(out)) >= 3:
-            break
-        time.sleep(0.1)
-    os.kill(_rank_pid(out, 2), signal.SIGKILL)
+    launcher = start_explore(out, *args, analysed=3)
+    os.kill(rank_pid(out, 2), signal.SIGKILL)
     output, _ = launcher.communicate(timeout=120)
     assert launcher.returncode != 0
     assert "continue with --resume" in output
