@@ -26,7 +26,7 @@ STATS_FILE = "stats.json"
 
 
 def master_snapshot(master) -> CampaignSnapshot:
-    stats, scheduler, config = master.stats, master.scheduler, master.config
+    stats, frontier, config = master.stats, master.frontier, master.config
     coverage = master.triage
     return CampaignSnapshot(
         start_time=stats.start_time,
@@ -35,8 +35,8 @@ def master_snapshot(master) -> CampaignSnapshot:
         generated=stats.generated,
         unique=stats.unique,
         interesting=stats.interesting,
-        corpus_count=len(scheduler.known),
-        pending=len(scheduler.frontier),
+        corpus_count=len(frontier.known),
+        pending=len(frontier),
         max_depth=stats.max_depth,
         crashes=stats.crashes,
         hangs=stats.hangs,
@@ -57,15 +57,14 @@ def master_snapshot(master) -> CampaignSnapshot:
         extra={
             "stop_reason": stats.stop_reason,
             "phase": master.phase.value,
-            "in_flight": len(scheduler.active),
-            "analysed_total": len(scheduler.done),
+            "in_flight": master.dispatch.in_flight,
+            "analysed_total": len(frontier.done),
             "resumed_done": stats.resumed_done,
-            "deferred": len(scheduler.deferred),
             "executor_errors": stats.executor_errors,
             "malformed_messages": stats.malformed_messages,
             "staging_rejected": stats.staging_rejected,
             "first_crash_seconds": stats.first_crash_seconds,
-            "scheduler": asdict(scheduler.stats),
+            "dispatch": master.dispatch.statistics(),
             "master_task_time": master.task_time_summary(),
             "master_loop_seconds": time.monotonic() - master.loop_started,
             "master_loop_cpu_seconds": time.process_time() - master.loop_cpu_start,

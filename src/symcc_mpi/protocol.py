@@ -42,6 +42,9 @@ class Ready(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
 class Work(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     token: str  # per-dispatch, echoed in RESULT and the following READY (F315)
     input_hash: str  # SHA-256 of the input's bytes: the work identity
+    # Content-addressed objects (SHA-256 → bytes) the worker is not known to hold yet; the
+    # input itself is one (F313 §3.5).
+    objects: dict[str, bytes] = msgspec.field(default_factory=dict)
 
 
 class StagedFile(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
@@ -126,6 +129,9 @@ def _check_fields(message: msgspec.Struct) -> None:
     digest = getattr(message, "input_hash", None)
     if digest is not None and not SHA256_PATTERN.match(digest):
         raise MalformedMessage(f"bad input hash {digest!r}")
+    for object_id in getattr(message, "objects", ()):
+        if not SHA256_PATTERN.match(object_id):
+            raise MalformedMessage(f"bad object id {object_id!r}")
     for staged in getattr(message, "staged", ()):
         if not SHA256_PATTERN.match(staged.sha256) or staged.size < 0:
             raise MalformedMessage(f"bad staged entry {staged.sha256!r}")

@@ -9,6 +9,7 @@ import shutil
 from .config import CampaignConfig, UsageError, check_numbers, check_seeds
 from .corpus import CampaignDir, CampaignError, check_out_dir
 from .executors import check_available
+from .faults import Faults
 from .protocol import ConfigVerdict, Tag
 
 log = logging.getLogger("symcc_mpi.session")
@@ -38,7 +39,7 @@ def run_rank(config: CampaignConfig) -> int:
     try:
         return master.run()
     finally:
-        master.campaign.close()
+        master.close()
 
 
 def check_config(config: CampaignConfig) -> None:
@@ -47,6 +48,7 @@ def check_config(config: CampaignConfig) -> None:
     if not config.resume or config.seeds.exists():
         check_seeds(config.seeds)
     check_available(config.executor)
+    check_fault_plan()
     if config.afl_target:
         from .triage import check_afl_target
 
@@ -56,7 +58,16 @@ def check_config(config: CampaignConfig) -> None:
         CampaignDir(config.out).read_done()  # a corrupt journal is refused before launch
 
 
+def check_fault_plan() -> None:
+    try:
+        Faults(0)
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+
+
 def open_master(channel, config: CampaignConfig):
+    from .dispatch.watchdog import WatchdogConfig
+    from .durable.journal import DEFERRED_JOURNAL_NAME, DeferredWorkJournal
     from .progress import CampaignReporter
     from .roles.master import Master
 
@@ -68,8 +79,12 @@ def open_master(channel, config: CampaignConfig):
             campaign.create(config.to_json())
         campaign.read_queues()
         coverage = _coverage_map(config)
+        deferrals = DeferredWorkJournal(campaign.state / DEFERRED_JOURNAL_NAME)
+        for damage in deferrals.damage:
+            log.warning("deferred-work journal: %s", damage)
         master = Master(channel, config, campaign, triage=coverage,
-                        reporter=CampaignReporter(config))
+                        reporter=CampaignReporter(config), deferrals=deferrals,
+                        watchdog=WatchdogConfig.from_env(execution_timeout=config.timeout))
         _load_state(master, config, campaign)
     except BaseException:
         campaign.close()
@@ -98,13 +113,13 @@ def _load_state(master, config: CampaignConfig, campaign: CampaignDir) -> None:
         campaign.add_to_queue(digest, parent="")  # promoted, then killed before queueing
     ordered = sorted(corpus, key=lambda d: campaign.queue_ids.get(d, 1 << 62))
     for digest in ordered:
-        master.scheduler.add_input(digest, done=digest in done)
+        master.frontier.add(digest, done=digest in done)
     master.seen.update(corpus)
     master.stats.resumed_done = len(done & corpus)
     if master.triage is not None:
         _replay_coverage(master, config, campaign, ordered)
     log.info("campaign %s: %d inputs, %d already analysed, %d in the frontier", config.out,
-             len(corpus), master.stats.resumed_done, len(master.scheduler.frontier))
+             len(corpus), master.stats.resumed_done, len(master.frontier))
 
 
 def _replay_coverage(master, config, campaign: CampaignDir, ordered: list[str]) -> None:

@@ -7,6 +7,7 @@ from collections import Counter
 from pathlib import Path
 
 from .corpus import MARKER, CampaignDir, CampaignError, sha256_file
+from .durable.journal import DEFERRED_JOURNAL_NAME, LineError, decode_line
 
 
 def verify_campaign(out: Path) -> tuple[list[str], dict]:
@@ -36,22 +37,47 @@ def verify_campaign(out: Path) -> tuple[list[str], dict]:
     leftovers = campaign.leftover_staging()
     if leftovers:
         problems.append(f"{len(leftovers)} staging directories left in {campaign.staging}")
-    pending = len(set(corpus) - set(observations))
-    stop_reason = _read_stats(out).get("extra", {}).get("stop_reason", "?")
-    if stop_reason == "frontier exhausted" and pending:
-        problems.append(f"campaign says its frontier is exhausted but {pending} inputs "
-                        "were never analysed")
+    deferred, damaged = _read_deferred(campaign.state / DEFERRED_JOURNAL_NAME)
+    if damaged:
+        problems.append(f"{damaged} damaged lines in state/{DEFERRED_JOURNAL_NAME}")
+    pending = set(corpus) - set(observations)
+    extra = _read_stats(out).get("extra", {})
+    stop_reason = extra.get("stop_reason", "?")
+    unaccounted = len(pending - deferred)
+    if stop_reason == "frontier exhausted" and unaccounted:
+        problems.append(f"campaign says its frontier is exhausted but {unaccounted} inputs "
+                        "were neither analysed nor deferred")
+    dispatch = extra.get("dispatch", {})
+    held = sum(dispatch.get(table, 0) for table in ("preparing", "active", "committing"))
+    if extra.get("phase") == "done" and held:
+        problems.append(f"the master ended holding {held} dispatch transactions")
     facts = {
         "corpus inputs": len(corpus),
         "analysed (observations)": len(done),
         "analysed (unique)": len(observations),
         "observations / unique": round(len(done) / len(observations), 4) if done else 0,
-        "pending": pending,
+        "pending": len(pending),
+        "deferred": len(deferred),
         "crashes": sum(1 for p in campaign.crashes.iterdir() if p.name.startswith("id:")),
         "hangs": sum(1 for p in campaign.hangs.iterdir() if p.name.startswith("id:")),
         "stop reason": stop_reason,
     }
     return problems, facts
+
+
+def _read_deferred(path: Path) -> tuple[set[str], int]:
+    """The inputs set aside after protocol failures, and how many lines could not be read."""
+    try:
+        lines = path.read_bytes().splitlines()
+    except FileNotFoundError:
+        return set(), 0
+    deferred, damaged = set(), 0
+    for line in lines:
+        try:
+            deferred.add(decode_line(line)["work"])
+        except (LineError, KeyError, TypeError):
+            damaged += 1
+    return deferred, damaged
 
 
 def _read_stats(out: Path) -> dict:

@@ -40,7 +40,10 @@ def test_triton_campaign_with_afl_triage_finds_the_planted_bug(build, tmp_path, 
     figures = stats(out)
     assert figures["extra"]["stop_reason"] == "frontier exhausted"
     assert figures["executions"] == len(done_hashes(out))
-    assert figures["extra"]["scheduler"]["stale_results"] == 0
+    dispatch = figures["extra"]["dispatch"]
+    for counter in ("stale_results", "watchdog_timeouts", "worker_recoveries",
+                    "protocol_requeued", "protocol_deferred", "send_failures"):
+        assert dispatch[counter] == 0, (counter, dispatch)
     assert sum(w["executions"] for w in figures["per_worker"].values()) == figures["executions"]
     assert figures["edges_found"] > 0
     # Triage keeps an input only for new coverage: the kept ones are a subset of the new ones.
@@ -116,11 +119,14 @@ def test_foreign_and_malformed_results_are_dropped_not_triaged(build, tmp_path):
                       env=env)
     assert_oracles(out, process)
     figures = stats(out)
-    assert figures["extra"]["scheduler"]["stale_results"] == 1
-    assert figures["extra"]["scheduler"]["ready_without_result"] == 1
+    dispatch = figures["extra"]["dispatch"]
+    assert dispatch["stale_results"] == 1
+    assert dispatch["invalid_joins"] == 1
+    assert dispatch["protocol_requeued"] == 1
+    assert dispatch["recoveries_by_source"] == {"invalid-result": 1}
     assert figures["extra"]["malformed_messages"] == 1
     for path in (out / "corpus").iterdir():
-        assert not path.read_bytes().startswith(b"foreign result")
+        assert not path.read_bytes().startswith(b"unowned result")
     assert crash_files(out)
 
 

@@ -1,6 +1,6 @@
 import pytest
 
-from symcc_mpi.faults import Faults
+from symcc_mpi.faults import DEFAULT_STOP_SECONDS, Faults
 
 
 def test_faults_apply_to_their_rank_only():
@@ -11,7 +11,21 @@ def test_faults_apply_to_their_rank_only():
     assert Faults(2, "1:foreign-result@2,2:malformed-result@1").fire("malformed-result", 1)
 
 
-@pytest.mark.parametrize("spec", ["1:explode@2", "x:foreign-result@1", "1:foreign-result"])
+def test_master_faults_belong_to_rank_zero():
+    faults = Faults(0, "0:send-fail@3,0:object-send-fail@1,1:stale-result@2")
+    assert faults.fire("send-fail", 3) and faults.fire("object-send-fail", 1)
+    assert not faults.fire("stale-result", 2)
+
+
+def test_a_stop_lasts_its_seconds_or_the_default():
+    faults = Faults(1, "1:stop@2=3.5,1:stop@4")
+    assert faults.fire("stop", 2) and faults.stop_seconds(2) == 3.5
+    assert faults.stop_seconds(4) == DEFAULT_STOP_SECONDS
+
+
+@pytest.mark.parametrize("spec", ["1:explode@2", "x:foreign-result@1", "1:foreign-result",
+                                  "1:send-fail@1", "0:stop@1", "1:stop@1=never",
+                                  "1:stop@1=-2", "1:malformed-result@1=3"])
 def test_bad_fault_spec_is_refused(spec):
     with pytest.raises(ValueError, match="SYMCC_MPI_FAULTS"):
         Faults(1, spec)

@@ -1,7 +1,9 @@
 """The master loop: owns the campaign directory, dispatches work, verifies and commits results.
 
-One round: drain every pending message (READY, RESULT, FATAL, STOP_ACK), dispatch to idle
-workers, check the stop conditions, report. Commit order for an accepted RESULT: verify
+One round: drain every pending message (READY, RESULT, FATAL, STOP_ACK), then the
+`DispatchCoordinator`'s join, dispatch and deadline sweep (F317 §4.2), then the stop
+conditions and the report. Every dispatch is a transaction (F313); the commit runs inside
+its exception boundary. Commit order for an accepted RESULT: verify
 the staged manifest file by file, promote children into corpus/ and the AFL queues, then
 append the input to the fsynced done journal; a crash anywhere before that last step
 leaves the input to be analysed again on --resume and loses no child already promoted.
@@ -34,7 +36,11 @@ from ..protocol import (
     Tag,
     Work,
 )
-from ..scheduler import Dispatch, Scheduler, Verdict
+from ..dispatch.coordinator import DispatchCoordinator
+from ..dispatch.tables import CommitStart, ResultClass
+from ..dispatch.watchdog import WatchdogConfig
+from ..faults import Faults
+from ..frontier import Frontier
 from ..transport import MIN_NAP, NAP_GROWTH, Channel
 
 log = logging.getLogger("symcc_mpi.master")
@@ -87,13 +93,18 @@ class MasterStats:
 
 class Master:
     def __init__(self, channel: Channel, config: CampaignConfig, campaign: CampaignDir,
-                 *, triage=None, reporter=None):
+                 *, triage=None, reporter=None, deferrals=None, watchdog: WatchdogConfig):
         self.channel = channel
         self.config = config
         self.campaign = campaign
         self.triage = triage  # triage.CoverageMap, or None: novelty by content hash alone
         self.reporter = reporter
-        self.scheduler = Scheduler()
+        self.frontier = Frontier()
+        self.dispatch = DispatchCoordinator(self.frontier, watchdog=watchdog,
+                                            deferrals=deferrals, load=self._load_input)
+        self.faults = Faults(0)
+        self.work_sends = 0
+        self.object_sends = 0
         self.stats = MasterStats()
         self.seen: set[str] = set()  # every generated hash, kept or not
         self.depth: dict[str, int] = {}  # generations from a seed, of kept inputs
@@ -112,6 +123,8 @@ class Master:
         self.loop_started = time.monotonic()
         for rank in self.workers:
             self.stats.per_worker[rank] = WorkerStats()
+        for note in watchdog.notes:
+            log.warning("%s", note)
 
     # -- the loop ------------------------------------------------------------------------
 
@@ -129,8 +142,11 @@ class Master:
             while (incoming := self.channel.poll()) is not None:
                 self._handle(incoming)
                 handled += 1
+            # F317 round order: messages, then the join, then dispatch, then the deadlines.
+            self.dispatch.join()
             if self.phase is Phase.RUNNING:
-                handled += self._dispatch()
+                handled += self.dispatch.dispatch(self._send_work)
+            self.dispatch.sweep()
             self._advance_phase()
             now = time.monotonic()
             if now >= next_report:
@@ -146,19 +162,16 @@ class Master:
 
     def _handle(self, incoming) -> None:
         message = incoming.message
+        rank = incoming.source
         if message is None:
             self.stats.malformed_messages += 1
-            log.warning("malformed message from rank %d (tag %s): %s", incoming.source,
-                        incoming.tag, incoming.error)
+            log.warning("malformed message from rank %d (tag %s): %s", rank, incoming.tag,
+                        incoming.error)
+            if incoming.tag == Tag.READY:
+                self.dispatch.ready(rank, None, malformed=True)
             return
-        rank = incoming.source
         if isinstance(message, Ready):
-            lost = self.scheduler.worker_ready(rank, message.token)
-            if lost is not None:
-                log.warning("rank %d is ready again without a valid RESULT for %s; requeued",
-                            rank, lost.input_hash[:12])
-                self.send_seconds.pop(lost.token, None)
-                self._discard_staging(lost.token)
+            self.dispatch.ready(rank, message.token)
         elif isinstance(message, Result):
             self._on_result(rank, message)
         elif isinstance(message, StopAck):
@@ -170,22 +183,18 @@ class Master:
             log.warning("rank %d sent %s, which a worker never sends", rank,
                         type(message).__name__)
 
-    def _dispatch(self) -> int:
-        dispatches = self.scheduler.next_dispatches()
-        for dispatch in dispatches:
-            self._send_work(dispatch)
-        return len(dispatches)
+    def _load_input(self, digest: str) -> bytes:
+        return (self.campaign.corpus / digest).read_bytes()
 
-    def _send_work(self, dispatch: Dispatch) -> None:
+    def _send_work(self, rank: int, work: Work) -> None:
         started = time.perf_counter()
-        try:
-            self.channel.send(dispatch.rank, Tag.WORK, Work(dispatch.token, dispatch.input_hash))
-        except Exception as error:  # an MPI error: the work never left
-            log.error("sending work to rank %d failed: %s", dispatch.rank, error)
-            self.scheduler.send_failed(dispatch)
-            self.scheduler.retire(dispatch.rank)
-            return
-        self.send_seconds[dispatch.token] = time.perf_counter() - started
+        self.work_sends += 1
+        self.object_sends += bool(work.objects)
+        if self.faults.fire("send-fail", self.work_sends) or (
+                work.objects and self.faults.fire("object-send-fail", self.object_sends)):
+            raise OSError(f"injected failure of WORK send #{self.work_sends} to rank {rank}")
+        self.channel.send(rank, Tag.WORK, work)
+        self.send_seconds[work.token] = time.perf_counter() - started
 
     def _on_result(self, rank: int, result: Result) -> None:
         started = time.perf_counter()
@@ -204,29 +213,36 @@ class Master:
                 "mean_ms": statistics.fmean(samples) * 1e3}
 
     def _judge_and_commit(self, rank: int, result: Result) -> None:
-        verdict = self.scheduler.judge_result(rank, result)
-        if verdict is Verdict.STALE:
+        if self.dispatch.classify(rank, result.token) is ResultClass.STALE:
             log.warning("stale or foreign RESULT from rank %d dropped (token %s)", rank,
                         result.token[:12])
-            if not self.scheduler.is_active_token(result.token):
+            if not self.dispatch.holds_token(result.token):
                 self._discard_staging(result.token)  # never another rank's live staging
             return
-        if verdict is Verdict.HASH_MISMATCH or result.outcome in NOT_ANALYSED:
-            log.warning("rank %d did not analyse %s: %s", rank, result.input_hash[:12],
-                        result.message or "it ran other bytes than it was sent")
-            if verdict is Verdict.ACCEPT:
-                self.scheduler.result_failed(result.input_hash)
+        problem = self._unusable(rank, result)
+        if problem:
+            log.warning("rank %d did not analyse %s: %s", rank, result.input_hash[:12], problem)
+            self.dispatch.reject(rank, result.token)
             self._discard_staging(result.token)
             return
+        with self.dispatch.boundary(rank):
+            if self.dispatch.begin_commit(rank, result.token) is CommitStart.COMMITTING:
+                self._commit(rank, result)
+                self.dispatch.finish(rank, result.token)
+        self._discard_staging(result.token)
+
+    def _unusable(self, rank: int, result: Result) -> str:
+        """Why a current RESULT cannot be committed, or "" if it can."""
+        if result.outcome in NOT_ANALYSED:
+            return result.message or result.outcome
+        if result.input_hash != self.dispatch.work_of(rank):
+            return "it ran other bytes than it was sent"
         problem = self.campaign.verify_staged(result.token,
                                               [(s.sha256, s.size) for s in result.staged])
         if problem is not None:
             self.stats.staging_rejected += 1
-            log.warning("rank %d: staged results rejected: %s", rank, problem)
-            self.scheduler.result_failed(result.input_hash)
-            self._discard_staging(result.token)
-            return
-        self._commit(rank, result)
+            return f"staged results rejected: {problem}"
+        return ""
 
     def _commit(self, rank: int, result: Result) -> None:
         now = time.time()
@@ -245,8 +261,6 @@ class Master:
             self.stats.executor_errors += 1
             log.warning("executor error on %s (rank %d): %s", parent[:12], rank, result.message)
         self.campaign.record_done(parent, result.token, outcome.value)
-        self.scheduler.mark_done(parent)
-        self._discard_staging(result.token)
         self.stats.executions += 1
         self.stats.generated += result.generated
         self.stats.executor_time += result.wall_time
@@ -257,7 +271,7 @@ class Master:
 
     def _triage_child(self, token: str, staged: StagedFile, parent: str, now: float) -> None:
         digest = staged.sha256
-        if digest in self.seen or digest in self.scheduler.known:
+        if digest in self.seen or digest in self.frontier.known:
             return
         self.seen.add(digest)
         self.stats.unique += 1
@@ -276,7 +290,7 @@ class Master:
         depth = self.depth.get(parent, 1) + 1  # AFL counts seeds as depth 1
         self.depth[digest] = depth
         self.stats.max_depth = max(self.stats.max_depth, depth)
-        self.scheduler.add_input(digest)
+        self.frontier.add(digest)
         self.stats.interesting += 1
         self.stats.last_find = now
 
@@ -302,7 +316,7 @@ class Master:
         worker = self.stats.per_worker[rank]
         worker.host, worker.fatal = fatal.host, fatal.reason
         log.error("rank %d on %s cannot work: %s", rank, fatal.host, fatal.reason)
-        self.scheduler.retire(rank)
+        self.dispatch.retire(rank, fatal.reason)
         if all(self.stats.per_worker[r].fatal for r in self.workers):
             self._begin_stop(f"no usable worker: {fatal.reason}")
 
@@ -318,10 +332,12 @@ class Master:
             if reason:
                 self._begin_stop(reason)
         if self.phase is Phase.DRAINING:
-            if not self.scheduler.active or now >= self.drain_deadline:
-                if self.scheduler.active:
+            in_flight = self.dispatch.in_flight
+            if not in_flight or now >= self.drain_deadline:
+                if in_flight:
                     log.warning("%d results still in flight at shutdown; their inputs stay "
-                                "in the frontier for --resume", len(self.scheduler.active))
+                                "in the frontier for --resume", in_flight)
+                self.dispatch.shutdown()
                 for rank in self.workers:
                     self.channel.send(rank, Tag.STOP, Stop(self.stats.stop_reason))
                 self.phase = Phase.STOPPING
@@ -344,7 +360,7 @@ class Master:
             if self.campaign.stop_requested():
                 self.campaign.clear_stop_request()
                 return "stop requested"
-        if self.scheduler.exhausted:
+        if self.dispatch.exhausted:
             return "frontier exhausted"
         elapsed = now - self.started
         if self.config.wall_timeout is not None and elapsed >= self.config.wall_timeout:
@@ -360,6 +376,11 @@ class Master:
         log.info("stopping: %s", reason)
         self.phase = Phase.DRAINING
         self.drain_deadline = time.monotonic() + self.config.timeout + SHUTDOWN_GRACE
+
+    def close(self) -> None:
+        if self.dispatch.deferrals is not None:
+            self.dispatch.deferrals.close()
+        self.campaign.close()
 
     # -- reporting -----------------------------------------------------------------------
 

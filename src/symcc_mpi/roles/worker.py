@@ -8,6 +8,7 @@ import secrets
 import shutil
 import signal
 import socket
+import subprocess
 import tempfile
 from pathlib import Path
 
@@ -50,6 +51,8 @@ def run_worker(channel: Channel, config: CampaignConfig) -> int:
         _wait_for(channel, Tag.STOP)
         return 1
     scratch = Path(tempfile.mkdtemp(prefix=f"symcc-mpi-w{channel.rank}-"))
+    objects = scratch / "objects"
+    objects.mkdir()
     faults = Faults(channel.rank)
     executions = 0
     executor_time = 0.0
@@ -61,16 +64,20 @@ def run_worker(channel: Channel, config: CampaignConfig) -> int:
             if isinstance(message, Stop):
                 break
             try:
-                result = execute(message, config, executor, probe, scratch)
+                result = execute(message, config, executor, probe, scratch, objects)
             except Exception as error:  # noqa: BLE001 - reported to the master as data
                 log.exception("rank %d: executing %s failed", channel.rank,
                               message.input_hash[:12])
                 result = _failed(message, message.input_hash, WORKER_ERROR,
                                  f"{type(error).__name__}: {error}")
             executions += 1
-            last_token = message.token
+            previous_token, last_token = last_token, message.token
             if faults.fire("foreign-result", executions):
-                _send_foreign_result(channel, config, result)
+                _send_unowned_result(channel, config, result, secrets.token_hex(16))
+            if faults.fire("stale-result", executions) and previous_token is not None:
+                _send_unowned_result(channel, config, result, previous_token)
+            if faults.fire("stop", executions):
+                _stop_self(faults.stop_seconds(executions))
             if faults.fire("malformed-result", executions):
                 channel.comm.Send([b"\xc1 not msgpack", MPI.BYTE], dest=MASTER,
                                   tag=int(Tag.RESULT))
@@ -84,13 +91,20 @@ def run_worker(channel: Channel, config: CampaignConfig) -> int:
     return 0
 
 
-def execute(work: Work, config: CampaignConfig, executor, probe, scratch: Path) -> Result:
-    """Run one input: verify its bytes, run it, stage its children named by SHA-256."""
+def execute(work: Work, config: CampaignConfig, executor, probe, scratch: Path,
+            objects: Path) -> Result:
+    """Run one input: keep the objects WORK carries, verify the input's bytes, run it, stage
+    its children named by SHA-256."""
+    for object_id, content in work.objects.items():
+        if sha256_bytes(content) != object_id:
+            return _failed(work, work.input_hash, INVALID_INPUT,
+                           f"object {object_id[:12]} arrived damaged")
+        (objects / object_id).write_bytes(content)
     try:
-        data = (config.out / "corpus" / work.input_hash).read_bytes()
-    except OSError as error:
+        data = (objects / work.input_hash).read_bytes()
+    except FileNotFoundError:
         return _failed(work, work.input_hash, INVALID_INPUT,
-                       f"cannot read input: {error.strerror}")
+                       "the input was neither sent with the WORK nor held by this worker")
     actual = sha256_bytes(data)
     if actual != work.input_hash:
         return _failed(work, actual, INVALID_INPUT, "input bytes do not match their SHA-256")
@@ -147,18 +161,25 @@ def _failed(work: Work, actual: str, outcome: str, reason: str) -> Result:
                   wall_time=0.0, solver_time=0.0, staged=[], generated=0, message=reason)
 
 
-def _send_foreign_result(channel: Channel, config: CampaignConfig, real: Result) -> None:
-    """A RESULT for a dispatch this rank was never given, with a real staged file."""
-    token = secrets.token_hex(16)
+def _send_unowned_result(channel: Channel, config: CampaignConfig, real: Result,
+                         token: str) -> None:
+    """A RESULT under a token this rank does not hold now, with a real staged file."""
     stage = config.out / ".staging" / token
-    stage.mkdir(parents=True)
-    data = b"foreign result: must never reach the corpus " + token.encode()
+    stage.mkdir(parents=True, exist_ok=True)
+    data = b"unowned result: must never reach the corpus " + secrets.token_bytes(8)
     digest = sha256_bytes(data)
     (stage / digest).write_bytes(data)
     forged = Result(token=token, input_hash=real.input_hash, outcome="ok", exit_status=0,
                     wall_time=0.0, solver_time=0.0, staged=[StagedFile(digest, len(data))],
                     generated=1)
     channel.send(MASTER, Tag.RESULT, forged)
+
+
+def _stop_self(seconds: float) -> None:
+    """Hang, as a worker stuck in a syscall would, until a helper process continues us."""
+    subprocess.Popen(["sh", "-c", f"sleep {seconds}; kill -CONT {os.getpid()}"],
+                     start_new_session=True)
+    os.kill(os.getpid(), signal.SIGSTOP)
 
 
 def _wait_for(channel: Channel, *tags: Tag):

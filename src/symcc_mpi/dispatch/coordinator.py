@@ -1,0 +1,279 @@
+"""The master's dispatch path, composed and free of MPI: frontier → transaction → commit.
+
+`DispatchCoordinator` owns everything the master knows about work in flight and about its
+workers, built from the parts of this package:
+
+- every dispatch is a `DispatchTransaction` in the preparing/active/committing tables, made
+  inside the tables' exception boundary (F313 D8), with the frontier entry as its reservation
+  (before the send: put back in front, exactly; after it: the recovery below decides);
+- the input's bytes travel with WORK as a content-addressed object, and only when the
+  worker is not known to hold them; the cache learns that it does once the send returned
+  (F313 §3.5, D7);
+- a RESULT is current only for the exact token of its rank's ACTIVE dispatch (F315); one that
+  is current but unusable, or a READY echoing a dispatch whose RESULT never came, is joined
+  and recovered (F316); an ACTIVE dispatch past its deadline is rolled back and its rank
+  parked until a READY carries exactly the retired token (F317). Both recoveries go through
+  one `ProtocolRecovery`: requeue by the input's hash, then defer to the journal;
+- the commit is fenced: an input already analysed is never committed again.
+
+A worker rank is always in exactly one of these states: waiting for its first READY, idle,
+holding one transaction, parked, or retired (FATAL, or `max_send_failures` sends in a row
+raised). Only an idle rank gets work, and `DispatchTables.begin` refuses a parked one anyway.
+
+The master's round (F317 §4.2): handle every message in arrival order (`ready`, `classify`,
+`reject`, `begin_commit` … `finish`), then `join`, then `dispatch`, then `sweep`. MPI keeps
+one sender's messages in order, so a RESULT is seen before the READY its worker sent next;
+the join runs before the deadline sweep (W3), and before the dispatch so that a rank it frees
+gets work in the same round.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from collections import Counter, deque
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+from ..durable.clock import SYSTEM_CLOCK, Clock
+from ..frontier import Frontier
+from ..protocol import Work
+from .objects import ObjectMismatch, ObjectTransferCache
+from .tables import CommitStart, DispatchTables, ResultClass, SweepReport, Table
+from .transaction import SendPhase
+from .watchdog import (
+    DeferralSink,
+    DispatchWatchdog,
+    JoinReport,
+    ProtocolRecovery,
+    ReadyVerdict,
+    Recovery,
+    RetiredDispatchGate,
+    WatchdogConfig,
+)
+
+log = logging.getLogger("symcc_mpi.dispatch")
+
+FRONTIER_ENTRY = "frontier-entry"
+UNREADABLE_SOURCE = "unreadable-input"
+MAX_SEND_FAILURES = 3  # in a row, to one rank: then it is retired
+
+Send = Callable[[int, Work], object]
+
+
+class DispatchCoordinator:
+    def __init__(self, frontier: Frontier, *, watchdog: WatchdogConfig,
+                 deferrals: DeferralSink | None, load: Callable[[str], bytes],
+                 clock: Clock = SYSTEM_CLOCK, max_send_failures: int = MAX_SEND_FAILURES):
+        self.frontier = frontier
+        self.gate = RetiredDispatchGate()
+        self.tables = DispatchTables(clock=clock, gate=self.gate)
+        self.recovery = ProtocolRecovery(requeue=frontier.requeue, sink=deferrals,
+                                         retries=watchdog.protocol_retries)
+        self.watchdog = DispatchWatchdog(self.tables, self.gate, self.recovery,
+                                         seconds=watchdog.seconds)
+        self.objects = ObjectTransferCache()
+        self.deferrals = deferrals
+        self.load = load
+        self.max_send_failures = max_send_failures
+        self.idle: deque[int] = deque()
+        self.retired: set[int] = set()
+        self.unreadable: set[str] = set()
+        self.dispatches: Counter[str] = Counter()  # sends that returned, per input
+        self.send_failures: Counter[int] = Counter()  # in a row, per rank
+        self.counts: Counter[str] = Counter()
+
+    # -- reading -------------------------------------------------------------------------
+
+    @property
+    def in_flight(self) -> int:
+        return sum(1 for _ in self.tables.transactions())
+
+    @property
+    def exhausted(self) -> bool:
+        return not self.frontier.pending and not self.in_flight
+
+    def holds_token(self, token: str) -> bool:
+        return any(tx.token == token for _, tx in self.tables.transactions())
+
+    def work_of(self, rank: int) -> str | None:
+        """The input of `rank`'s ACTIVE dispatch."""
+        tx = self.tables.get(Table.ACTIVE, rank)
+        return tx.work_id if tx is not None else None
+
+    def parked(self) -> list[int]:
+        return sorted(self.gate.parked())
+
+    # -- round step 1: messages ----------------------------------------------------------
+
+    def ready(self, rank: int, token: str | None, *, malformed: bool = False) -> ReadyVerdict | None:
+        """A READY (or an undecodable one) from `rank`; None if the rank is retired."""
+        if rank in self.retired:
+            return None
+        verdict = self.watchdog.on_ready(rank, token, malformed=malformed)
+        if verdict in (ReadyVerdict.IDLE, ReadyVerdict.RECOVERED):
+            self._make_idle(rank)
+        elif verdict is ReadyVerdict.STALE:
+            self.counts["stale_ready"] += 1
+        return verdict
+
+    def classify(self, rank: int, token: str) -> ResultClass:
+        return self.watchdog.on_result(rank, token)
+
+    def reject(self, rank: int, token: str) -> bool:
+        """A current RESULT that cannot be used: its dispatch is recovered at the join."""
+        accepted = self.watchdog.note_invalid_result(rank, token)
+        self.counts["invalid_results"] += int(accepted)
+        return accepted
+
+    def begin_commit(self, rank: int, token: str) -> CommitStart:
+        """Fence the commit: an input already analysed is dropped after-send (F313 D4)."""
+        found = self.tables.find(rank)
+        work_id = found[1].work_id if found else ""
+        start = self.tables.begin_commit(rank, token, lambda: work_id not in self.frontier.done)
+        if start is CommitStart.FENCED:
+            log.warning("rank %d analysed %s, which is already done: result dropped", rank,
+                        work_id[:12])
+        return start
+
+    def finish(self, rank: int, token: str) -> None:
+        """The commit went through (the caller journalled the input as done)."""
+        tx = self.tables.finish(rank, token)
+        self.frontier.mark_done(tx.work_id)
+        self.send_failures.pop(rank, None)
+
+    @contextmanager
+    def boundary(self, rank: int) -> Iterator[None]:
+        """Around a commit: whatever raises, the rank's transactions are compensated (D8)."""
+        with self.tables.boundary(rank):
+            yield
+
+    def retire(self, rank: int, reason: str) -> None:
+        """No more work to `rank`; what it held goes back to the frontier."""
+        if rank in self.retired:
+            return
+        self.retired.add(rank)
+        if rank in self.idle:
+            self.idle.remove(rank)
+        self._requeue_swept(self.tables.sweep(rank))
+        log.error("rank %d gets no more work: %s", rank, reason)
+
+    # -- round steps 2-4 -----------------------------------------------------------------
+
+    def join(self) -> JoinReport:
+        report = self.watchdog.join()
+        for rank in report.ready:
+            if rank not in self.retired:
+                self._make_idle(rank)
+        return report
+
+    def dispatch(self, send: Send) -> int:
+        """Hand frontier inputs to idle ranks; return how many WORK sends returned."""
+        sent = 0
+        while self.idle and self.frontier.pending:
+            rank = self.idle.popleft()
+            if self._dispatch_one(rank, send):
+                sent += 1
+        return sent
+
+    def sweep(self) -> tuple[Recovery, ...]:
+        return self.watchdog.sweep()
+
+    def shutdown(self) -> tuple[SweepReport, ...]:
+        """Compensate whatever is still in flight; its inputs stay pending for --resume."""
+        reports = self.tables.sweep_all()
+        for report in reports:
+            self._requeue_swept(report)
+        return reports
+
+    # -- machinery -----------------------------------------------------------------------
+
+    def _dispatch_one(self, rank: int, send: Send) -> bool:
+        digest = self.frontier.pending[0]
+        try:
+            plan = self.objects.plan(rank, [digest], self.load)
+        except (OSError, ObjectMismatch) as error:
+            self.frontier.take()
+            self._set_aside_unreadable(digest, error)
+            self.idle.appendleft(rank)
+            return False
+        token = secrets.token_hex(16)
+        try:
+            with self.tables.boundary(rank):
+                tx = self.tables.begin(rank, digest, token)
+                self.frontier.take()
+                tx.register(FRONTIER_ENTRY, before_send=lambda: self.frontier.put_back(digest),
+                            after_send=lambda: None)  # after the send, recovery decides
+                send(rank, Work(token, digest, dict(plan.contents)))
+                self.tables.sent(rank, token)
+                self.objects.confirm(plan)
+        except Exception as error:  # noqa: BLE001 - the boundary compensated; the rank decides
+            self._send_failed(rank, error)
+            return False
+        self.dispatches[digest] += 1
+        return True
+
+    def _send_failed(self, rank: int, error: Exception) -> None:
+        self.counts["send_failures"] += 1
+        self.send_failures[rank] += 1
+        failures = self.send_failures[rank]
+        log.warning("dispatch to rank %d failed (%d in a row), rolled back before send: %s",
+                    rank, failures, error)
+        if failures >= self.max_send_failures:
+            self.retire(rank, f"{failures} sends in a row failed, last: {error}")
+        else:
+            self._make_idle(rank)
+
+    def _set_aside_unreadable(self, digest: str, error: Exception) -> None:
+        self.unreadable.add(digest)
+        log.error("corpus input %s cannot be sent (%s): set aside in the deferred journal",
+                  digest[:12], error)
+        if self.deferrals is not None:
+            self.deferrals.defer(digest, source=UNREADABLE_SOURCE, attempts=0)
+
+    def _requeue_swept(self, report: SweepReport) -> None:
+        for rollback in report.rollbacks:
+            if rollback.phase is SendPhase.AFTER_SEND:
+                self.frontier.requeue(rollback.work_id)
+
+    def _make_idle(self, rank: int) -> None:
+        if rank not in self.idle:
+            self.idle.append(rank)
+
+    def statistics(self) -> dict:
+        watchdog = self.watchdog.statistics()
+        tables = self.tables.statistics()
+        objects = self.objects.statistics()
+        recovery = self.recovery.statistics()
+        return {
+            "watchdog_seconds": watchdog.seconds,
+            "watchdog_timeouts": watchdog.timeouts,
+            "worker_recoveries": watchdog.worker_recoveries,
+            "protocol_requeued": watchdog.protocol_requeued,
+            "protocol_deferred": watchdog.protocol_deferred,
+            "deferred_in_memory": recovery.deferred_in_memory,
+            "recoveries_by_source": dict(recovery.by_source),
+            "invalid_results": self.counts["invalid_results"],
+            "invalid_joins": watchdog.invalid_joins,
+            "stale_results": watchdog.stale_results,
+            "stale_ready": self.counts["stale_ready"],
+            "ready_quarantined": (watchdog.ready_missing + watchdog.ready_malformed
+                                  + watchdog.ready_stale),
+            "parked": self.parked(),
+            "retired": sorted(self.retired),
+            "send_failures": self.counts["send_failures"],
+            "unreadable_inputs": len(self.unreadable),
+            "dispatched": tables.sent,
+            "inputs_dispatched_again": sum(1 for n in self.dispatches.values() if n > 1),
+            "committed": tables.committed,
+            "fenced": tables.fenced,
+            "rolled_back_before_send": tables.rolled_back_before_send,
+            "rolled_back_after_send": tables.rolled_back_after_send,
+            "compensation_failures": tables.compensation_failures,
+            "preparing": tables.preparing,
+            "active": tables.active,
+            "committing": tables.committing,
+            "objects_shipped": objects.shipped_objects,
+            "object_bytes_shipped": objects.shipped_bytes,
+            "object_hits": objects.hits,
+        }
