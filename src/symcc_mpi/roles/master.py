@@ -143,7 +143,8 @@ class Master:
                 self._handle(incoming)
                 handled += 1
             # F317 round order: messages, then the join, then dispatch, then the deadlines.
-            self.dispatch.join()
+            for recovery in self.dispatch.join().recoveries:
+                self._discard_staging(recovery.token)  # its worker is done with it
             if self.phase is Phase.RUNNING:
                 handled += self.dispatch.dispatch(self._send_work)
             self.dispatch.sweep()
