@@ -79,6 +79,9 @@ def assert_oracles(out: Path, process: subprocess.CompletedProcess) -> None:
     for path in (out / "corpus").iterdir():
         assert hashlib.sha256(path.read_bytes()).hexdigest() == path.name
     assert not any((out / ".staging").iterdir()), "staging left behind"
+    dispatch = stats(out)["extra"]["dispatch"]
+    held = {table: dispatch[table] for table in ("preparing", "active", "committing")}
+    assert not any(held.values()), f"dispatch transactions leaked: {held}"
 
 
 def crashes_natively(binary: Path, data: bytes, tmp: Path) -> bool:

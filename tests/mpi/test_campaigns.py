@@ -111,25 +111,6 @@ def test_interrupt_then_resume_loses_and_repeats_nothing(build, tmp_path):
     assert stats(out)["executions"] == len(done) - len(analysed_before)
 
 
-def test_foreign_and_malformed_results_are_dropped_not_triaged(build, tmp_path):
-    out = tmp_path / "out"
-    env = dict(os.environ, SYMCC_MPI_FAULTS="1:foreign-result@2,2:malformed-result@1")
-    process = explore(out, "--target", f"{build / 'magic'} @@", "--seeds",
-                      build.parent / "seeds" / "magic", "--workers", 2, "--timeout", 20,
-                      env=env)
-    assert_oracles(out, process)
-    figures = stats(out)
-    dispatch = figures["extra"]["dispatch"]
-    assert dispatch["stale_results"] == 1
-    assert dispatch["invalid_joins"] == 1
-    assert dispatch["protocol_requeued"] == 1
-    assert dispatch["recoveries_by_source"] == {"invalid-result": 1}
-    assert figures["extra"]["malformed_messages"] == 1
-    for path in (out / "corpus").iterdir():
-        assert not path.read_bytes().startswith(b"unowned result")
-    assert crash_files(out)
-
-
 def test_symcc_backend_with_a_real_concolic_engine_behind_it(build, tmp_path):
     """The SymCC subprocess contract, honoured by the Triton shim as a SymCC binary would."""
     out = tmp_path / "out"

@@ -1,0 +1,89 @@
+"""Faults in the hand-off of work (F313, F315-F317), injected by configuration into real
+campaigns; each must end complete, with every oracle holding and nothing left held."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from harness import assert_oracles, crash_files, done_hashes, explore, stats
+
+pytestmark = [pytest.mark.mpi, pytest.mark.timeout(600)]
+
+QUIET = ("watchdog_timeouts", "worker_recoveries", "protocol_requeued", "protocol_deferred",
+         "stale_results", "invalid_results", "send_failures")
+
+
+def campaign(build, out, workers: int, faults: str, **env):
+    environment = dict(os.environ, SYMCC_MPI_FAULTS=faults, **env)
+    process = explore(out, "--target", f"{build / 'magic'} @@", "--seeds",
+                      build.parent / "seeds" / "magic", "--workers", workers,
+                      "--timeout", 20, env=environment)
+    assert_oracles(out, process)
+    figures = stats(out)
+    assert figures["extra"]["stop_reason"] == "frontier exhausted"
+    assert crash_files(out), "the planted bug was not found"
+    return figures, figures["extra"]["dispatch"], process
+
+
+def only(dispatch: dict, **expected) -> None:
+    """The named counters have these values; every other fault counter stayed at zero."""
+    seen = {name: dispatch[name] for name in QUIET + tuple(expected)}
+    assert seen == {**dict.fromkeys(QUIET, 0), **expected}, seen
+
+
+def test_a_failed_work_send_is_undone_exactly_and_the_input_sent_again(build, tmp_path):
+    figures, dispatch, _ = campaign(build, tmp_path / "out", 2, "0:send-fail@3")
+    only(dispatch, send_failures=1)
+    assert dispatch["rolled_back_before_send"] == 1
+    # The failed send is no dispatch: it neither counts nor makes its input "dispatched again".
+    assert dispatch["dispatched"] == dispatch["committed"] == figures["executions"]
+    assert dispatch["inputs_dispatched_again"] == 0
+    assert dispatch["retired"] == []
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_stopped_worker_is_timed_out_parked_and_taken_back_by_its_exact_ready(
+        build, tmp_path, workers):
+    # Rank 1 stops for 6 s after running its 2nd input; the watchdog gives up after 2 s.
+    figures, dispatch, process = campaign(build, tmp_path / "out", workers, "1:stop@2=6",
+                                          SYMCC_DISPATCH_WATCHDOG_SEC="2")
+    only(dispatch, watchdog_timeouts=1, worker_recoveries=1, protocol_requeued=1,
+         stale_results=1)  # its late RESULT
+    assert dispatch["recoveries_by_source"] == {"watchdog-timeout": 1}
+    assert dispatch["parked"] == []
+    assert dispatch["inputs_dispatched_again"] == 1
+    assert "source=watchdog-timeout" in process.stdout
+    if workers == 1:
+        # Nobody else could take the input: rank 1 analysed everything, after its recovery too.
+        assert figures["per_worker"]["1"]["executions"] == figures["executions"] > 2
+
+
+def test_a_malformed_result_joined_with_the_next_ready_is_requeued(build, tmp_path):
+    figures, dispatch, process = campaign(build, tmp_path / "out", 2, "2:malformed-result@1")
+    only(dispatch, protocol_requeued=1)
+    assert dispatch["invalid_joins"] == 1
+    assert dispatch["recoveries_by_source"] == {"invalid-result": 1}
+    assert figures["extra"]["malformed_messages"] == 1
+    assert "source=invalid-result" in process.stdout
+
+
+@pytest.mark.parametrize("fault", ["stale-result@3", "foreign-result@2"])
+def test_a_result_under_a_token_not_active_is_dropped_with_its_staging(build, tmp_path,
+                                                                       fault):
+    out = tmp_path / "out"
+    figures, dispatch, _ = campaign(build, out, 2, f"1:{fault}")
+    only(dispatch, stale_results=1)
+    for path in (out / "corpus").iterdir():
+        assert not path.read_bytes().startswith(b"unowned result")
+    assert len(done_hashes(out)) == figures["executions"]
+
+
+def test_a_failed_first_transfer_of_an_object_is_shipped_again(build, tmp_path):
+    # One worker: the retry goes to the rank that never received the object. Had the cache
+    # believed the failed send, the retry would carry no content and the worker would answer
+    # "neither sent nor held" (an invalid result).
+    figures, dispatch, _ = campaign(build, tmp_path / "out", 1, "0:object-send-fail@2")
+    only(dispatch, send_failures=1)
+    assert dispatch["objects_shipped"] == dispatch["dispatched"] == figures["executions"]
+    assert figures["extra"]["executor_errors"] == 0
