@@ -517,6 +517,9 @@ def summary_table(snap: CampaignSnapshot) -> Table:
         ("solver time", f"{snap.solver_time:,.1f} s ({_share(snap.solver_time, busy)})"),
         ("last find", _ago(snap, snap.last_find)),
     ]
+    recovery = _dispatch_recovery(snap.extra.get("dispatch") or {})
+    if recovery:
+        rows.append(("dispatch recovery", recovery))
     for i, (name, value) in enumerate(rows):
         table.add_row(name, value, end_section=i == len(rows) - 1 and bool(snap.per_worker))
     for rank in sorted(snap.per_worker):
@@ -524,6 +527,18 @@ def summary_table(snap: CampaignSnapshot) -> Table:
         text = ", ".join(f"{k}={_figure(v)}" for k, v in figures.items())
         table.add_row(f"worker {rank}", text)
     return table
+
+
+def _dispatch_recovery(dispatch: dict) -> str:
+    """What went wrong in the hand-off of work and was repaired; "" when nothing did."""
+    parts = [f"{dispatch[key]:,} {label}" for key, label in (
+        ("send_failures", "failed sends"), ("stale_results", "stale results"),
+        ("invalid_joins", "lost/bad results"), ("watchdog_timeouts", "watchdog timeouts"),
+        ("worker_recoveries", "workers back"), ("protocol_requeued", "requeued"),
+        ("protocol_deferred", "deferred")) if dispatch.get(key)]
+    if dispatch.get("parked"):
+        parts.append("parked: rank " + ", ".join(map(str, dispatch["parked"])))
+    return ", ".join(parts)
 
 
 def _edges(snap: CampaignSnapshot) -> str:

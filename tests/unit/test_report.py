@@ -335,3 +335,15 @@ def test_live_panel_and_summary_table():
     assert "0:10:00" in _render(summary_table(snap))
     empty = _render(render_live(CampaignSnapshot(start_time=T0, now=T0)))
     assert "never" in empty and "0 (0.0/s)" in empty
+
+
+def test_summary_names_dispatch_recovery_only_when_something_was_repaired():
+    quiet = dict.fromkeys(("send_failures", "stale_results", "invalid_joins",
+                           "watchdog_timeouts", "worker_recoveries", "protocol_requeued",
+                           "protocol_deferred"), 0)
+    assert "dispatch recovery" not in _render(summary_table(
+        snapshot(extra={"dispatch": {**quiet, "parked": []}})))
+    table = _render(summary_table(snapshot(extra={"dispatch": {
+        **quiet, "watchdog_timeouts": 2, "worker_recoveries": 1, "protocol_requeued": 2,
+        "parked": [3]}})))
+    assert "2 watchdog timeouts, 1 workers back, 2 requeued, parked: rank 3" in table
