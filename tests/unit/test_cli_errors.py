@@ -152,3 +152,11 @@ def test_corrupt_state_file_is_refused_before_launch(setup):
     one_line_error(run("--target", target, "--out", tmp / "o", "--resume"),
                    "done.jsonl, line 1")
     assert campaign.done_journal.read_bytes() == before
+
+
+def test_unparsable_fault_plan(setup, monkeypatch):
+    tmp, seeds, target = setup
+    monkeypatch.setenv("SYMCC_MPI_FAULTS", "1:stop@2=forever")
+    one_line_error(run("--target", f"{target} @@", "--seeds", seeds, "--out", tmp / "o"),
+                   "SYMCC_MPI_FAULTS: cannot parse '1:stop@2=forever'")
+    assert not (tmp / "o").exists()
