@@ -12,10 +12,10 @@ ROOT = Path(__file__).resolve().parent.parent
 CLI = [sys.executable, "-m", "symcc_mpi"]
 
 
-def run_campaign(out: Path, *args: str) -> dict:
+def run_campaign(out: Path, *args: str, env: dict | None = None) -> dict:
     started = time.monotonic()
     process = subprocess.run([*CLI, "explore", "--out", str(out), "--no-live", *args],
-                             capture_output=True, text=True, cwd=ROOT)
+                             capture_output=True, text=True, cwd=ROOT, env=env)
     if process.returncode != 0:
         sys.exit(f"campaign failed ({process.returncode}):\n{process.stdout}\n{process.stderr}")
     stats = json.loads((out / "stats.json").read_text())
