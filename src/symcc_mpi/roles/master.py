@@ -116,7 +116,7 @@ class Master:
         self.ack_deadline = 0.0
         self.acked: set[int] = set()
         self.workers = list(range(1, channel.size))
-        # Master time spent on each task (send WORK + handle its RESULT), for benchmarks.
+        # Master time spent on each task (hand-off + handling its RESULT), for benchmarks.
         self.send_seconds: dict[str, float] = {}
         self.dispatch_mark = 0.0
         self.task_seconds: deque[float] = deque(maxlen=100_000)
@@ -145,11 +145,13 @@ class Master:
                 handled += 1
             # F317 round order: messages, then the join, then dispatch, then the deadlines.
             for recovery in self.dispatch.join().recoveries:
+                self.send_seconds.pop(recovery.token, None)
                 self._discard_staging(recovery.token)  # its worker is done with it
             if self.phase is Phase.RUNNING:
                 self.dispatch_mark = time.perf_counter()
                 handled += self.dispatch.dispatch(self._send_work)
-            self.dispatch.sweep()
+            for recovery in self.dispatch.sweep():
+                self.send_seconds.pop(recovery.token, None)  # its staging may still grow
             self._advance_phase()
             now = time.monotonic()
             if now >= next_report:
