@@ -140,13 +140,16 @@ class DispatchCoordinator:
         """The commit went through (the caller journalled the input as done)."""
         tx = self.tables.finish(rank, token)
         self.frontier.mark_done(tx.work_id)
-        self.send_failures.pop(rank, None)
 
     @contextmanager
     def boundary(self, rank: int) -> Iterator[None]:
-        """Around a commit: whatever raises, the rank's transactions are compensated (D8)."""
-        with self.tables.boundary(rank):
+        """Around a commit: whatever raises, the rank's transactions are compensated (D8) and,
+        as on `retire` and `shutdown`, an input that was sent goes back to the frontier."""
+        try:
             yield
+        except BaseException:
+            self._requeue_swept(self.tables.sweep(rank))
+            raise
 
     def retire(self, rank: int, reason: str) -> None:
         """No more work to `rank`; what it held goes back to the frontier."""
@@ -163,7 +166,7 @@ class DispatchCoordinator:
     def join(self) -> JoinReport:
         report = self.watchdog.join()
         for rank in report.ready:
-            if rank not in self.retired:
+            if rank not in self.retired and not self.tables.holds(rank):
                 self._make_idle(rank)
         return report
 
@@ -211,6 +214,7 @@ class DispatchCoordinator:
             self._send_failed(rank, error)
             return False
         self.dispatches[digest] += 1
+        self.send_failures.pop(rank, None)  # a send returned: the run of failures is broken
         return True
 
     def _send_failed(self, rank: int, error: Exception) -> None:
