@@ -106,7 +106,8 @@ class DispatchCoordinator:
 
     # -- round step 1: messages ----------------------------------------------------------
 
-    def ready(self, rank: int, token: str | None, *, malformed: bool = False) -> ReadyVerdict | None:
+    def ready(self, rank: int, token: str | None, *,
+              malformed: bool = False) -> ReadyVerdict | None:
         """A READY (or an undecodable one) from `rank`; None if the rank is retired."""
         if rank in self.retired:
             return None

@@ -23,7 +23,12 @@ from dataclasses import dataclass, field
 
 from ..config import CampaignConfig
 from ..corpus import CampaignDir
+from ..dispatch.coordinator import DispatchCoordinator
+from ..dispatch.tables import CommitStart, ResultClass
+from ..dispatch.watchdog import WatchdogConfig
 from ..executors import Outcome
+from ..faults import Faults
+from ..frontier import Frontier
 from ..protocol import (
     NOT_ANALYSED,
     ConfigVerdict,
@@ -36,11 +41,6 @@ from ..protocol import (
     Tag,
     Work,
 )
-from ..dispatch.coordinator import DispatchCoordinator
-from ..dispatch.tables import CommitStart, ResultClass
-from ..dispatch.watchdog import WatchdogConfig
-from ..faults import Faults
-from ..frontier import Frontier
 from ..transport import MIN_NAP, NAP_GROWTH, Channel
 
 log = logging.getLogger("symcc_mpi.master")
