@@ -15,6 +15,8 @@
 Master kinds (rank 0), counting WORK sends:
 
 - `send-fail`: the N-th WORK send raises instead of sending;
+- `send-ambiguous`: the N-th WORK send delivers, then raises (F313 §4: the master cannot
+  tell, undoes the dispatch as unsent, and the worker's RESULT must then be refused);
 - `object-send-fail`: the N-th WORK that carries object content raises instead of sending.
 """
 
@@ -23,7 +25,7 @@ from __future__ import annotations
 import os
 
 WORKER_KINDS = ("foreign-result", "stale-result", "malformed-result", "stop")
-MASTER_KINDS = ("send-fail", "object-send-fail")
+MASTER_KINDS = ("send-fail", "send-ambiguous", "object-send-fail")
 DEFAULT_STOP_SECONDS = 5.0
 
 

@@ -87,3 +87,15 @@ def test_a_failed_first_transfer_of_an_object_is_shipped_again(build, tmp_path):
     only(dispatch, send_failures=1)
     assert dispatch["objects_shipped"] == dispatch["dispatched"] == figures["executions"]
     assert figures["extra"]["executor_errors"] == 0
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_send_that_delivered_but_reported_failure_is_never_committed_twice(
+        build, tmp_path, workers):
+    # F313 §4: the master undoes the dispatch as unsent and sends the input again under a new
+    # token; the worker runs the first WORK anyway, and its RESULT for it must be refused.
+    out = tmp_path / "out"
+    figures, dispatch, _ = campaign(build, out, workers, "0:send-ambiguous@3")
+    only(dispatch, send_failures=1, stale_results=1)
+    assert dispatch["rolled_back_before_send"] == 1
+    assert len(done_hashes(out)) == figures["executions"] == dispatch["committed"]

@@ -198,6 +198,9 @@ class Master:
                 work.objects and self.faults.fire("object-send-fail", self.object_sends)):
             raise OSError(f"injected failure of WORK send #{self.work_sends} to rank {rank}")
         self.channel.send(rank, Tag.WORK, work)
+        if self.faults.fire("send-ambiguous", self.work_sends):
+            raise OSError(f"injected: WORK send #{self.work_sends} to rank {rank} delivered, "
+                          "then reported failure")
         # A dispatch's master time runs from the previous send (or the round's first) to its
         # own: reading the input, the transaction, the send.
         now = time.perf_counter()
