@@ -484,10 +484,14 @@ def render_live(snap: CampaignSnapshot) -> Panel:
         _ago(snap, snap.last_find),
     )
     workers = snap.workers or len(snap.per_worker)
+    subtitle = f"{workers} worker{'s' if workers != 1 else ''}"
+    parked = (snap.extra.get("dispatch") or {}).get("parked")
+    if parked:
+        subtitle += f" · {len(parked)} parked (no answer within the watchdog deadline)"
     return Panel(
         grid,
         title=f"symcc-mpi · {snap.banner}",
-        subtitle=f"{workers} worker{'s' if workers != 1 else ''}",
+        subtitle=subtitle,
         box=box.ROUNDED,
         expand=False,
     )

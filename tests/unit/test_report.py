@@ -347,3 +347,5 @@ def test_summary_names_dispatch_recovery_only_when_something_was_repaired():
         **quiet, "watchdog_timeouts": 2, "worker_recoveries": 1, "protocol_requeued": 2,
         "parked": [3]}})))
     assert "2 watchdog timeouts, 1 workers back, 2 requeued, parked: rank 3" in table
+    assert "1 parked" in _render(render_live(snapshot(extra={"dispatch": {"parked": [3]}})))
+    assert "parked" not in _render(render_live(snapshot(extra={"dispatch": {"parked": []}})))
