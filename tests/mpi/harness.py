@@ -62,7 +62,8 @@ def stats(out: Path) -> dict:
 
 
 def done_hashes(out: Path) -> list[str]:
-    lines = (out / "state" / "done.jsonl").read_text().splitlines()
+    journal = out / "state" / "done.jsonl"
+    lines = journal.read_text().splitlines() if journal.exists() else []
     return [json.loads(line)["sha256"] for line in lines]
 
 

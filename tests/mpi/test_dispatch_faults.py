@@ -3,10 +3,11 @@ campaigns; each must end complete, with every oracle holding and nothing left he
 
 from __future__ import annotations
 
+import hashlib
 import os
 
 import pytest
-from harness import assert_oracles, crash_files, done_hashes, explore, stats
+from harness import assert_oracles, crash_files, done_hashes, explore, stats, verify
 
 pytestmark = [pytest.mark.mpi, pytest.mark.timeout(600)]
 
@@ -99,3 +100,28 @@ def test_a_send_that_delivered_but_reported_failure_is_never_committed_twice(
     only(dispatch, send_failures=1, stale_results=1)
     assert dispatch["rolled_back_before_send"] == 1
     assert len(done_hashes(out)) == figures["executions"] == dispatch["committed"]
+
+
+def test_an_input_that_keeps_failing_is_deferred_then_retried_on_resume(build, tmp_path):
+    out = tmp_path / "out"
+    seeds = build.parent / "seeds" / "magic"  # one seed: the input that fails twice
+    args = ["--target", f"{build / 'magic'} @@", "--seeds", seeds, "--workers", 1,
+            "--timeout", 20]
+    faults = dict(os.environ, SYMCC_MPI_FAULTS="1:malformed-result@1,1:malformed-result@2")
+    process = explore(out, *args, env=faults)
+    assert_oracles(out, process)
+    dispatch = stats(out)["extra"]["dispatch"]
+    only(dispatch, protocol_requeued=1, protocol_deferred=1)
+    assert dispatch["invalid_joins"] == 2
+    assert stats(out)["extra"]["stop_reason"] == "frontier exhausted"
+    assert "1 deferred" in process.stdout
+    seed = hashlib.sha256(next(seeds.iterdir()).read_bytes()).hexdigest()
+    journal = (out / "state" / ".dispatch_protocol_deferred.jsonl").read_text()
+    assert seed in journal and "invalid-result" in journal
+    assert "deferred: 1" in verify(out).stdout
+
+    process = explore(out, *args, "--resume")
+    assert_oracles(out, process)
+    assert seed in done_hashes(out)
+    assert stats(out)["extra"]["stop_reason"] == "frontier exhausted"
+    assert crash_files(out)
