@@ -126,6 +126,9 @@ class Master:
             self.stats.per_worker[rank] = WorkerStats()
         for note in watchdog.notes:
             log.warning("%s", note)
+        log.info("dispatch watchdog: %s; %d protocol retries before an input is deferred",
+                 f"{watchdog.seconds:g} s" if watchdog.enabled else "off",
+                 watchdog.protocol_retries)
 
     # -- the loop ------------------------------------------------------------------------
 
