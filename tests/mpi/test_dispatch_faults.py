@@ -125,3 +125,24 @@ def test_an_input_that_keeps_failing_is_deferred_then_retried_on_resume(build, t
     assert seed in done_hashes(out)
     assert stats(out)["extra"]["stop_reason"] == "frontier exhausted"
     assert crash_files(out)
+
+
+def test_a_rank_that_never_answers_stays_parked_and_the_job_ends_without_losing_work(
+        build, tmp_path):
+    # F317 W10: rank 1 stays silent past the end of the campaign. Rank 2 does all the work;
+    # the master cannot finish MPI with a silent rank, so it ends the job, and nothing is lost.
+    out = tmp_path / "out"
+    env = dict(os.environ, SYMCC_MPI_FAULTS="1:stop@2=30", SYMCC_DISPATCH_WATCHDOG_SEC="2")
+    process = explore(out, "--target", f"{build / 'magic'} @@", "--seeds",
+                      build.parent / "seeds" / "magic", "--workers", 2, "--timeout", 20,
+                      env=env)
+    assert process.returncode == 70, process.stdout
+    assert "(parked: silent since the watchdog took back their work)" in process.stdout
+    assert "continue with --resume" in process.stdout
+    dispatch = stats(out)["extra"]["dispatch"]
+    assert dispatch["parked"] == [1]
+    assert (dispatch["watchdog_timeouts"], dispatch["worker_recoveries"]) == (1, 0)
+    assert stats(out)["extra"]["stop_reason"] == "frontier exhausted"
+    checked = verify(out)
+    assert checked.returncode == 0, checked.stdout
+    assert crash_files(out)

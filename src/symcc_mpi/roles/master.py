@@ -361,8 +361,14 @@ class Master:
                 self.phase = Phase.DONE
             elif now >= self.ack_deadline:
                 missing = sorted(set(self.workers) - self.acked)
-                log.error("workers %s did not acknowledge STOP within %.0f s", missing,
-                          SHUTDOWN_GRACE)
+                parked = self.dispatch.gate.parked()
+                for rank in missing:
+                    if rank in parked:  # whatever it stages now would be refused anyway
+                        self._discard_staging(parked[rank])
+                log.error("workers %s did not acknowledge STOP within %.0f s%s; ending the "
+                          "job, what was committed is kept", missing, SHUTDOWN_GRACE,
+                          " (parked: silent since the watchdog took back their work)"
+                          if parked.keys() & set(missing) else "")
                 self.report(final=True)
                 self.channel.comm.Abort(70)
 
