@@ -601,7 +601,7 @@ class DispatchMachine(RuleBasedStateMachine):
             elif status == "committing":
                 self.stuck.add(work_id)  # the fence had passed: F321, resume redoes it
             else:
-                self.frontier.appendleft(work_id)  # like Scheduler.result_failed
+                self.frontier.appendleft(work_id)  # like Frontier.requeue
         except Injected:
             event("triage raised after begin_commit")
             assert not self.tables.holds(rank)

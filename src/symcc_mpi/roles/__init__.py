@@ -1,1 +1,1 @@
-"""The MPI loops: a master composes the scheduler, corpus and triage; workers execute."""
+"""The MPI loops: a master composes the dispatch coordinator, corpus and triage; workers execute."""
