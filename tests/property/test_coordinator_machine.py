@@ -19,7 +19,6 @@ object the worker lacks, the counters match, and shutdown leaves the tables empt
 from __future__ import annotations
 
 import hashlib
-import logging
 import tempfile
 from collections import Counter
 from dataclasses import dataclass, field
@@ -496,14 +495,7 @@ class CoordinatorMachine(RuleBasedStateMachine):
         assert stats["unreadable_inputs"] == len(self.coord.unreadable)
 
 
-@pytest.fixture(autouse=True)
-def _quiet_dispatch_log():
-    """Every recovery logs a warning; over thousands of steps pytest would keep them all."""
-    logger = logging.getLogger("symcc_mpi.dispatch")
-    level = logger.level
-    logger.setLevel(logging.CRITICAL)
-    yield
-    logger.setLevel(level)
+pytestmark = pytest.mark.usefixtures("quiet_dispatch_log")
 
 
 TestCoordinatorMachine = CoordinatorMachine.TestCase

@@ -18,7 +18,6 @@ object the worker did not get, and the watchdog's counters match what happened.
 from __future__ import annotations
 
 import hashlib
-import logging
 from collections import Counter, deque
 from dataclasses import dataclass, field
 
@@ -695,15 +694,7 @@ class DispatchMachine(RuleBasedStateMachine):
         assert not set(self.sink.persisted) & self.recovery.deferred_in_memory()
 
 
-@pytest.fixture(autouse=True)
-def _quiet_dispatch_log():
-    """Every recovery logs a warning; over thousands of runs (and shrinking) pytest would keep
-    them all in memory. The unit tests check the log; here only the states matter."""
-    logger = logging.getLogger("symcc_mpi.dispatch")
-    level = logger.level
-    logger.setLevel(logging.CRITICAL)
-    yield
-    logger.setLevel(level)
+pytestmark = pytest.mark.usefixtures("quiet_dispatch_log")
 
 
 TestDispatchMachine = DispatchMachine.TestCase

@@ -92,6 +92,13 @@ def round_(w):
     return report, sent, w.coord.sweep()
 
 
+def first_dispatch(w) -> str:
+    """Rank 1 asks for work and gets it; the token of that dispatch."""
+    w.coord.ready(1, None)
+    round_(w)
+    return w.send.last(1).token
+
+
 def commit(w, rank: int, token: str) -> CommitStart:
     """The accepting branch of `Master._judge_and_commit`."""
     assert w.coord.classify(rank, token) is ResultClass.CURRENT
@@ -299,9 +306,7 @@ def test_stale_and_foreign_results_change_nothing(tmp_path):
 def test_an_unusable_result_is_requeued_once_then_deferred(tmp_path):  # F316, F317 §5.3
     w = make(tmp_path, inputs=1, retries=1)
     (x,) = w.ids
-    w.coord.ready(1, None)
-    round_(w)
-    first = w.send.last(1).token
+    first = first_dispatch(w)
     assert w.coord.reject(1, first)  # NOT_ANALYSED, or it ran other bytes
     assert w.coord.ready(1, first) is ReadyVerdict.JOIN
     report = w.coord.join()
@@ -331,9 +336,7 @@ def test_an_unusable_result_is_requeued_once_then_deferred(tmp_path):  # F316, F
 def test_a_ready_without_its_result_is_joined(tmp_path):  # F316
     w = make(tmp_path, inputs=2)
     x, y = w.ids
-    w.coord.ready(1, None)
-    round_(w)
-    token = w.send.last(1).token
+    token = first_dispatch(w)
     assert w.coord.ready(1, token) is ReadyVerdict.JOIN
     assert w.coord.in_flight == 1 and 1 not in w.coord.idle  # the join decides, not READY
     report = w.coord.join()
@@ -364,9 +367,7 @@ def test_ready_with_another_token_while_holding_a_dispatch_is_stale(tmp_path):
 def test_a_timed_out_rank_is_parked_until_its_exact_ready(tmp_path):  # F317 W6-W8
     w = make(tmp_path, inputs=2)
     x, y = w.ids
-    w.coord.ready(1, None)
-    round_(w)
-    retired = w.send.last(1).token
+    retired = first_dispatch(w)
     w.clock.advance(W - 1)
     assert round_(w)[2] == ()
     w.clock.advance(1)
@@ -395,9 +396,7 @@ def test_a_timed_out_rank_is_parked_until_its_exact_ready(tmp_path):  # F317 W6-
 def test_a_ready_seen_this_round_keeps_the_sweep_off(tmp_path):  # F317 W3
     w = make(tmp_path, inputs=1)
     (x,) = w.ids
-    w.coord.ready(1, None)
-    round_(w)
-    token = w.send.last(1).token
+    token = first_dispatch(w)
     w.clock.advance(2 * W)  # long past the deadline...
     assert w.coord.ready(1, token) is ReadyVerdict.JOIN  # ...but its READY came this round
     report, sent, timeouts = round_(w)
@@ -409,9 +408,7 @@ def test_a_ready_seen_this_round_keeps_the_sweep_off(tmp_path):  # F317 W3
 
 def test_a_result_drained_before_the_sweep_is_committed_not_timed_out(tmp_path):  # W3
     w = make(tmp_path, inputs=1)
-    w.coord.ready(1, None)
-    round_(w)
-    token = w.send.last(1).token
+    token = first_dispatch(w)
     w.clock.advance(2 * W)
     assert commit(w, 1, token) is CommitStart.COMMITTING
     assert round_(w)[2] == () and w.coord.exhausted and faults(w) == no_faults()
@@ -423,9 +420,7 @@ def test_a_result_drained_before_the_sweep_is_committed_not_timed_out(tmp_path):
 def test_an_input_already_done_is_fenced_not_committed_twice(tmp_path):  # F313 D4
     w = make(tmp_path, inputs=1)
     (x,) = w.ids
-    w.coord.ready(1, None)
-    round_(w)
-    token = w.send.last(1).token
+    token = first_dispatch(w)
     w.frontier.mark_done(x)  # analysed meanwhile, elsewhere
     assert commit(w, 1, token) is CommitStart.FENCED
     stats = w.coord.statistics()
@@ -438,9 +433,7 @@ def test_an_input_already_done_is_fenced_not_committed_twice(tmp_path):  # F313 
 def test_an_exception_in_the_commit_rolls_back_and_propagates(tmp_path, after_begin_commit):
     w = make(tmp_path, inputs=2)
     x, y = w.ids
-    w.coord.ready(1, None)
-    round_(w)
-    token = w.send.last(1).token
+    token = first_dispatch(w)
     with pytest.raises(OSError, match="disk full"), w.coord.boundary(1):
         if after_begin_commit:
             assert w.coord.begin_commit(1, token) is CommitStart.COMMITTING

@@ -100,11 +100,13 @@ def execute(work: Work, config: CampaignConfig, executor, probe, scratch: Path,
             return _failed(work, work.input_hash, INVALID_INPUT,
                            f"object {object_id[:12]} arrived damaged")
         (objects / object_id).write_bytes(content)
-    try:
-        data = (objects / work.input_hash).read_bytes()
-    except FileNotFoundError:
-        return _failed(work, work.input_hash, INVALID_INPUT,
-                       "the input was neither sent with the WORK nor held by this worker")
+    data = work.objects.get(work.input_hash)
+    if data is None:
+        try:
+            data = (objects / work.input_hash).read_bytes()
+        except FileNotFoundError:
+            return _failed(work, work.input_hash, INVALID_INPUT,
+                           "the input was neither sent with the WORK nor held by this worker")
     actual = sha256_bytes(data)
     if actual != work.input_hash:
         return _failed(work, actual, INVALID_INPUT, "input bytes do not match their SHA-256")
