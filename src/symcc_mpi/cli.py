@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from .config import EXECUTORS, CampaignConfig, UsageError, parse_command
+from .config import EXECUTORS, PRUNING_MODES, CampaignConfig, UsageError, parse_command
 from .corpus import CampaignError
 
 
@@ -45,10 +45,13 @@ def cli() -> None:
 @click.option("--wall-timeout", type=float, metavar="SECONDS", help="Budget of the campaign.")
 @click.option("--max-idle", type=float, metavar="SECONDS",
               help="Stop after this long without a new input or crash.")
+@click.option("--pruning", type=click.Choice(PRUNING_MODES), default="shared", show_default=True,
+              help="SymCC: QSYM's coverage map and linearization; shared = one campaign map "
+                   "merged from every worker, local = one per worker, off = solve everything.")
 @click.option("--resume", is_flag=True, help="Continue the campaign in --out.")
 @click.option("--no-live", is_flag=True, help="Progress lines instead of the live view.")
 def explore(target, seeds, out, workers, executor, afl_target, timeout, memory_limit,
-            wall_timeout, max_idle, resume, no_live) -> None:
+            wall_timeout, max_idle, pruning, resume, no_live) -> None:
     """Explore a target from seed inputs with N workers until the frontier is exhausted."""
     from .launch import launch, under_mpi
     from .session import check_config, run_rank
@@ -67,6 +70,7 @@ def explore(target, seeds, out, workers, executor, afl_target, timeout, memory_l
             memory_limit_mb=memory_limit,
             wall_timeout=wall_timeout,
             max_idle=max_idle,
+            pruning=pruning,
             resume=resume,
         )
         if under_mpi():

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 EXECUTORS = ("triton", "symcc", "noop")
+PRUNING_MODES = ("shared", "local", "off")  # QSYM map sharing (SymCC executor only)
 
 
 class UsageError(Exception):
@@ -28,7 +29,13 @@ class CampaignConfig:
     wall_timeout: float | None = None  # whole campaign, seconds
     max_idle: float | None = None  # stop after this long without a new finding
     resume: bool = False
+    pruning: str = "shared"
     live: bool = True  # show the live view (rank 0, on a terminal)
+
+    @property
+    def prunes(self) -> bool:
+        """Whether runs use QSYM's coverage map and linearization (SymCC's backend only)."""
+        return self.executor == "symcc" and self.pruning != "off"
 
     def to_json(self) -> dict:
         return {
@@ -43,6 +50,7 @@ class CampaignConfig:
             "wall_timeout": self.wall_timeout,
             "max_idle": self.max_idle,
             "resume": self.resume,
+            "pruning": self.pruning,
         }
 
 
@@ -91,6 +99,9 @@ def check_numbers(config: CampaignConfig) -> None:
     for name, value in (("--wall-timeout", config.wall_timeout), ("--max-idle", config.max_idle)):
         if value is not None and not value > 0:
             raise UsageError(f"{name} must be positive (got {value})")
+    if config.pruning not in PRUNING_MODES:
+        raise UsageError(f"unknown pruning mode {config.pruning!r} (choose from "
+                         f"{', '.join(PRUNING_MODES)})")
     if config.executor not in EXECUTORS:
         choices = ", ".join(EXECUTORS)
         raise UsageError(f"unknown executor {config.executor!r} (choose from {choices})")

@@ -32,6 +32,10 @@ class CampaignError(Exception):
     """The campaign directory cannot be used as asked: one line, exit status 2."""
 
 
+class CorruptInput(OSError):
+    """A corpus file whose bytes are not those its name promises (now quarantined)."""
+
+
 def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
@@ -97,6 +101,7 @@ class CampaignDir:
         self.done_journal = self.state / "done.jsonl"
         self._lock_handle = None
         self._done_handle = None
+        self._done_unsynced = False
         self.queue_ids: dict[str, int] = {}  # sha256 -> AFL queue id
         self.crash_hashes: set[str] = set()
         self.hang_hashes: set[str] = set()
@@ -130,6 +135,7 @@ class CampaignDir:
 
     def close(self) -> None:
         if self._done_handle is not None:
+            self.sync_done()
             self._done_handle.close()
             self._done_handle = None
         if self._lock_handle is not None:
@@ -139,15 +145,21 @@ class CampaignDir:
     # -- reading state back ------------------------------------------------------------
 
     def corpus_hashes(self) -> set[str]:
-        """Every corpus entry whose name is its content hash; others are quarantined."""
+        """Every corpus entry named by a SHA-256; files named otherwise are quarantined.
+
+        Bytes are not hashed here (a resume of a large campaign would spend its start-up on
+        it): an input's bytes are checked against its name whenever they are loaded to be
+        sent, and by `symcc-mpi verify`.
+        """
         hashes = set()
-        for path in self.corpus.iterdir():
-            if path.name.startswith("."):
-                continue  # an interrupted atomic write
-            if SHA256_PATTERN.match(path.name) and sha256_file(path) == path.name:
-                hashes.add(path.name)
-            else:
-                self._quarantine(path, "corpus file name is not the SHA-256 of its bytes")
+        with os.scandir(self.corpus) as entries:
+            for entry in entries:
+                if entry.name.startswith("."):
+                    continue  # an interrupted atomic write
+                if SHA256_PATTERN.match(entry.name):
+                    hashes.add(entry.name)
+                else:
+                    self._quarantine(Path(entry.path), "corpus file name is not a SHA-256")
         return hashes
 
     def read_done(self) -> list[dict]:
@@ -183,21 +195,41 @@ class CampaignDir:
             handle.truncate(keep)
 
     def read_queues(self) -> None:
-        """Rebuild hash -> AFL id maps and next ids from queue/, crashes/, hangs/."""
+        """Rebuild hash -> AFL id maps and next ids from queue/, crashes/, hangs/.
+
+        AFL entries are hard links to corpus/ files (or to staged files promoted there), so
+        an inode names its digest without reading the bytes; only a copy is hashed.
+        """
+        by_inode = {}
+        with os.scandir(self.corpus) as entries:
+            for entry in entries:
+                if SHA256_PATTERN.match(entry.name):
+                    by_inode[entry.inode()] = entry.name
         for kind, directory in (("queue", self.queue), ("crashes", self.crashes),
                                 ("hangs", self.hangs)):
-            for path in directory.iterdir():
-                entry_id = parse_afl_queue_id(path.name)
+            with os.scandir(directory) as entries:
+                named = [(entry, parse_afl_queue_id(entry.name)) for entry in entries]
+            for entry, entry_id in named:
                 if entry_id is None:
                     continue
                 self._next_ids[kind] = max(self._next_ids[kind], entry_id + 1)
-                digest = sha256_file(path)
+                digest = by_inode.get(entry.inode()) or sha256_file(Path(entry.path))
                 if kind == "queue":
                     self.queue_ids.setdefault(digest, entry_id)
                 elif kind == "crashes":
                     self.crash_hashes.add(digest)
                 else:
                     self.hang_hashes.add(digest)
+
+    def read_input(self, digest: str) -> bytes:
+        """A corpus input's bytes, checked against its name; a mismatch is quarantined."""
+        path = self.corpus / digest
+        data = path.read_bytes()
+        if sha256_bytes(data) != digest:
+            self._quarantine(path, "corpus file name is not the SHA-256 of its bytes")
+            raise CorruptInput(f"corpus input {digest[:12]}: bytes do not match their SHA-256 "
+                               "(quarantined)")
+        return data
 
     def _quarantine(self, path: Path, reason: str) -> None:
         self.quarantine.mkdir(exist_ok=True)
@@ -273,14 +305,21 @@ class CampaignDir:
         return () if source is None else (source,)
 
     def record_done(self, digest: str, token: str, outcome: str) -> None:
-        """The input is analysed and its results are published: make that durable."""
+        """The input is analysed and its results are published; durable at `sync_done`."""
         if self._done_handle is None:
             self._done_handle = open(self.done_journal, "ab")
         line = json.dumps({"sha256": digest, "token": token, "outcome": outcome,
                            "time": round(time.time(), 3)})
         self._done_handle.write(line.encode() + b"\n")
-        self._done_handle.flush()
-        os.fsync(self._done_handle.fileno())
+        self._done_unsynced = True
+
+    def sync_done(self) -> None:
+        """Group commit: one fsync for every record since the last one. A crash before it
+        loses those records, never their children: those inputs are analysed again."""
+        if self._done_unsynced:
+            self._done_handle.flush()
+            os.fsync(self._done_handle.fileno())
+            self._done_unsynced = False
 
     def discard_staging(self, token: str) -> None:
         shutil.rmtree(self.staging_dir(token), ignore_errors=True)
@@ -296,6 +335,11 @@ class CampaignDir:
 
     def clear_stop_request(self) -> None:
         (self.out / STOP_REQUEST).unlink(missing_ok=True)
+
+    @property
+    def queue_entries(self) -> int:
+        """queue/ ids run from 0 to this, dense (AFL's sync needs them so)."""
+        return self._next_ids["queue"]
 
     def _take_id(self, kind: str) -> int:
         entry_id = self._next_ids[kind]

@@ -65,6 +65,13 @@ def master_snapshot(master) -> CampaignSnapshot:
             "staging_rejected": stats.staging_rejected,
             "first_crash_seconds": stats.first_crash_seconds,
             "dispatch": master.dispatch.statistics(),
+            "solver": {
+                "pruning": config.pruning if config.prunes else "off",
+                "queries": stats.solver_queries,
+                "skipped": stats.queries_skipped,
+                "skipped_known": stats.executions - stats.runs_without_counts > 0,
+            },
+            "pruning": asdict(master.pruning.statistics()) if master.pruning else None,
             "master_task_time": master.task_time_summary(),
             "master_loop_seconds": time.monotonic() - master.loop_started,
             "master_loop_cpu_seconds": time.process_time() - master.loop_cpu_start,

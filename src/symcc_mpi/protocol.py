@@ -45,6 +45,7 @@ class Work(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     # Content-addressed objects (SHA-256 → bytes) the worker is not known to hold yet; the
     # input itself is one (F313 §3.5).
     objects: dict[str, bytes] = msgspec.field(default_factory=dict)
+    pruning: bytes = b""  # pruning.Delta of the QSYM map bits the worker was not sent yet
 
 
 class StagedFile(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
@@ -66,6 +67,9 @@ class Result(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     staged: list[StagedFile]
     generated: int  # files the executor left, before de-duplication within this run
     message: str = ""
+    pruning: bytes = b""  # pruning.Delta: what this run added to the worker's QSYM map
+    solver_queries: int = 0  # solver checks QSYM made
+    queries_skipped: int | None = None  # symbolic branches it did not solve; None: unknown
 
 
 class Stop(msgspec.Struct, forbid_unknown_fields=True, frozen=True):

@@ -521,6 +521,9 @@ def summary_table(snap: CampaignSnapshot) -> Table:
         ("solver time", f"{snap.solver_time:,.1f} s ({_share(snap.solver_time, busy)})"),
         ("last find", _ago(snap, snap.last_find)),
     ]
+    queries = _solver_queries(snap.extra.get("solver") or {})
+    if queries:
+        rows.append(("solver queries", queries))
     recovery = _dispatch_recovery(snap.extra.get("dispatch") or {})
     if recovery:
         rows.append(("dispatch recovery", recovery))
@@ -543,6 +546,16 @@ def _dispatch_recovery(dispatch: dict) -> str:
     if dispatch.get("parked"):
         parts.append("parked: rank " + ", ".join(map(str, dispatch["parked"])))
     return ", ".join(parts)
+
+
+def _solver_queries(solver: dict) -> str:
+    """Queries QSYM solved, and the symbolic branches pruning spared it; "" if none ran."""
+    if not solver.get("queries") and not solver.get("skipped"):
+        return ""
+    text = f"{solver['queries']:,} solved"
+    if solver.get("skipped_known"):
+        text += f", {solver['skipped']:,} skipped"
+    return f"{text} (pruning {solver.get('pruning', 'off')})"
 
 
 def _edges(snap: CampaignSnapshot) -> str:

@@ -78,29 +78,44 @@ def open_master(channel, config: CampaignConfig):
         if not config.resume:
             campaign.create(config.to_json())
         campaign.read_queues()
-        coverage = _coverage_map(config)
+        coverage, covered_entries = _coverage_map(config, campaign)
         deferrals = DeferredWorkJournal(campaign.state / DEFERRED_JOURNAL_NAME)
         for damage in deferrals.damage:
             log.warning("deferred-work journal: %s", damage)
         master = Master(channel, config, campaign, triage=coverage,
+                        pruning=_pruning_ledger(config, campaign),
                         reporter=CampaignReporter(config), deferrals=deferrals,
                         watchdog=WatchdogConfig.from_env(execution_timeout=config.timeout))
-        _load_state(master, config, campaign)
+        _load_state(master, config, campaign, covered_entries)
     except BaseException:
         campaign.close()
         raise
     return master
 
 
-def _coverage_map(config: CampaignConfig):
+def _coverage_map(config: CampaignConfig, campaign: CampaignDir):
+    """The triage map, and how many queue/ entries it covers already (resume)."""
     if not config.afl_target:
-        return None
+        return None, 0
+    from .checkpoint import load_triage
     from .triage import CoverageMap
 
-    return CoverageMap()
+    saved, covered = load_triage(campaign) if config.resume else (None, 0)
+    return (saved, covered) if saved is not None else (CoverageMap(), 0)
 
 
-def _load_state(master, config: CampaignConfig, campaign: CampaignDir) -> None:
+def _pruning_ledger(config: CampaignConfig, campaign: CampaignDir):
+    if not config.prunes:
+        return None
+    from .checkpoint import load_pruning
+    from .pruning import PruningLedger, PruningMode
+
+    saved = load_pruning(campaign) if config.resume else {}
+    return PruningLedger(PruningMode(config.pruning), saved)
+
+
+def _load_state(master, config: CampaignConfig, campaign: CampaignDir,
+                covered_entries: int) -> None:
     """Seeds in, then the frontier: every corpus input not yet in the done journal."""
     for leftover in campaign.leftover_staging():
         shutil.rmtree(leftover, ignore_errors=True)  # nothing is in flight before we start
@@ -117,7 +132,8 @@ def _load_state(master, config: CampaignConfig, campaign: CampaignDir) -> None:
     master.seen.update(corpus)
     master.stats.resumed_done = len(done & corpus)
     if master.triage is not None:
-        _replay_coverage(master, config, campaign, ordered)
+        uncovered = [d for d in ordered if campaign.queue_ids[d] >= covered_entries]
+        _replay_coverage(master, config, campaign, uncovered)
     log.info("campaign %s: %d inputs, %d already analysed, %d in the frontier", config.out,
              len(corpus), master.stats.resumed_done, len(master.frontier))
 
@@ -130,3 +146,4 @@ def _replay_coverage(master, config, campaign: CampaignDir, ordered: list[str]) 
     paths = [campaign.corpus / digest for digest in ordered]
     for coverage in probe.probe(paths):
         master.triage.merge(coverage)
+    master.checkpoint.triage_dirty = bool(paths)

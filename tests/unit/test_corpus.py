@@ -5,7 +5,13 @@ from pathlib import Path
 
 import pytest
 
-from symcc_mpi.corpus import CampaignDir, CampaignError, check_out_dir, sha256_bytes
+from symcc_mpi.corpus import (
+    CampaignDir,
+    CampaignError,
+    CorruptInput,
+    check_out_dir,
+    sha256_bytes,
+)
 
 TOKEN = "ab" * 16
 
@@ -105,8 +111,20 @@ def test_corrupt_done_journal_names_file_and_line(campaign):
 
 def test_misnamed_corpus_file_is_quarantined_not_dropped(campaign):
     good = campaign.add_seed(b"seed", "s1")
-    (campaign.corpus / ("f" * 64)).write_bytes(b"not matching")
+    (campaign.corpus / "not-a-digest").write_bytes(b"stray")
     assert campaign.corpus_hashes() == {good}
+    assert (campaign.quarantine / "corpus-not-a-digest").read_bytes() == b"stray"
+
+
+def test_corpus_file_whose_bytes_do_not_match_is_quarantined_when_read(campaign):
+    # A resume does not hash the corpus (a cold 100k-input corpus takes ~15 s): an input's
+    # bytes are checked whenever they are read to be sent.
+    good = campaign.add_seed(b"seed", "s1")
+    (campaign.corpus / ("f" * 64)).write_bytes(b"not matching")
+    assert campaign.read_input(good) == b"seed"
+    with pytest.raises(CorruptInput, match="f{12}"):
+        campaign.read_input("f" * 64)
+    assert not (campaign.corpus / ("f" * 64)).exists()
     assert (campaign.quarantine / f"corpus-{'f' * 64}").read_bytes() == b"not matching"
 
 

@@ -8,7 +8,7 @@ workers, built from the parts of this package:
   (before the send: put back in front, exactly; after it: the recovery below decides);
 - the input's bytes travel with WORK as a content-addressed object, and only when the
   worker is not known to hold them; the cache learns that it does once the send returned
-  (F313 §3.5, D7);
+  (F313 §3.5, D7); the QSYM map bits the worker lacks travel the same way (`pruning.py`);
 - a RESULT is current only for the exact token of its rank's ACTIVE dispatch (F315); one that
   is current but unusable, or a READY echoing a dispatch whose RESULT never came, is joined
   and recovered (F316); an ACTIVE dispatch past its deadline is rolled back and its rank
@@ -38,6 +38,7 @@ from contextlib import contextmanager
 from ..durable.clock import SYSTEM_CLOCK, Clock
 from ..frontier import Frontier
 from ..protocol import Work
+from ..pruning import PruningLedger
 from .objects import ObjectMismatch, ObjectTransferCache
 from .tables import CommitStart, DispatchTables, ResultClass, SweepReport, Table
 from .transaction import SendPhase
@@ -64,7 +65,8 @@ Send = Callable[[int, Work], object]
 class DispatchCoordinator:
     def __init__(self, frontier: Frontier, *, watchdog: WatchdogConfig,
                  deferrals: DeferralSink | None, load: Callable[[str], bytes],
-                 clock: Clock = SYSTEM_CLOCK, max_send_failures: int = MAX_SEND_FAILURES):
+                 pruning: PruningLedger | None = None, clock: Clock = SYSTEM_CLOCK,
+                 max_send_failures: int = MAX_SEND_FAILURES):
         self.frontier = frontier
         self.gate = RetiredDispatchGate()
         self.tables = DispatchTables(clock=clock, gate=self.gate)
@@ -73,6 +75,7 @@ class DispatchCoordinator:
         self.watchdog = DispatchWatchdog(self.tables, self.gate, self.recovery,
                                          seconds=watchdog.seconds)
         self.objects = ObjectTransferCache()
+        self.pruning = pruning
         self.deferrals = deferrals
         self.load = load
         self.max_send_failures = max_send_failures
@@ -201,6 +204,7 @@ class DispatchCoordinator:
             self._set_aside_unreadable(digest, error)
             self.idle.appendleft(rank)
             return False
+        shipment = self.pruning.plan(rank) if self.pruning is not None else None
         token = secrets.token_hex(16)
         try:
             with self.tables.boundary(rank):
@@ -208,9 +212,12 @@ class DispatchCoordinator:
                 self.frontier.take()
                 tx.register(FRONTIER_ENTRY, before_send=lambda: self.frontier.put_back(digest),
                             after_send=lambda: None)  # after the send, recovery decides
-                send(rank, Work(token, digest, dict(plan.contents)))
+                send(rank, Work(token, digest, dict(plan.contents),
+                                pruning=shipment.payload if shipment else b""))
                 self.tables.sent(rank, token)
                 self.objects.confirm(plan)
+                if shipment is not None:
+                    self.pruning.confirm(shipment)
         except Exception as error:  # noqa: BLE001 - the boundary compensated; the rank decides
             self._send_failed(rank, error)
             return False

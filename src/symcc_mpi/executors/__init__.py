@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+from pathlib import Path
 
 from ..config import CampaignConfig, UsageError
 from .base import ExecutionResult, Executor, ExecutorError, Outcome
@@ -22,12 +23,17 @@ def check_available(name: str) -> None:
                 )
 
 
-def make_executor(config: CampaignConfig) -> Executor:
+def make_executor(config: CampaignConfig, *, scratch: Path,
+                  coverage_map: Path | None = None) -> Executor:
+    """`scratch`: the worker's node-local directory; `coverage_map`: QSYM's map file there,
+    when the campaign prunes."""
     if config.executor == "symcc":
-        from .symcc import SymccExecutor
+        from .symcc import SymccExecutor, counters_library
 
         return SymccExecutor(config.target, timeout=config.timeout,
-                             memory_limit_mb=config.memory_limit_mb)
+                             memory_limit_mb=config.memory_limit_mb, coverage_map=coverage_map,
+                             linearize=coverage_map is not None,
+                             counters=counters_library(), scratch=scratch)
     if config.executor == "triton":
         from .triton import TritonExecutor
 

@@ -27,6 +27,8 @@ class ExecutionResult:
     generated: tuple[Path, ...] = ()  # every file the run left in its output directory
     message: str = ""  # for ERROR: what went wrong, one line
     extra: dict = field(default_factory=dict)
+    solver_queries: int = 0  # solver checks made
+    queries_skipped: int | None = None  # symbolic branches not solved (pruned); None: unknown
 
 
 class ExecutorError(Exception):

@@ -21,6 +21,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
+from ..checkpoint import Checkpointer
 from ..config import CampaignConfig
 from ..corpus import CampaignDir
 from ..dispatch.coordinator import DispatchCoordinator
@@ -41,6 +42,8 @@ from ..protocol import (
     Tag,
     Work,
 )
+from ..pruning import Delta, MalformedDelta, PruningLedger
+from ..pruning import decode as decode_delta
 from ..transport import MIN_NAP, NAP_GROWTH, Channel
 
 log = logging.getLogger("symcc_mpi.master")
@@ -48,6 +51,10 @@ log = logging.getLogger("symcc_mpi.master")
 REPORT_INTERVAL = 1.0
 STOP_FILE_CHECK_INTERVAL = 0.25
 SHUTDOWN_GRACE = 10.0
+
+
+class _Unusable(Exception):
+    """Why a current RESULT cannot be committed: its input goes back to the frontier."""
 
 
 class Phase(enum.Enum):
@@ -80,6 +87,9 @@ class MasterStats:
     executor_errors: int = 0
     executor_time: float = 0.0
     solver_time: float = 0.0
+    solver_queries: int = 0
+    queries_skipped: int = 0
+    runs_without_counts: int = 0  # runs whose skipped queries are unknown
     malformed_messages: int = 0
     staging_rejected: int = 0
     last_find: float = 0.0
@@ -93,15 +103,19 @@ class MasterStats:
 
 class Master:
     def __init__(self, channel: Channel, config: CampaignConfig, campaign: CampaignDir,
-                 *, triage=None, reporter=None, deferrals=None, watchdog: WatchdogConfig):
+                 *, triage=None, pruning: PruningLedger | None = None, reporter=None,
+                 deferrals=None, watchdog: WatchdogConfig):
         self.channel = channel
         self.config = config
         self.campaign = campaign
         self.triage = triage  # triage.CoverageMap, or None: novelty by content hash alone
         self.reporter = reporter
         self.frontier = Frontier()
+        self.pruning = pruning
         self.dispatch = DispatchCoordinator(self.frontier, watchdog=watchdog,
-                                            deferrals=deferrals, load=self._load_input)
+                                            deferrals=deferrals, load=self._load_input,
+                                            pruning=pruning)
+        self.checkpoint = Checkpointer(campaign, pruning=pruning, triage=triage)
         self.faults = Faults(0)
         self.work_sends = 0
         self.object_sends = 0
@@ -155,6 +169,7 @@ class Master:
                 handled += self.dispatch.dispatch(self._send_work)
             for recovery in self.dispatch.sweep():
                 self.send_seconds.pop(recovery.token, None)  # its staging may still grow
+            self.checkpoint.after_round()
             self._advance_phase()
             now = time.monotonic()
             if now >= next_report:
@@ -165,6 +180,7 @@ class Master:
             else:
                 time.sleep(nap)
                 nap = min(nap * NAP_GROWTH, self.channel.max_nap)
+        self.checkpoint.after_round(final=True)
         self.report(final=True)
         return 1 if self.stats.stop_reason.startswith("no usable worker") else 0
 
@@ -192,7 +208,7 @@ class Master:
                         type(message).__name__)
 
     def _load_input(self, digest: str) -> bytes:
-        return (self.campaign.corpus / digest).read_bytes()
+        return self.campaign.read_input(digest)
 
     def _send_work(self, rank: int, work: Work) -> None:
         self.work_sends += 1
@@ -233,36 +249,49 @@ class Master:
             if not self.dispatch.holds_token(result.token):
                 self._discard_staging(result.token)  # never another rank's live staging
             return
-        problem = self._unusable(rank, result)
-        if problem:
+        try:
+            new_children, map_bits = self._usable_parts(rank, result)
+        except _Unusable as problem:
             log.warning("rank %d did not analyse %s: %s", rank, result.input_hash[:12], problem)
             self.dispatch.reject(rank, result.token)
             self._discard_staging(result.token)
             return
         with self.dispatch.boundary(rank):
             if self.dispatch.begin_commit(rank, result.token) is CommitStart.COMMITTING:
-                self._commit(rank, result)
+                self._commit(rank, result, new_children, map_bits)
                 self.dispatch.finish(rank, result.token)
         self._discard_staging(result.token)
 
-    def _unusable(self, rank: int, result: Result) -> str:
-        """Why a current RESULT cannot be committed, or "" if it can."""
+    def _usable_parts(self, rank: int, result: Result) -> tuple[list[StagedFile], Delta]:
+        """The staged children not known yet, verified file by file, and the run's QSYM map
+        bits; raises _Unusable when the RESULT cannot be committed."""
         if result.outcome in NOT_ANALYSED:
-            return result.message or result.outcome
+            raise _Unusable(result.message or result.outcome)
         if result.input_hash != self.dispatch.work_of(rank):
-            return "it ran other bytes than it was sent"
+            raise _Unusable("it ran other bytes than it was sent")
+        try:
+            map_bits = decode_delta(result.pruning)
+        except MalformedDelta as error:
+            raise _Unusable(str(error)) from None
+        # Children already known are dropped unread: hashing them would be the master's
+        # biggest cost on runs that regenerate what the campaign has.
+        new_children = [s for s in result.staged
+                        if s.sha256 not in self.seen and s.sha256 not in self.frontier.known]
         problem = self.campaign.verify_staged(result.token,
-                                              [(s.sha256, s.size) for s in result.staged])
+                                              [(s.sha256, s.size) for s in new_children])
         if problem is not None:
             self.stats.staging_rejected += 1
-            return f"staged results rejected: {problem}"
-        return ""
+            raise _Unusable(f"staged results rejected: {problem}")
+        return new_children, map_bits
 
-    def _commit(self, rank: int, result: Result) -> None:
+    def _commit(self, rank: int, result: Result, new_children: list[StagedFile],
+                map_bits: Delta) -> None:
         now = time.time()
         parent = result.input_hash
-        for staged in result.staged:
+        for staged in new_children:
             self._triage_child(result.token, staged, parent, now)
+        if self.pruning is not None:
+            self.pruning.merge(rank, map_bits)
         outcome = Outcome(result.outcome) if result.outcome in Outcome._value2member_map_ \
             else Outcome.ERROR
         parent_path = self.campaign.corpus / parent
@@ -279,14 +308,17 @@ class Master:
         self.stats.generated += result.generated
         self.stats.executor_time += result.wall_time
         self.stats.solver_time += result.solver_time
+        self.stats.solver_queries += result.solver_queries
+        if result.queries_skipped is None:
+            self.stats.runs_without_counts += 1
+        else:
+            self.stats.queries_skipped += result.queries_skipped
         worker = self.stats.per_worker[rank]
         worker.executions += 1
         worker.executor_time += result.wall_time
 
     def _triage_child(self, token: str, staged: StagedFile, parent: str, now: float) -> None:
         digest = staged.sha256
-        if digest in self.seen or digest in self.frontier.known:
-            return
         self.seen.add(digest)
         self.stats.unique += 1
         staged_path = self.campaign.staging_dir(token) / digest
@@ -299,6 +331,7 @@ class Master:
                 return
             if not self.triage.merge_packed(staged.coverage):
                 return
+            self.checkpoint.triage_dirty = True
         self.campaign.promote(token, digest)
         self.campaign.add_to_queue(digest, parent)
         depth = self.depth.get(parent, 1) + 1  # AFL counts seeds as depth 1

@@ -31,6 +31,7 @@ from ..protocol import (
     Tag,
     Work,
 )
+from ..pruning import MalformedDelta, WorkerMap
 from ..transport import Channel
 
 log = logging.getLogger("symcc_mpi.worker")
@@ -43,14 +44,18 @@ def run_worker(channel: Channel, config: CampaignConfig) -> int:
     verdict = _wait_for(channel, Tag.CONFIG)
     if not isinstance(verdict, ConfigVerdict) or not verdict.ok:
         return 2
+    scratch = Path(tempfile.mkdtemp(prefix=f"symcc-mpi-w{channel.rank}-"))
+    # Node-local: QSYM rewrites the whole map file at every interesting branch.
+    qsym_map = WorkerMap(scratch / "qsym.map") if config.prunes else None
     try:
-        executor = make_executor(config)
+        executor = make_executor(config, scratch=scratch,
+                                 coverage_map=qsym_map.path if qsym_map else None)
         probe = _make_probe(config)
     except (ExecutorError, OSError) as error:
+        shutil.rmtree(scratch, ignore_errors=True)
         channel.send(MASTER, Tag.FATAL, Fatal(socket.gethostname(), str(error)))
         _wait_for(channel, Tag.STOP)
         return 1
-    scratch = Path(tempfile.mkdtemp(prefix=f"symcc-mpi-w{channel.rank}-"))
     objects = scratch / "objects"
     objects.mkdir()
     faults = Faults(channel.rank)
@@ -64,7 +69,7 @@ def run_worker(channel: Channel, config: CampaignConfig) -> int:
             if isinstance(message, Stop):
                 break
             try:
-                result = execute(message, config, executor, probe, scratch, objects)
+                result = execute(message, config, executor, probe, scratch, objects, qsym_map)
             except Exception as error:  # noqa: BLE001 - reported to the master as data
                 log.exception("rank %d: executing %s failed", channel.rank,
                               message.input_hash[:12])
@@ -92,9 +97,14 @@ def run_worker(channel: Channel, config: CampaignConfig) -> int:
 
 
 def execute(work: Work, config: CampaignConfig, executor, probe, scratch: Path,
-            objects: Path) -> Result:
-    """Run one input: keep the objects WORK carries, verify the input's bytes, run it, stage
-    its children named by SHA-256."""
+            objects: Path, qsym_map: WorkerMap | None = None) -> Result:
+    """Run one input: keep the objects and map bits WORK carries, verify the input's bytes,
+    run it, stage its children named by SHA-256, report what it added to the QSYM map."""
+    if qsym_map is not None:
+        try:
+            qsym_map.receive(work.pruning)
+        except MalformedDelta as error:
+            return _failed(work, work.input_hash, INVALID_INPUT, str(error))
     for object_id, content in work.objects.items():
         if sha256_bytes(content) != object_id:
             return _failed(work, work.input_hash, INVALID_INPUT,
@@ -116,6 +126,8 @@ def execute(work: Work, config: CampaignConfig, executor, probe, scratch: Path,
     raw = scratch / "generated"
     shutil.rmtree(raw, ignore_errors=True)
     raw.mkdir()
+    if qsym_map is not None:
+        qsym_map.prepare()
     outcome = executor.run(local_input, raw)
     stage.mkdir(parents=True, exist_ok=True)
     staged: dict[str, Path] = {}
@@ -131,7 +143,8 @@ def execute(work: Work, config: CampaignConfig, executor, probe, scratch: Path,
         token=work.token, input_hash=actual, outcome=outcome.outcome.value,
         exit_status=outcome.exit_status, wall_time=outcome.wall_time,
         solver_time=outcome.solver_time, staged=entries, generated=len(outcome.generated),
-        message=outcome.message,
+        message=outcome.message, pruning=qsym_map.contribution() if qsym_map else b"",
+        solver_queries=outcome.solver_queries, queries_skipped=outcome.queries_skipped,
     )
 
 
