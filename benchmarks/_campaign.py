@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -21,6 +22,39 @@ def run_campaign(out: Path, *args: str, env: dict | None = None) -> dict:
     stats = json.loads((out / "stats.json").read_text())
     stats["command_seconds"] = time.monotonic() - started
     return stats
+
+
+def run_campaign_sampled(out: Path, *args: str, env: dict | None = None,
+                         interval: float = 0.2) -> tuple[dict, float, list[dict]]:
+    """run_campaign, also reading OUT/stats.json every `interval` seconds while it runs.
+
+    Returns (final stats, the wall-clock time.time() of the launch, every distinct
+    stats.json snapshot seen, oldest first). The master rewrites stats.json atomically about
+    once a second, and each snapshot carries its own `last_update` timestamp.
+    """
+    stats_path = out / "stats.json"
+    samples: list[dict] = []
+    with tempfile.TemporaryFile() as log:
+        launched = time.time()
+        started = time.monotonic()
+        process = subprocess.Popen([*CLI, "explore", "--out", str(out), "--no-live", *args],
+                                   stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
+        while process.poll() is None:
+            time.sleep(interval)
+            try:
+                snapshot = json.loads(stats_path.read_text())
+            except (OSError, ValueError):
+                continue
+            if not samples or snapshot.get("last_update") != samples[-1].get("last_update"):
+                samples.append(snapshot)
+        if process.returncode != 0:
+            log.seek(0)
+            sys.exit(f"campaign failed ({process.returncode}):\n"
+                     f"{log.read().decode(errors='replace')[-4000:]}")
+    stats = json.loads(stats_path.read_text())
+    stats["command_seconds"] = time.monotonic() - started
+    samples.append(stats)
+    return stats, launched, samples
 
 
 def print_table(columns: list[str], rows: list[list]) -> None:
