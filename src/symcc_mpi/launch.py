@@ -19,6 +19,8 @@ from pathlib import Path
 from .config import CampaignConfig, UsageError
 from .corpus import CampaignDir
 
+COMMAND_STARTED = time.time()  # for the master's figure of start-up time
+
 # Set by mpiexec/mpirun (Open MPI, MPICH, Intel MPI) and by srun --mpi=pmix.
 _MPI_ENVIRONMENT = ("OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE")
 
@@ -53,7 +55,8 @@ def launch(config: CampaignConfig, argv: list[str], *, live: bool) -> int:
     from .progress import LiveView
 
     command = mpiexec_command(config, argv)
-    env = dict(os.environ, SYMCC_MPI_LAUNCHED="1", PYTHONUNBUFFERED="1")
+    env = dict(os.environ, SYMCC_MPI_LAUNCHED="1", PYTHONUNBUFFERED="1",
+               SYMCC_MPI_COMMAND_TIME=repr(COMMAND_STARTED))
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                stdin=subprocess.DEVNULL, env=env, start_new_session=True)
     launched_at = time.time()

@@ -64,6 +64,7 @@ def master_snapshot(master) -> CampaignSnapshot:
             "malformed_messages": stats.malformed_messages,
             "staging_rejected": stats.staging_rejected,
             "first_crash_seconds": stats.first_crash_seconds,
+            "startup_seconds": stats.startup_seconds,
             "dispatch": master.dispatch.statistics(),
             "solver": {
                 "pruning": config.pruning if config.prunes else "off",

@@ -66,11 +66,23 @@ class Injected(Exception):
     """A commit step that raised (triage, promote, the done journal)."""
 
 
+OBJECT_CAPACITY = 2  # small, so that both sides' windows evict often
+
+
 @dataclass
 class Worker:
     running: list[str] = field(default_factory=list)  # WORK tokens received, oldest first
     last: str | None = None  # token of the dispatch it finished last
-    objects: set[str] = field(default_factory=set)  # objects it received
+    # The objects it received and still keeps: the last OBJECT_CAPACITY, as roles.worker's
+    # ObjectStore keeps them (oldest first).
+    objects: dict[str, None] = field(default_factory=dict)
+
+    def receive(self, object_ids) -> None:
+        for object_id in object_ids:
+            self.objects.pop(object_id, None)
+            self.objects[object_id] = None
+            while len(self.objects) > OBJECT_CAPACITY:
+                del self.objects[next(iter(self.objects))]
 
 
 @dataclass(frozen=True)
@@ -92,7 +104,8 @@ class CoordinatorMachine(RuleBasedStateMachine):
                                            clock=self.clock, fsync=False)
         self.coord = DispatchCoordinator(
             self.frontier, watchdog=WatchdogConfig(WATCHDOG, RETRIES), deferrals=self.journal,
-            load=self._load, clock=self.clock, max_send_failures=MAX_SEND_FAILURES)
+            load=self._load, clock=self.clock, max_send_failures=MAX_SEND_FAILURES,
+            object_capacity=OBJECT_CAPACITY)
         self.workers = {rank: Worker() for rank in RANKS}
         # The model of the master's view.
         self.known: set[str] = set()
@@ -195,7 +208,7 @@ class CoordinatorMachine(RuleBasedStateMachine):
             fault = data.draw(SEND_FAULTS)
             if fault != "lost":  # delivered, whatever the send then says
                 worker.running.append(work.token)
-                worker.objects.update(work.objects)
+                worker.receive(work.objects)
             if fault is not None:
                 event(f"send raised, {fault}")
                 self.old_tokens.append(work.token)
@@ -482,7 +495,7 @@ class CoordinatorMachine(RuleBasedStateMachine):
     @invariant()
     def the_cache_never_claims_an_object_the_worker_lacks(self):  # F313 D7
         for rank in RANKS:
-            assert self.coord.objects.held(rank) <= self.workers[rank].objects
+            assert self.coord.objects.held(rank) <= self.workers[rank].objects.keys()
 
     @invariant()
     def the_counters_match(self):  # F317 §4.4

@@ -39,7 +39,7 @@ from ..durable.clock import SYSTEM_CLOCK, Clock
 from ..frontier import Frontier
 from ..protocol import Work
 from ..pruning import PruningLedger
-from .objects import ObjectMismatch, ObjectTransferCache
+from .objects import OBJECT_CACHE_CAPACITY, ObjectMismatch, ObjectTransferCache
 from .tables import CommitStart, DispatchTables, ResultClass, SweepReport, Table
 from .transaction import SendPhase
 from .watchdog import (
@@ -66,7 +66,8 @@ class DispatchCoordinator:
     def __init__(self, frontier: Frontier, *, watchdog: WatchdogConfig,
                  deferrals: DeferralSink | None, load: Callable[[str], bytes],
                  pruning: PruningLedger | None = None, clock: Clock = SYSTEM_CLOCK,
-                 max_send_failures: int = MAX_SEND_FAILURES):
+                 max_send_failures: int = MAX_SEND_FAILURES,
+                 object_capacity: int = OBJECT_CACHE_CAPACITY):
         self.frontier = frontier
         self.gate = RetiredDispatchGate()
         self.tables = DispatchTables(clock=clock, gate=self.gate)
@@ -74,7 +75,7 @@ class DispatchCoordinator:
                                          retries=watchdog.protocol_retries)
         self.watchdog = DispatchWatchdog(self.tables, self.gate, self.recovery,
                                          seconds=watchdog.seconds)
-        self.objects = ObjectTransferCache()
+        self.objects = ObjectTransferCache(object_capacity)
         self.pruning = pruning
         self.deferrals = deferrals
         self.load = load
@@ -228,6 +229,7 @@ class DispatchCoordinator:
         return True
 
     def _send_failed(self, rank: int, error: Exception) -> None:
+        self.objects.forget(rank)  # it may have delivered: the windows would drift apart
         self.counts["send_failures"] += 1
         self.send_failures[rank] += 1
         failures = self.send_failures[rank]

@@ -10,6 +10,12 @@ dispatch ships the full content again.
 
 Mistakes only in the safe direction: a worker may hold an object the cache does not know of
 (an ambiguous send that did deliver), never the reverse.
+
+Both sides keep only the last `OBJECT_CACHE_CAPACITY` objects shipped, first in first out,
+so neither grows with the corpus. The windows agree because a worker receives exactly the
+confirmed shipments, in order, plus those of sends that raised; after any send that raised,
+the coordinator `forget`s the rank, so its window restarts empty and stays a suffix of the
+worker's.
 """
 
 from __future__ import annotations
@@ -20,6 +26,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from .transaction import DispatchError
+
+OBJECT_CACHE_CAPACITY = 256  # objects per worker; the worker's store keeps as many
 
 
 class ObjectMismatch(DispatchError):
@@ -48,8 +56,9 @@ class ObjectCacheStatistics:
 
 
 class ObjectTransferCache:
-    def __init__(self) -> None:
-        self._held: dict[int, set[str]] = {}
+    def __init__(self, capacity: int = OBJECT_CACHE_CAPACITY) -> None:
+        self.capacity = capacity
+        self._held: dict[int, dict[str, None]] = {}  # insertion-ordered: oldest first
         self._plans = 0
         self._confirmed = 0
         self._shipped_objects = 0
@@ -66,7 +75,7 @@ class ObjectTransferCache:
              load: Callable[[str], bytes]) -> TransferPlan:
         """Load the objects `worker` lacks, each checked against its id. Changes nothing."""
         ids = tuple(dict.fromkeys(object_ids))
-        held = self._held.get(worker, set())
+        held = self._held.get(worker, {})
         contents: dict[str, bytes] = {}
         for object_id in ids:
             if object_id in held:
@@ -81,7 +90,11 @@ class ObjectTransferCache:
     def confirm(self, plan: TransferPlan) -> None:
         """The WORK carrying `plan` was sent (the send returned): the worker now holds its
         objects (F313 D7). Never call this before the send, nor after a failed one."""
-        self._held.setdefault(plan.worker, set()).update(plan.object_ids)
+        held = self._held.setdefault(plan.worker, {})
+        for object_id in plan.contents:  # a hit is not received again: its age stays
+            held[object_id] = None
+        while len(held) > self.capacity:
+            del held[next(iter(held))]
         self._confirmed += 1
         self._shipped_objects += len(plan.contents)
         self._shipped_bytes += sum(len(data) for data in plan.contents.values())

@@ -84,6 +84,7 @@ class MasterStats:
     crashing_runs: int = 0
     hanging_runs: int = 0
     first_crash_seconds: float | None = None  # campaign time to the first crash
+    startup_seconds: float | None = None  # from the command (or this rank) to the first WORK
     executor_errors: int = 0
     executor_time: float = 0.0
     solver_time: float = 0.0
@@ -220,6 +221,8 @@ class Master:
         if self.faults.fire("send-ambiguous", self.work_sends):
             raise OSError(f"injected: WORK send #{self.work_sends} to rank {rank} delivered, "
                           "then reported failure")
+        if self.stats.startup_seconds is None:
+            self.stats.startup_seconds = time.time() - _command_time()
         # A dispatch's master time runs from the previous send (or the round's first) to its
         # own: reading the input, the transaction, the send.
         now = time.perf_counter()
@@ -440,6 +443,21 @@ class Master:
     def report(self, final: bool = False) -> None:
         if self.reporter is not None:
             self.reporter(self, final)
+
+
+def _command_time() -> float:
+    """When the user's command started: the launcher's clock, else this process's start."""
+    try:
+        return float(os.environ["SYMCC_MPI_COMMAND_TIME"])
+    except (KeyError, ValueError):
+        pass
+    try:  # under the user's own launcher: this rank's start, from /proc
+        with open("/proc/self/stat") as stat, open("/proc/uptime") as uptime:
+            start_ticks = int(stat.read().rsplit(")", 1)[1].split()[19])
+            age = float(uptime.read().split()[0]) - start_ticks / os.sysconf("SC_CLK_TCK")
+        return time.time() - age
+    except (OSError, ValueError, IndexError):
+        return time.time()
 
 
 def configure_logging(rank: int) -> None:

@@ -16,6 +16,7 @@ from mpi4py import MPI
 
 from ..config import CampaignConfig
 from ..corpus import sha256_bytes, sha256_file
+from ..dispatch.objects import OBJECT_CACHE_CAPACITY
 from ..executors import ExecutorError, make_executor
 from ..faults import Faults
 from ..protocol import (
@@ -56,8 +57,7 @@ def run_worker(channel: Channel, config: CampaignConfig) -> int:
         channel.send(MASTER, Tag.FATAL, Fatal(socket.gethostname(), str(error)))
         _wait_for(channel, Tag.STOP)
         return 1
-    objects = scratch / "objects"
-    objects.mkdir()
+    objects = ObjectStore(scratch / "objects")
     faults = Faults(channel.rank)
     executions = 0
     executor_time = 0.0
@@ -97,7 +97,7 @@ def run_worker(channel: Channel, config: CampaignConfig) -> int:
 
 
 def execute(work: Work, config: CampaignConfig, executor, probe, scratch: Path,
-            objects: Path, qsym_map: WorkerMap | None = None) -> Result:
+            objects: ObjectStore, qsym_map: WorkerMap | None = None) -> Result:
     """Run one input: keep the objects and map bits WORK carries, verify the input's bytes,
     run it, stage its children named by SHA-256, report what it added to the QSYM map."""
     if qsym_map is not None:
@@ -109,11 +109,11 @@ def execute(work: Work, config: CampaignConfig, executor, probe, scratch: Path,
         if sha256_bytes(content) != object_id:
             return _failed(work, work.input_hash, INVALID_INPUT,
                            f"object {object_id[:12]} arrived damaged")
-        (objects / object_id).write_bytes(content)
+        objects.put(object_id, content)
     data = work.objects.get(work.input_hash)
     if data is None:
         try:
-            data = (objects / work.input_hash).read_bytes()
+            data = objects.get(work.input_hash)
         except FileNotFoundError:
             return _failed(work, work.input_hash, INVALID_INPUT,
                            "the input was neither sent with the WORK nor held by this worker")
@@ -146,6 +146,29 @@ def execute(work: Work, config: CampaignConfig, executor, probe, scratch: Path,
         message=outcome.message, pruning=qsym_map.contribution() if qsym_map else b"",
         solver_queries=outcome.solver_queries, queries_skipped=outcome.queries_skipped,
     )
+
+
+class ObjectStore:
+    """The objects this worker received, the last OBJECT_CACHE_CAPACITY of them: the window
+    the master's ObjectTransferCache believes it holds (see dispatch/objects.py)."""
+
+    def __init__(self, directory: Path, capacity: int = OBJECT_CACHE_CAPACITY):
+        self.directory = directory
+        self.capacity = capacity
+        self.held: dict[str, None] = {}  # insertion-ordered: oldest first
+        directory.mkdir()
+
+    def put(self, object_id: str, content: bytes) -> None:
+        (self.directory / object_id).write_bytes(content)
+        self.held.pop(object_id, None)  # received again: as young as the master thinks
+        self.held[object_id] = None
+        while len(self.held) > self.capacity:
+            oldest = next(iter(self.held))
+            del self.held[oldest]
+            (self.directory / oldest).unlink(missing_ok=True)
+
+    def get(self, object_id: str) -> bytes:
+        return (self.directory / object_id).read_bytes()
 
 
 def _describe(staged: dict[str, Path], probe) -> list[StagedFile]:
