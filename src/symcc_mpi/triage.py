@@ -731,7 +731,7 @@ class CoverageMap:
     AFL does) and only decide whether the crash or hang is unique.
     """
 
-    def __init__(self, map_size: int = 0, *, dedup_capacity: int = 1 << 20) -> None:
+    def __init__(self, map_size: int = 0, *, dedup_capacity: int = 1 << 16) -> None:
         if not 0 <= map_size <= MAX_MAP_SIZE:
             raise ValueError(f"map size {map_size} out of range")
         self._seen = bytearray(map_size)
