@@ -6,7 +6,20 @@ SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 DEBIAN_PACKAGES := afl++ gnuplot-nox
 DEMO_OUT := demo-out
 
-.PHONY: setup system-packages examples demo test benchmarks clean
+# SymCC from the shared source, built once per machine into a cache keyed by the source's
+# content (first 12 hex of sha256 over symcc-src.tar.gz then build.sh). build.sh bakes its
+# destination's absolute path into the compiler wrapper, so the build cannot be renamed
+# into place: it runs in SYMCC_HOME under a lock and counts as done only once the stamp
+# file exists (an interrupted build is wiped and redone).
+SYMCC_SOURCE ?= $(abspath ../shared/symcc)
+SYMCC_KEY := $(shell cat "$(SYMCC_SOURCE)/symcc-src.tar.gz" "$(SYMCC_SOURCE)/build.sh" \
+	2>/dev/null | sha256sum | cut -c1-12)
+SYMCC_HOME ?= $(HOME)/.cache/symcc-mpi/symcc-$(SYMCC_KEY)
+SYMCC_STAMP = $(SYMCC_HOME)/.symcc-mpi-complete
+HAVE_SYMCC_SOURCE := $(shell [ -f "$(SYMCC_SOURCE)/symcc-src.tar.gz" ] && \
+	[ -f "$(SYMCC_SOURCE)/build.sh" ] && echo 1)
+
+.PHONY: setup system-packages symcc examples demo test benchmarks clean
 
 setup: $(STAMP)
 
@@ -25,10 +38,30 @@ $(STAMP): pyproject.toml
 	$(VENV)/bin/pip install -q -e '.[test]'
 	touch $@
 
-examples: setup
-	$(MAKE) -C examples
+ifeq ($(HAVE_SYMCC_SOURCE),1)
+symcc:
+	@if [ ! -f "$(SYMCC_STAMP)" ]; then \
+	  mkdir -p "$(dir $(SYMCC_HOME))" && \
+	  flock "$(SYMCC_HOME).lock" sh -c '\
+	    [ -f "$(SYMCC_STAMP)" ] && exit 0; \
+	    deps=0; command -v llvm-config-15 >/dev/null || deps=1; \
+	    echo "building SymCC from $(SYMCC_SOURCE) into $(SYMCC_HOME) (a few minutes, once)"; \
+	    rm -rf "$(SYMCC_HOME)" && \
+	    if [ $$deps = 0 ]; then "$(SYMCC_SOURCE)/build.sh" "$(SYMCC_HOME)"; \
+	    else $(SUDO) env INSTALL_DEPS=1 "$(SYMCC_SOURCE)/build.sh" "$(SYMCC_HOME)" && \
+	      { [ -z "$(SUDO)" ] || $(SUDO) chown -R "$$(id -u):$$(id -g)" "$(SYMCC_HOME)"; }; fi && \
+	    touch "$(SYMCC_STAMP)"'; \
+	fi
+else
+symcc:
+	@echo "symcc: no SymCC source in $(SYMCC_SOURCE) (symcc-src.tar.gz, build.sh): real-SymCC tests will be skipped"
+endif
 
-demo: examples
+examples: setup symcc
+	$(MAKE) -C examples $(if $(HAVE_SYMCC_SOURCE),SYMCC=$(SYMCC_HOME)/bin/symcc)
+
+demo: setup
+	$(MAKE) -C examples
 	rm -rf $(DEMO_OUT)
 	$(VENV)/bin/symcc-mpi explore --target "examples/build/tlv @@" \
 	    --afl-target "examples/build/tlv.afl @@" --seeds examples/seeds/tlv \
@@ -37,7 +70,7 @@ demo: examples
 
 # pytest exits 5 when it collected nothing: that is a failure here, not a pass.
 test: examples
-	$(PYTHON) -m pytest -q -p no:cacheprovider tests; rc=$$?; \
+	$(if $(HAVE_SYMCC_SOURCE),SYMCC_MPI_REQUIRE_SYMCC=1) $(PYTHON) -m pytest -q -p no:cacheprovider tests; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; \
 	exit $$rc
 
