@@ -1,0 +1,150 @@
+"""The executor contract with a real SymCC build behind it (QSYM backend, Z3)."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from realsymcc import BUILD, SEEDS
+
+from symcc_mpi.executors.base import Outcome
+from symcc_mpi.executors.symcc import SymccExecutor
+
+pytestmark = pytest.mark.timeout(120)
+
+JSON_SEED = SEEDS / "json" / "escaped-key"
+# The json example's planted bug: a surrogate pair right after "x-" in an item's key.
+JSON_CRASHER = b'{"version":1,"items":[{"id":1,"x-\\ud83d\\ude00":"red"}]}'
+
+# Forks a child that marks it started, then would mark itself late after 3 s; the parent
+# sleeps forever. A per-run timeout must kill both (the whole process group).
+FORKER = r"""
+#include <stdio.h>
+#include <unistd.h>
+static void touch(const char *dir, const char *name) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *f = fopen(path, "w");
+    if (f) fclose(f);
+}
+int main(int argc, char **argv) {
+    char buf[16];
+    FILE *f = fopen(argv[1], "rb");
+    size_t n = f ? fread(buf, 1, sizeof buf, f) : 0;
+    if (n > 0 && buf[0] == 'Z') return 3; /* one symbolic branch */
+    if (fork() == 0) {
+        touch(argv[2], "started");
+        sleep(3);
+        touch(argv[2], "late");
+        return 0;
+    }
+    for (;;) sleep(1);
+}
+"""
+
+# Reports the RLIMIT_AS it runs under and whether 1 GiB can be allocated.
+MEMORY_PROBE = r"""
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/resource.h>
+int main(int argc, char **argv) {
+    char buf[16];
+    FILE *f = fopen(argv[1], "rb");
+    size_t n = f ? fread(buf, 1, sizeof buf, f) : 0;
+    if (f) fclose(f);
+    if (n > 0 && buf[0] == 'Z') return 3;
+    struct rlimit lim;
+    getrlimit(RLIMIT_AS, &lim);
+    void *big = malloc((size_t)1 << 30);
+    FILE *out = fopen(argv[2], "w");
+    fprintf(out, "%lld %d\n", lim.rlim_cur == RLIM_INFINITY ? -1LL : (long long)lim.rlim_cur,
+            big != NULL);
+    fclose(out);
+    return 0;
+}
+"""
+
+
+def symcc_compile(tmp: Path, name: str, source: str) -> Path:
+    (tmp / f"{name}.c").write_text(source)
+    binary = tmp / name
+    subprocess.run([str(BUILD / "symcc"), "-O1", "-o", str(binary), str(tmp / f"{name}.c")],
+                   check=True, capture_output=True, timeout=120)
+    return binary
+
+
+@pytest.fixture
+def out(tmp_path) -> Path:
+    path = tmp_path / "generated"
+    path.mkdir()
+    return path
+
+
+def test_file_target_generates_inputs_with_solver_time(out):
+    result = SymccExecutor([str(BUILD / "json.symcc"), "@@"], timeout=60).run(JSON_SEED, out)
+    assert result.outcome is Outcome.OK and result.exit_status == 0, result
+    # With the input on stdin (/dev/null here) this SymCC would derive nothing: every new
+    # input proves SYMCC_INPUT_FILE named the file the target read.
+    assert len(result.generated) >= 10
+    assert all(p.parent == out and p.stat().st_size > 0 for p in result.generated)
+    assert result.solver_time > 0 and result.solver_queries > 0
+
+
+def test_stdin_target_generates_inputs(out):
+    result = SymccExecutor([str(BUILD / "json.symcc")], timeout=60).run(JSON_SEED, out)
+    assert result.outcome is Outcome.OK and result.exit_status == 0, result
+    assert len(result.generated) >= 10
+    assert result.solver_time > 0
+
+
+def test_one_run_from_a_seed_that_misses_the_magic_gets_closer(out):
+    seed = SEEDS / "magic" / "hello"
+    assert not seed.read_bytes().startswith(b"M")
+    result = SymccExecutor([str(BUILD / "magic.symcc"), "@@"], timeout=60).run(seed, out)
+    assert result.outcome is Outcome.OK, result
+    assert any(p.read_bytes().startswith(b"M") for p in result.generated), \
+        [p.read_bytes() for p in result.generated]
+
+
+def test_abort_is_a_crash(tmp_path, out):
+    crasher = tmp_path / "crasher"
+    crasher.write_bytes(JSON_CRASHER)
+    result = SymccExecutor([str(BUILD / "json.symcc"), "@@"], timeout=60).run(crasher, out)
+    assert result.outcome is Outcome.CRASH and result.exit_status == -signal.SIGABRT, result
+
+
+def test_timeout_kills_the_whole_process_group(tmp_path, out):
+    forker = symcc_compile(tmp_path, "forker", FORKER)
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    seed = tmp_path / "seed"
+    seed.write_bytes(b"A")
+    started = time.monotonic()
+    result = SymccExecutor([str(forker), "@@", str(marks)], timeout=1).run(seed, out)
+    assert result.outcome is Outcome.TIMEOUT, result
+    assert time.monotonic() - started < 2.5
+    deadline = time.monotonic() + 10
+    while not (marks / "started").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert (marks / "started").exists(), "the child never ran"
+    time.sleep(4)  # past the child's 3 s: it would have marked itself late
+    assert not (marks / "late").exists(), "a child of the timed-out target survived"
+
+
+def test_memory_limit_caps_the_address_space(tmp_path, out):
+    probe = symcc_compile(tmp_path, "memprobe", MEMORY_PROBE)
+    seed = tmp_path / "seed"
+    seed.write_bytes(b"A")
+    report = tmp_path / "report"
+    result = SymccExecutor([str(probe), "@@", str(report)], timeout=60,
+                           memory_limit_mb=512).run(seed, out)
+    assert result.outcome is Outcome.OK, result
+    assert report.read_text().split() == [str(512 << 20), "0"]  # the 1 GiB malloc failed
+    assert result.generated, "QSYM could not work under the limit"
+    # The control: without a limit the same allocation succeeds.
+    result = SymccExecutor([str(probe), "@@", str(report)], timeout=60).run(seed, out)
+    assert result.outcome is Outcome.OK, result
+    assert report.read_text().split()[1] == "1"
