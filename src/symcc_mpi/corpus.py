@@ -20,6 +20,7 @@ import shutil
 import time
 from pathlib import Path
 
+from .frontier import Frontier
 from .protocol import SHA256_PATTERN, TOKEN_PATTERN
 from .report import afl_queue_name, parse_afl_queue_id
 
@@ -89,8 +90,10 @@ def check_out_dir(out: Path, *, resume: bool) -> None:
 class CampaignDir:
     """The master's view of OUT. Only the master (rank 0) mutates it; workers stage."""
 
-    def __init__(self, out: Path):
+    def __init__(self, out: Path, inputs: Frontier | None = None):
         self.out = out
+        # Per-input state lives in the master's compact frontier (AFL queue ids here).
+        self.inputs = inputs if inputs is not None else Frontier()
         self.corpus = out / "corpus"
         self.staging = out / ".staging"
         self.queue = out / "queue"
@@ -102,7 +105,6 @@ class CampaignDir:
         self._lock_handle = None
         self._done_handle = None
         self._done_unsynced = False
-        self.queue_ids: dict[str, int] = {}  # sha256 -> AFL queue id
         self.crash_hashes: set[str] = set()
         self.hang_hashes: set[str] = set()
         self._next_ids = {"queue": 0, "crashes": 0, "hangs": 0}
@@ -215,7 +217,8 @@ class CampaignDir:
                 self._next_ids[kind] = max(self._next_ids[kind], entry_id + 1)
                 digest = by_inode.get(entry.inode()) or sha256_file(Path(entry.path))
                 if kind == "queue":
-                    self.queue_ids.setdefault(digest, entry_id)
+                    if self.inputs.queue_id(digest) is None:
+                        self.inputs.set_queue_id(digest, entry_id)
                 elif kind == "crashes":
                     self.crash_hashes.add(digest)
                 else:
@@ -245,7 +248,7 @@ class CampaignDir:
         path = self.corpus / digest
         if not path.exists():
             write_atomic(path, data)
-        if digest not in self.queue_ids:
+        if self.inputs.queue_id(digest) is None:
             self._add_to_queue(digest, orig=name)
         return digest
 
@@ -287,7 +290,7 @@ class CampaignDir:
         entry_id = self._take_id("queue")
         name = afl_queue_name(entry_id, sources, orig=orig)
         _publish_link(self.corpus / digest, self.queue / name)
-        self.queue_ids[digest] = entry_id
+        self.inputs.set_queue_id(digest, entry_id)
 
     def save_finding(self, kind: str, source: Path, digest: str, parent: str | None,
                      signal: int | None = None) -> bool:
@@ -301,7 +304,7 @@ class CampaignDir:
         return True
 
     def _source_ids(self, parent: str | None) -> tuple[int, ...]:
-        source = self.queue_ids.get(parent) if parent else None
+        source = self.inputs.queue_id(parent) if parent else None
         return () if source is None else (source,)
 
     def record_done(self, digest: str, token: str, outcome: str) -> None:

@@ -124,15 +124,15 @@ def _load_state(master, config: CampaignConfig, campaign: CampaignDir,
             campaign.add_seed(path.read_bytes(), path.name)
     done = {record["sha256"] for record in campaign.read_done()}
     corpus = campaign.corpus_hashes()
-    for digest in corpus - set(campaign.queue_ids):
-        campaign.add_to_queue(digest, parent="")  # promoted, then killed before queueing
-    ordered = sorted(corpus, key=lambda d: campaign.queue_ids.get(d, 1 << 62))
+    for digest in corpus:
+        if campaign.inputs.queue_id(digest) is None:  # promoted, then killed before queueing
+            campaign.add_to_queue(digest, parent="")
+    ordered = sorted(corpus, key=campaign.inputs.queue_id)
     for digest in ordered:
         master.frontier.add(digest, done=digest in done)
-    master.seen.update(corpus)
     master.stats.resumed_done = len(done & corpus)
     if master.triage is not None:
-        uncovered = [d for d in ordered if campaign.queue_ids[d] >= covered_entries]
+        uncovered = [d for d in ordered if campaign.inputs.queue_id(d) >= covered_entries]
         _replay_coverage(master, config, campaign, uncovered)
     log.info("campaign %s: %d inputs, %d already analysed, %d in the frontier", config.out,
              len(corpus), master.stats.resumed_done, len(master.frontier))

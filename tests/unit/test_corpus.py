@@ -137,7 +137,7 @@ def test_queue_names_and_resume_numbering(campaign):
     assert names == ["id:000000,orig:my_seed", "id:000001,src:000000,op:symcc"]
     reopened = CampaignDir(campaign.out)
     reopened.read_queues()
-    assert reopened.queue_ids == {seed: 0, d: 1}
+    assert (reopened.inputs.queue_id(seed), reopened.inputs.queue_id(d)) == (0, 1)
     assert reopened._take_id("queue") == 2
     assert os.path.samefile(campaign.corpus / d, campaign.queue / names[1])
 

@@ -83,7 +83,6 @@ class DispatchCoordinator:
         self.idle: deque[int] = deque()
         self.retired: set[int] = set()
         self.unreadable: set[str] = set()
-        self.dispatches: Counter[str] = Counter()  # sends that returned, per input
         self.send_failures: Counter[int] = Counter()  # in a row, per rank
         self.counts: Counter[str] = Counter()
 
@@ -222,8 +221,7 @@ class DispatchCoordinator:
         except Exception as error:  # noqa: BLE001 - the boundary compensated; the rank decides
             self._send_failed(rank, error)
             return False
-        self.dispatches[digest] += 1
-        if self.dispatches[digest] == 2:  # counted here: a report must not walk the corpus
+        if self.frontier.note_dispatch(digest) == 2:  # here: a report must not walk the corpus
             self.counts["inputs_dispatched_again"] += 1
         self.send_failures.pop(rank, None)  # a send returned: the run of failures is broken
         return True

@@ -29,7 +29,6 @@ from ..dispatch.tables import CommitStart, ResultClass
 from ..dispatch.watchdog import WatchdogConfig
 from ..executors import Outcome
 from ..faults import Faults
-from ..frontier import Frontier
 from ..protocol import (
     NOT_ANALYSED,
     ConfigVerdict,
@@ -111,7 +110,7 @@ class Master:
         self.campaign = campaign
         self.triage = triage  # triage.CoverageMap, or None: novelty by content hash alone
         self.reporter = reporter
-        self.frontier = Frontier()
+        self.frontier = campaign.inputs
         self.pruning = pruning
         self.dispatch = DispatchCoordinator(self.frontier, watchdog=watchdog,
                                             deferrals=deferrals, load=self._load_input,
@@ -121,8 +120,6 @@ class Master:
         self.work_sends = 0
         self.object_sends = 0
         self.stats = MasterStats()
-        self.seen: set[str] = set()  # every generated hash, kept or not
-        self.depth: dict[str, int] = {}  # generations from a seed, of kept inputs
         self.phase = Phase.RUNNING
         self.stop_requested_by_signal = False
         self.started = time.monotonic()
@@ -279,7 +276,7 @@ class Master:
         # Children already known are dropped unread: hashing them would be the master's
         # biggest cost on runs that regenerate what the campaign has.
         new_children = [s for s in result.staged
-                        if s.sha256 not in self.seen and s.sha256 not in self.frontier.known]
+                        if not self.frontier.seen_before(s.sha256)]
         problem = self.campaign.verify_staged(result.token,
                                               [(s.sha256, s.size) for s in new_children])
         if problem is not None:
@@ -322,7 +319,7 @@ class Master:
 
     def _triage_child(self, token: str, staged: StagedFile, parent: str, now: float) -> None:
         digest = staged.sha256
-        self.seen.add(digest)
+        self.frontier.see(digest)
         self.stats.unique += 1
         staged_path = self.campaign.staging_dir(token) / digest
         if self.triage is not None and staged.coverage is not None:
@@ -337,8 +334,8 @@ class Master:
             self.checkpoint.triage_dirty = True
         self.campaign.promote(token, digest)
         self.campaign.add_to_queue(digest, parent)
-        depth = self.depth.get(parent, 1) + 1  # AFL counts seeds as depth 1
-        self.depth[digest] = depth
+        depth = (self.frontier.depth(parent) or 1) + 1  # AFL counts seeds as depth 1
+        self.frontier.set_depth(digest, depth)
         self.stats.max_depth = max(self.stats.max_depth, depth)
         self.frontier.add(digest)
         self.stats.interesting += 1
