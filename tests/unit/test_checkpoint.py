@@ -1,0 +1,229 @@
+"""What `--resume` needs besides the done journal (`checkpoint.py`), and the journal's group
+commit (`CampaignDir.record_done` / `sync_done`).
+
+The done records of a round are made durable first, then the pruning and triage maps are
+saved when due (every SAVE_INTERVAL seconds, or at the end) and only when they changed.
+"""
+
+from __future__ import annotations
+
+import array
+import hashlib
+import logging
+
+import msgspec
+import pytest
+
+from symcc_mpi import checkpoint as checkpoint_module
+from symcc_mpi import corpus as corpus_module
+from symcc_mpi.checkpoint import (
+    PRUNING_DIR,
+    SAVE_INTERVAL,
+    TRIAGE_FILE,
+    Checkpointer,
+    _TriageState,
+    load_pruning,
+    load_triage,
+)
+from symcc_mpi.corpus import CampaignDir, CampaignError
+from symcc_mpi.pruning import MAP_SIZE, SHARED_SCOPE, Delta, PruningLedger, PruningMode
+from symcc_mpi.triage import CoverageMap, FileCoverage, Status
+
+
+class FakeClock:
+    def __init__(self, now: float = 100.0):
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def delta(*indices: int, bits: int = 1) -> Delta:
+    return Delta(array.array("I", indices).tobytes(), bytes([bits]) * len(indices))
+
+
+def sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+@pytest.fixture
+def campaign(tmp_path):
+    campaign = CampaignDir(tmp_path / "out")
+    campaign.create({})
+    yield campaign
+    campaign.close()
+
+
+@pytest.fixture
+def calls(monkeypatch, campaign):
+    """The order of the done-journal syncs and the map saves."""
+    order: list[str] = []
+    sync = campaign.sync_done
+    save = checkpoint_module.save_maps
+
+    def spy_sync():
+        order.append("sync")
+        sync()
+
+    def spy_save(directory, maps):
+        order.append("save")
+        save(directory, maps)
+
+    monkeypatch.setattr(campaign, "sync_done", spy_sync)
+    monkeypatch.setattr(checkpoint_module, "save_maps", spy_save)
+    return order
+
+
+def test_after_round_syncs_done_first_and_saves_maps_when_due_and_dirty(campaign, calls):
+    clock = FakeClock()
+    ledger = PruningLedger(PruningMode.SHARED)
+    keeper = Checkpointer(campaign, pruning=ledger, triage=None, clock=clock)
+    saved = campaign.state / PRUNING_DIR / f"{SHARED_SCOPE}.map"
+
+    keeper.after_round()  # nothing merged: only the journal
+    assert calls == ["sync"] and not saved.exists() and keeper.saves == 0
+
+    ledger.merge(1, delta(5))
+    clock.now += SAVE_INTERVAL / 4  # not due yet (the empty round above set the interval)
+    keeper.after_round()
+    assert calls == ["sync", "sync"] and not saved.exists() and ledger.dirty
+
+    clock.now += SAVE_INTERVAL
+    keeper.after_round()
+    assert calls == ["sync", "sync", "sync", "save"]  # the records are durable before the map
+    assert keeper.saves == 1 and not ledger.dirty
+    assert load_pruning(campaign) == ledger.maps()
+
+    ledger.merge(1, delta(6))
+    clock.now += SAVE_INTERVAL / 2
+    keeper.after_round()  # due only SAVE_INTERVAL after the last save
+    assert keeper.saves == 1 and load_pruning(campaign) != ledger.maps()
+    clock.now += SAVE_INTERVAL
+    keeper.after_round()
+    assert keeper.saves == 2 and load_pruning(campaign) == ledger.maps()
+
+    clock.now += 10 * SAVE_INTERVAL
+    keeper.after_round()  # due but nothing changed
+    assert keeper.saves == 2 and calls.count("save") == 2 and calls[-1] == "sync"
+
+
+def test_final_round_saves_regardless_of_the_interval(campaign, calls):
+    clock = FakeClock()
+    ledger = PruningLedger(PruningMode.LOCAL)
+    keeper = Checkpointer(campaign, pruning=ledger, triage=None, clock=clock)
+    ledger.merge(1, delta(1))
+    keeper.after_round()
+    assert keeper.saves == 1
+    ledger.merge(2, delta(MAP_SIZE - 1, bits=0x80))
+    keeper.after_round(final=True)  # at the same instant
+    assert calls == ["sync", "save", "sync", "save"] and keeper.saves == 2
+    assert load_pruning(campaign) == ledger.maps()
+    assert set(load_pruning(campaign)) == {"rank-1", "rank-2"}
+    keeper.after_round(final=True)  # nothing changed: nothing written
+    assert calls[-1] == "sync" and keeper.saves == 2
+
+
+def test_saved_pruning_map_resumes_the_ledger(campaign):
+    ledger = PruningLedger(PruningMode.SHARED)
+    ledger.merge(3, delta(1, 2, 65536 + 9, bits=4))
+    Checkpointer(campaign, pruning=ledger, triage=None, clock=FakeClock()).after_round()
+    resumed = PruningLedger(PruningMode.SHARED, load_pruning(CampaignDir(campaign.out)))
+    assert resumed.maps() == ledger.maps()
+    assert resumed.plan(1).whole  # a fresh worker gets the resumed map whole
+
+
+def test_no_saved_state_loads_empty(campaign):
+    assert load_pruning(campaign) == {}
+    assert load_triage(campaign) == (None, 0)
+
+
+def test_triage_state_round_trip_with_queue_entries(campaign):
+    for i in range(3):
+        campaign.add_seed(f"seed {i}\n".encode(), f"seed-{i}")
+    triage = CoverageMap()
+    assert triage.merge(FileCoverage.from_pairs([(3, 1), (70_000, 16), (12, 128)], Status.OK))
+    clock = FakeClock()
+    keeper = Checkpointer(campaign, pruning=None, triage=triage, clock=clock)
+    keeper.after_round()
+    assert load_triage(campaign) == (None, 0) and keeper.saves == 0  # not dirty: not saved
+    keeper.triage_dirty = True
+    clock.now += SAVE_INTERVAL
+    keeper.after_round()
+    assert keeper.saves == 1 and not keeper.triage_dirty
+
+    loaded, covered = load_triage(CampaignDir(campaign.out))
+    assert covered == campaign.queue_entries == 3
+    assert loaded.statistics() == triage.statistics()
+    # The loaded map knows what was merged: the same summary is no longer interesting.
+    assert not loaded.merge(FileCoverage.from_pairs([(3, 1), (12, 128)], Status.OK))
+    assert loaded.merge(FileCoverage.from_pairs([(3, 2)], Status.OK))
+
+
+@pytest.mark.parametrize("content", [
+    b"",
+    b"\xc1 not msgpack",
+    msgspec.msgpack.encode(_TriageState(2, 0, CoverageMap().to_bytes())),  # a later version
+    msgspec.msgpack.encode(["1", 0, b""]),  # not a triage state
+    msgspec.msgpack.encode(_TriageState(1, 4, b"\x93garbage")),  # coverage unreadable
+    msgspec.msgpack.encode(_TriageState(1, 4, msgspec.msgpack.encode([2, 0, b"", [], []]))),
+], ids=["empty", "garbage", "version", "shape", "coverage", "coverage-version"])
+def test_corrupt_triage_state_replays_the_queue(campaign, caplog, content):
+    (campaign.state / TRIAGE_FILE).write_bytes(content)
+    with caplog.at_level(logging.WARNING, logger="symcc_mpi.checkpoint"):
+        assert load_triage(campaign) == (None, 0)
+    assert TRIAGE_FILE in caplog.text and "replaying the whole queue" in caplog.text
+
+
+def test_corrupt_pruning_map_is_a_campaign_error_naming_the_file(campaign):
+    directory = campaign.state / PRUNING_DIR
+    directory.mkdir()
+    (directory / "shared.map").write_bytes(b"\x01" * 100)
+    with pytest.raises(CampaignError, match=r"pruning/shared\.map"):
+        load_pruning(campaign)
+
+
+# --------------------------------------------------------------------------- group commit
+
+
+@pytest.fixture
+def fsyncs(monkeypatch):
+    count = [0]
+    real = corpus_module.os.fsync
+
+    def spy(fd):
+        count[0] += 1
+        real(fd)
+
+    monkeypatch.setattr(corpus_module.os, "fsync", spy)
+    return count
+
+
+def test_done_records_are_group_committed(campaign, fsyncs):
+    campaign.sync_done()  # nothing recorded yet: nothing to do
+    assert fsyncs[0] == 0
+    digests = [sha(f"input {i}".encode()) for i in range(5)]
+    for i, digest in enumerate(digests):
+        campaign.record_done(digest, f"{i:032x}", "ok")
+    assert fsyncs[0] == 0  # recording does not sync: the round's records share one fsync
+    campaign.sync_done()
+    assert fsyncs[0] == 1
+    records = CampaignDir(campaign.out).read_done()
+    assert [r["sha256"] for r in records] == digests
+    assert [r["token"] for r in records] == [f"{i:032x}" for i in range(5)]
+    campaign.sync_done()  # nothing new since: no fsync
+    assert fsyncs[0] == 1
+
+    campaign.record_done(digests[0], "f" * 32, "crash")
+    campaign.sync_done()
+    assert fsyncs[0] == 2
+    assert len(CampaignDir(campaign.out).read_done()) == 6
+
+
+def test_close_syncs_the_done_records(campaign, fsyncs):
+    digest = sha(b"last")
+    campaign.record_done(digest, "a" * 32, "ok")
+    campaign.close()
+    assert fsyncs[0] == 1
+    assert [r["sha256"] for r in CampaignDir(campaign.out).read_done()] == [digest]
+    campaign.close()  # twice: harmless
+    assert fsyncs[0] == 1
