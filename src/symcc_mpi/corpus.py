@@ -20,6 +20,7 @@ import shutil
 import time
 from pathlib import Path
 
+from .durable.atomic import fsync_directory
 from .frontier import Frontier
 from .protocol import SHA256_PATTERN, TOKEN_PATTERN
 from .report import afl_queue_name, parse_afl_queue_id
@@ -105,6 +106,7 @@ class CampaignDir:
         self._lock_handle = None
         self._done_handle = None
         self._done_unsynced = False
+        self._published_in: set[Path] = set()  # directories written since the last sync
         self.crash_hashes: set[str] = set()
         self.hang_hashes: set[str] = set()
         self._next_ids = {"queue": 0, "crashes": 0, "hangs": 0}
@@ -280,6 +282,7 @@ class CampaignDir:
         if target.exists():
             return False
         os.rename(self.staging_dir(token) / digest, target)
+        self._published_in.add(self.corpus)
         return True
 
     def add_to_queue(self, digest: str, parent: str) -> None:
@@ -290,6 +293,7 @@ class CampaignDir:
         entry_id = self._take_id("queue")
         name = afl_queue_name(entry_id, sources, orig=orig)
         _publish_link(self.corpus / digest, self.queue / name)
+        self._published_in.add(self.queue)
         self.inputs.set_queue_id(digest, entry_id)
 
     def save_finding(self, kind: str, source: Path, digest: str, parent: str | None,
@@ -299,7 +303,9 @@ class CampaignDir:
         if digest in known:
             return False
         name = afl_queue_name(self._take_id(kind), self._source_ids(parent), sig=signal)
-        _publish_link(source, (self.crashes if kind == "crashes" else self.hangs) / name)
+        directory = self.crashes if kind == "crashes" else self.hangs
+        _publish_link(source, directory / name)
+        self._published_in.add(directory)
         known.add(digest)
         return True
 
@@ -318,11 +324,16 @@ class CampaignDir:
 
     def sync_done(self) -> None:
         """Group commit: one fsync for every record since the last one. A crash before it
-        loses those records, never their children: those inputs are analysed again."""
+        loses those records, never their children: those inputs are analysed again. The
+        directories the records' children were published in are made durable first."""
         if self._done_unsynced:
+            for directory in self._published_in:
+                fsync_directory(directory)
+            self._published_in.clear()
             self._done_handle.flush()
             os.fsync(self._done_handle.fileno())
             self._done_unsynced = False
+        self._published_in: set[Path] = set()  # directories written since the last sync
 
     def discard_staging(self, token: str) -> None:
         shutil.rmtree(self.staging_dir(token), ignore_errors=True)

@@ -268,9 +268,9 @@ class PruningLedger:
 
     def plan(self, rank: int) -> Shipment:
         """What `rank` lacks of its scope's map. Changes nothing until `confirm`."""
-        scope = self._scope(rank)
+        scope = self._scopes.get(self.scope_of(rank))
         cursor = self._cursors.get(rank, 0)
-        if cursor >= scope.seq:
+        if scope is None or cursor >= scope.seq:
             return Shipment(rank, b"", cursor)
         oldest = scope.log[0].seq if scope.log else scope.seq + 1
         if cursor + 1 < oldest:  # the log no longer reaches back to this cursor

@@ -231,9 +231,9 @@ class PruningMachine(RuleBasedStateMachine):
     def maps_and_bases(self):
         maps = self.ledger.maps()
         views = {scope: view(data) for scope, data in maps.items()}
-        # Each scope's map is the OR of its committed contributions.
+        # Each scope's map is the OR of its committed contributions (no map: no bits yet).
         for scope, bits in self.committed.items():
-            assert views[scope] == bits, scope
+            assert views.get(scope, NONE) == bits, scope
         for scope, bits in views.items():
             if scope not in self.committed:
                 assert bits == NONE, scope

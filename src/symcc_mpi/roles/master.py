@@ -30,6 +30,7 @@ from ..dispatch.watchdog import WatchdogConfig
 from ..executors import Outcome
 from ..faults import Faults
 from ..protocol import (
+    INVALID_INPUT,
     NOT_ANALYSED,
     ConfigVerdict,
     Fatal,
@@ -253,6 +254,8 @@ class Master:
             new_children, map_bits = self._usable_parts(rank, result)
         except _Unusable as problem:
             log.warning("rank %d did not analyse %s: %s", rank, result.input_hash[:12], problem)
+            if result.outcome == INVALID_INPUT and self.pruning is not None:
+                self.pruning.forget(rank)  # it may have refused the map bits we sent
             self.dispatch.reject(rank, result.token)
             self._discard_staging(result.token)
             return
