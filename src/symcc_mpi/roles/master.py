@@ -49,6 +49,7 @@ from ..transport import MIN_NAP, NAP_GROWTH, Channel
 log = logging.getLogger("symcc_mpi.master")
 
 REPORT_INTERVAL = 1.0
+SWEEP_INTERVAL = 0.02
 STOP_FILE_CHECK_INTERVAL = 0.25
 SHUTDOWN_GRACE = 10.0
 
@@ -154,23 +155,29 @@ class Master:
         nap = MIN_NAP
         self.loop_cpu_start = time.process_time()
         self.loop_started = time.monotonic()
+        next_sweep = 0.0
         while self.phase is not Phase.DONE:
             handled = 0
             while (incoming := self.channel.poll()) is not None:
                 self._handle(incoming)
                 handled += 1
             # F317 round order: messages, then the join, then dispatch, then the deadlines.
-            for recovery in self.dispatch.join().recoveries:
-                self.send_seconds.pop(recovery.token, None)
-                self._discard_staging(recovery.token)  # its worker is done with it
+            # A round that received nothing has nothing to join, and deadlines (seconds) are
+            # swept every SWEEP_INTERVAL: an idle round then costs little more than a probe.
+            now = time.monotonic()
+            if handled:
+                for recovery in self.dispatch.join().recoveries:
+                    self.send_seconds.pop(recovery.token, None)
+                    self._discard_staging(recovery.token)  # its worker is done with it
             if self.phase is Phase.RUNNING:
                 self.dispatch_mark = time.perf_counter()
                 handled += self.dispatch.dispatch(self._send_work)
-            for recovery in self.dispatch.sweep():
-                self.send_seconds.pop(recovery.token, None)  # its staging may still grow
-            self.checkpoint.after_round()
-            self._advance_phase()
-            now = time.monotonic()
+            if handled or now >= next_sweep:
+                next_sweep = now + SWEEP_INTERVAL
+                for recovery in self.dispatch.sweep():
+                    self.send_seconds.pop(recovery.token, None)  # its staging may still grow
+                self.checkpoint.after_round()
+                self._advance_phase()
             if now >= next_report:
                 self.report()
                 next_report = now + REPORT_INTERVAL
