@@ -758,6 +758,19 @@ class CoverageMap:
         """merge() of a FileCoverage.pack() result (raises ValueError if malformed)."""
         return self.merge_novelty(FileCoverage.unpack(data)) is not Novelty.NONE
 
+    def adds_coverage(self, cov: FileCoverage) -> bool:
+        """Whether merging `cov`, a normal run's summary, would add anything; changes nothing.
+
+        The map only gains bits, so a summary that adds nothing now never will.
+        """
+        idx = _u32_view(cov.edges)
+        if not idx or (hash(cov.edges), hash(cov.buckets)) in self._digests:
+            return False
+        if max(idx) >= len(self._seen):
+            return True  # an edge beyond everything seen so far
+        got = _gather(self._seen, idx)
+        return bool(int.from_bytes(cov.buckets, "little") & ~int.from_bytes(got, "little"))
+
     def merge_novelty(self, cov: FileCoverage) -> Novelty:
         """Merge one summary and say what it added (Novelty.NONE if nothing)."""
         cov.validate()

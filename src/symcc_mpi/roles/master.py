@@ -45,6 +45,8 @@ from ..protocol import (
 from ..pruning import Delta, MalformedDelta, PruningLedger
 from ..pruning import decode as decode_delta
 from ..transport import MIN_NAP, NAP_GROWTH, Channel
+from ..triage import FileCoverage
+from ..triage import Status as CoverageStatus
 
 log = logging.getLogger("symcc_mpi.master")
 
@@ -52,6 +54,15 @@ REPORT_INTERVAL = 1.0
 SWEEP_INTERVAL = 0.02
 STOP_FILE_CHECK_INTERVAL = 0.25
 SHUTDOWN_GRACE = 10.0
+
+
+@dataclass(frozen=True)
+class _Child:
+    """A generated input new to the campaign, with its decoded coverage summary (if any)."""
+
+    staged: StagedFile
+    coverage: FileCoverage | None
+    may_keep: bool  # its bytes were verified: it is kept if it still adds coverage
 
 
 class _Unusable(Exception):
@@ -272,9 +283,9 @@ class Master:
                 self.dispatch.finish(rank, result.token)
         self._discard_staging(result.token)
 
-    def _usable_parts(self, rank: int, result: Result) -> tuple[list[StagedFile], Delta]:
-        """The staged children not known yet, verified file by file, and the run's QSYM map
-        bits; raises _Unusable when the RESULT cannot be committed."""
+    def _usable_parts(self, rank: int, result: Result) -> tuple[list[_Child], Delta]:
+        """The staged children not known yet, those that may be kept verified file by file,
+        and the run's QSYM map bits; raises _Unusable when the RESULT cannot be committed."""
         if result.outcome in NOT_ANALYSED:
             raise _Unusable(result.message or result.outcome)
         if result.input_hash != self.dispatch.work_of(rank):
@@ -283,33 +294,43 @@ class Master:
             map_bits = decode_delta(result.pruning)
         except MalformedDelta as error:
             raise _Unusable(str(error)) from None
-        # Children already known are dropped unread: hashing them would be the master's
-        # biggest cost on runs that regenerate what the campaign has.
-        new_children = [s for s in result.staged
-                        if not self.frontier.seen_before(s.sha256)]
-        problem = self.campaign.verify_staged(result.token,
-                                              [(s.sha256, s.size) for s in new_children])
+        # Only the bytes of a child that may be kept are read (F320: verified before it is
+        # promoted): one already known, or whose coverage adds nothing, is dropped unread.
+        # Hashing every generated file was the master's biggest cost per result.
+        children = []
+        for staged in result.staged:
+            if self.frontier.seen_before(staged.sha256):
+                continue
+            try:
+                coverage = FileCoverage.unpack(staged.coverage) \
+                    if self.triage is not None and staged.coverage is not None else None
+            except ValueError as error:
+                raise _Unusable(str(error)) from None
+            kept = coverage is None or coverage.status is not CoverageStatus.OK \
+                or self.triage.adds_coverage(coverage)
+            children.append(_Child(staged, coverage, kept))
+        problem = self.campaign.verify_staged(
+            result.token, [(c.staged.sha256, c.staged.size) for c in children if c.may_keep])
         if problem is not None:
             self.stats.staging_rejected += 1
             raise _Unusable(f"staged results rejected: {problem}")
-        return new_children, map_bits
+        return children, map_bits
 
-    def _commit(self, rank: int, result: Result, new_children: list[StagedFile],
+    def _commit(self, rank: int, result: Result, children: list[_Child],
                 map_bits: Delta) -> None:
         now = time.time()
         parent = result.input_hash
-        for staged in new_children:
-            self._triage_child(result.token, staged, parent, now)
+        for child in children:
+            self._triage_child(result.token, child, parent, now)
         if self.pruning is not None:
             self.pruning.merge(rank, map_bits)
         outcome = Outcome(result.outcome) if result.outcome in Outcome._value2member_map_ \
             else Outcome.ERROR
-        parent_path = self.campaign.corpus / parent
         if outcome is Outcome.CRASH:
             signal_number = -result.exit_status if (result.exit_status or 0) < 0 else None
-            self._save_crash(parent_path, parent, parent, signal_number, now)
+            self._save_crash(self.campaign.corpus / parent, parent, parent, signal_number, now)
         elif outcome is Outcome.TIMEOUT:
-            self._save_hang(parent_path, parent, parent, now)
+            self._save_hang(self.campaign.corpus / parent, parent, parent, now)
         elif outcome is Outcome.ERROR:
             self.stats.executor_errors += 1
             log.warning("executor error on %s (rank %d): %s", parent[:12], rank, result.message)
@@ -327,20 +348,23 @@ class Master:
         worker.executions += 1
         worker.executor_time += result.wall_time
 
-    def _triage_child(self, token: str, staged: StagedFile, parent: str, now: float) -> None:
-        digest = staged.sha256
+    def _triage_child(self, token: str, child: _Child, parent: str, now: float) -> None:
+        digest = child.staged.sha256
         self.frontier.see(digest)
         self.stats.unique += 1
-        staged_path = self.campaign.staging_dir(token) / digest
-        if self.triage is not None and staged.coverage is not None:
-            if staged.status == "crash":
-                self._save_crash(staged_path, digest, parent, None, now)
+        if not child.may_keep:
+            return
+        coverage = child.coverage
+        if coverage is not None:
+            if coverage.status is CoverageStatus.CRASH:
+                self._save_crash(self.campaign.staged_path(token, digest), digest, parent,
+                                 None, now)
                 return
-            if staged.status == "hang":
-                self._save_hang(staged_path, digest, parent, now)
+            if coverage.status is CoverageStatus.HANG:
+                self._save_hang(self.campaign.staged_path(token, digest), digest, parent, now)
                 return
-            if not self.triage.merge_packed(staged.coverage):
-                return
+            if not self.triage.merge_novelty(coverage):
+                return  # an earlier child of this run covered the same
             self.checkpoint.triage_dirty = True
         self.campaign.promote(token, digest)
         self.campaign.add_to_queue(digest, parent)
