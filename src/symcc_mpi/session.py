@@ -133,6 +133,9 @@ def _load_state(master, config: CampaignConfig, campaign: CampaignDir,
     master.stats.resumed_done = len(done & corpus)
     if master.triage is not None:
         uncovered = [d for d in ordered if campaign.inputs.queue_id(d) >= covered_entries]
+        if covered_entries:
+            log.info("triage map saved over %d queue entries: replaying %d through "
+                     "afl-showmap", covered_entries, len(uncovered))
         _replay_coverage(master, config, campaign, uncovered)
     log.info("campaign %s: %d inputs, %d already analysed, %d in the frontier", config.out,
              len(corpus), master.stats.resumed_done, len(master.frontier))

@@ -34,3 +34,47 @@ def test_symcc_campaign_finds_the_json_label_overrun(tmp_path):
         assert b'"x-\\u' in data, data  # the overrun is only reachable through such a key
     figures = stats(out)
     assert figures["executions"] > 0 and figures["edges_found"] > 0
+
+
+@pytest.mark.parametrize("mode", ["off", "local", "shared"])
+def test_each_pruning_mode_finds_the_magic_crash(tmp_path, mode):
+    out = tmp_path / "out"
+    process = explore(out, "--executor", "symcc", "--target", f"{BUILD / 'magic.symcc'} @@",
+                      "--seeds", SEEDS / "magic", "--workers", 2, "--pruning", mode,
+                      "--timeout", 20, "--wall-timeout", 120, timeout=200)
+    assert_oracles(out, process)
+    assert crash_files(out), process.stdout[-2000:]
+    extra = stats(out)["extra"]
+    assert extra["solver"]["pruning"] == mode
+    assert extra["solver"]["queries"] > 0 and extra["solver"]["skipped_known"]
+    pruning = extra["pruning"]
+    if mode == "off":
+        assert pruning is None and not (out / "state" / "pruning").exists()
+    else:
+        assert pruning["merged"] > 0 and pruning["shipped_entries"] > 0
+        maps = sorted(p.name for p in (out / "state" / "pruning").iterdir())
+        assert maps == ["shared.map"] if mode == "shared" else \
+            set(maps) <= {"rank-1.map", "rank-2.map"} and maps
+
+
+@pytest.mark.skipif(shutil.which("afl-showmap") is None, reason="AFL++ not installed")
+def test_resume_keeps_pruning_and_the_triage_map(tmp_path):
+    out = tmp_path / "out"
+    common = ("--executor", "symcc", "--target", f"{BUILD / 'json.symcc'} @@",
+              "--afl-target", f"{BUILD / 'json.afl'} @@", "--workers", 2, "--timeout", 20)
+    first = explore(out, *common, "--seeds", SEEDS / "json", "--wall-timeout", 6, timeout=120)
+    assert first.returncode == 0, first.stdout[-2000:]
+    saved = (out / "state" / "pruning" / "shared.map").read_bytes()
+    assert len(saved) == 2 * 65536 and any(saved)
+    before = stats(out)
+    queue_entries = len(list((out / "queue").iterdir()))
+    resumed = explore(out, *common, "--resume", "--wall-timeout", 120, timeout=200)
+    assert_oracles(out, resumed)
+    # The saved triage map covered the whole queue: nothing was replayed through afl-showmap.
+    assert f"triage map saved over {queue_entries} queue entries: replaying 0" in \
+        resumed.stdout, resumed.stdout[-3000:]
+    pruning = stats(out)["extra"]["pruning"]
+    assert pruning["whole_maps_shipped"] >= 1  # each worker starts from the saved map
+    after = (out / "state" / "pruning" / "shared.map").read_bytes()
+    assert all(a & b == b for a, b in zip(after, saved, strict=True))  # it only gained bits
+    assert stats(out)["edges_found"] >= before["edges_found"]
