@@ -1,12 +1,9 @@
 """The master loop: owns the campaign directory, dispatches work, verifies and commits results.
 
 One round: drain every pending message (READY, RESULT, FATAL, STOP_ACK), then the
-`DispatchCoordinator`'s join, dispatch and deadline sweep (F317 §4.2), then the stop
-conditions and the report. Every dispatch is a transaction (F313); the commit runs inside
-its exception boundary. Commit order for an accepted RESULT: verify
-the staged manifest file by file, promote children into corpus/ and the AFL queues, then
-append the input to the fsynced done journal; a crash anywhere before that last step
-leaves the input to be analysed again on --resume and loses no child already promoted.
+`DispatchCoordinator`'s join, dispatch and deadline sweep (F317 §4.2), then the group commit
+and the stop conditions, then the report. Every dispatch is a transaction (F313); the
+commit (`commit.Committer`) runs inside its exception boundary.
 """
 
 from __future__ import annotations
@@ -22,31 +19,26 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from ..checkpoint import Checkpointer
+from ..commit import Committer, Unusable
 from ..config import CampaignConfig
 from ..corpus import CampaignDir
 from ..dispatch.coordinator import DispatchCoordinator
 from ..dispatch.tables import CommitStart, ResultClass
 from ..dispatch.watchdog import WatchdogConfig
-from ..executors import Outcome
 from ..faults import Faults
 from ..protocol import (
     INVALID_INPUT,
-    NOT_ANALYSED,
     ConfigVerdict,
     Fatal,
     Ready,
     Result,
-    StagedFile,
     Stop,
     StopAck,
     Tag,
     Work,
 )
-from ..pruning import Delta, MalformedDelta, PruningLedger
-from ..pruning import decode as decode_delta
+from ..pruning import PruningLedger
 from ..transport import MIN_NAP, NAP_GROWTH, Channel
-from ..triage import FileCoverage
-from ..triage import Status as CoverageStatus
 
 log = logging.getLogger("symcc_mpi.master")
 
@@ -54,19 +46,6 @@ REPORT_INTERVAL = 1.0
 SWEEP_INTERVAL = 0.02
 STOP_FILE_CHECK_INTERVAL = 0.25
 SHUTDOWN_GRACE = 10.0
-
-
-@dataclass(frozen=True)
-class _Child:
-    """A generated input new to the campaign, with its decoded coverage summary (if any)."""
-
-    staged: StagedFile
-    coverage: FileCoverage | None
-    may_keep: bool  # its bytes were verified: it is kept if it still adds coverage
-
-
-class _Unusable(Exception):
-    """Why a current RESULT cannot be committed: its input goes back to the frontier."""
 
 
 class Phase(enum.Enum):
@@ -133,6 +112,8 @@ class Master:
         self.work_sends = 0
         self.object_sends = 0
         self.stats = MasterStats()
+        self.committer = Committer(campaign, self.frontier, self.stats, triage=triage,
+                                   pruning=pruning, checkpoint=self.checkpoint)
         self.phase = Phase.RUNNING
         self.stop_requested_by_signal = False
         self.started = time.monotonic()
@@ -269,8 +250,8 @@ class Master:
                 self._discard_staging(result.token)  # never another rank's live staging
             return
         try:
-            new_children, map_bits = self._usable_parts(rank, result)
-        except _Unusable as problem:
+            accepted = self.committer.check(result, self.dispatch.work_of(rank))
+        except Unusable as problem:
             log.warning("rank %d did not analyse %s: %s", rank, result.input_hash[:12], problem)
             if result.outcome == INVALID_INPUT and self.pruning is not None:
                 self.pruning.forget(rank)  # it may have refused the map bits we sent
@@ -279,116 +260,9 @@ class Master:
             return
         with self.dispatch.boundary(rank):
             if self.dispatch.begin_commit(rank, result.token) is CommitStart.COMMITTING:
-                self._commit(rank, result, new_children, map_bits)
+                self.committer.commit(rank, result, accepted)
                 self.dispatch.finish(rank, result.token)
         self._discard_staging(result.token)
-
-    def _usable_parts(self, rank: int, result: Result) -> tuple[list[_Child], Delta]:
-        """The staged children not known yet, those that may be kept verified file by file,
-        and the run's QSYM map bits; raises _Unusable when the RESULT cannot be committed."""
-        if result.outcome in NOT_ANALYSED:
-            raise _Unusable(result.message or result.outcome)
-        if result.input_hash != self.dispatch.work_of(rank):
-            raise _Unusable("it ran other bytes than it was sent")
-        try:
-            map_bits = decode_delta(result.pruning)
-        except MalformedDelta as error:
-            raise _Unusable(str(error)) from None
-        # Only the bytes of a child that may be kept are read (F320: verified before it is
-        # promoted): one already known, or whose coverage adds nothing, is dropped unread.
-        # Hashing every generated file was the master's biggest cost per result.
-        children = []
-        for staged in result.staged:
-            if self.frontier.seen_before(staged.sha256):
-                continue
-            try:
-                coverage = FileCoverage.unpack(staged.coverage) \
-                    if self.triage is not None and staged.coverage is not None else None
-            except ValueError as error:
-                raise _Unusable(str(error)) from None
-            kept = coverage is None or coverage.status is not CoverageStatus.OK \
-                or self.triage.adds_coverage(coverage)
-            children.append(_Child(staged, coverage, kept))
-        problem = self.campaign.verify_staged(
-            result.token, [(c.staged.sha256, c.staged.size) for c in children if c.may_keep])
-        if problem is not None:
-            self.stats.staging_rejected += 1
-            raise _Unusable(f"staged results rejected: {problem}")
-        return children, map_bits
-
-    def _commit(self, rank: int, result: Result, children: list[_Child],
-                map_bits: Delta) -> None:
-        now = time.time()
-        parent = result.input_hash
-        for child in children:
-            self._triage_child(result.token, child, parent, now)
-        if self.pruning is not None:
-            self.pruning.merge(rank, map_bits)
-        outcome = Outcome(result.outcome) if result.outcome in Outcome._value2member_map_ \
-            else Outcome.ERROR
-        if outcome is Outcome.CRASH:
-            signal_number = -result.exit_status if (result.exit_status or 0) < 0 else None
-            self._save_crash(self.campaign.corpus / parent, parent, parent, signal_number, now)
-        elif outcome is Outcome.TIMEOUT:
-            self._save_hang(self.campaign.corpus / parent, parent, parent, now)
-        elif outcome is Outcome.ERROR:
-            self.stats.executor_errors += 1
-            log.warning("executor error on %s (rank %d): %s", parent[:12], rank, result.message)
-        self.campaign.record_done(parent, result.token, outcome.value)
-        self.stats.executions += 1
-        self.stats.generated += result.generated
-        self.stats.executor_time += result.wall_time
-        self.stats.solver_time += result.solver_time
-        self.stats.solver_queries += result.solver_queries
-        if result.queries_skipped is None:
-            self.stats.runs_without_counts += 1
-        else:
-            self.stats.queries_skipped += result.queries_skipped
-        worker = self.stats.per_worker[rank]
-        worker.executions += 1
-        worker.executor_time += result.wall_time
-
-    def _triage_child(self, token: str, child: _Child, parent: str, now: float) -> None:
-        digest = child.staged.sha256
-        self.frontier.see(digest)
-        self.stats.unique += 1
-        if not child.may_keep:
-            return
-        coverage = child.coverage
-        if coverage is not None:
-            if coverage.status is CoverageStatus.CRASH:
-                self._save_crash(self.campaign.staged_path(token, digest), digest, parent,
-                                 None, now)
-                return
-            if coverage.status is CoverageStatus.HANG:
-                self._save_hang(self.campaign.staged_path(token, digest), digest, parent, now)
-                return
-            if not self.triage.merge_novelty(coverage):
-                return  # an earlier child of this run covered the same
-            self.checkpoint.triage_dirty = True
-        self.campaign.promote(token, digest)
-        self.campaign.add_to_queue(digest, parent)
-        depth = (self.frontier.depth(parent) or 1) + 1  # AFL counts seeds as depth 1
-        self.frontier.set_depth(digest, depth)
-        self.stats.max_depth = max(self.stats.max_depth, depth)
-        self.frontier.add(digest)
-        self.stats.interesting += 1
-        self.stats.last_find = now
-
-    def _save_crash(self, path, digest: str, parent: str, signal_number: int | None,
-                    now: float) -> None:
-        self.stats.crashing_runs += 1
-        if self.campaign.save_finding("crashes", path, digest, parent, signal_number):
-            self.stats.crashes += 1
-            self.stats.last_crash = self.stats.last_find = now
-            if self.stats.first_crash_seconds is None:
-                self.stats.first_crash_seconds = now - self.stats.start_time
-
-    def _save_hang(self, path, digest: str, parent: str, now: float) -> None:
-        self.stats.hanging_runs += 1
-        if self.campaign.save_finding("hangs", path, digest, parent):
-            self.stats.hangs += 1
-            self.stats.last_hang = now
 
     def _discard_staging(self, token: str) -> None:
         self.campaign.discard_staging(token)

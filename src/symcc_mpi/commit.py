@@ -1,0 +1,161 @@
+"""Committing one analysed input: which children to read, verify, triage and promote, the
+QSYM map bits to merge, the done record, and the campaign's figures. Pure of MPI.
+
+The master calls `check` on a current RESULT, then `commit` inside the dispatch
+transaction's exception boundary. Commit order: promote children into corpus/ and the AFL
+queues, then append the input to the done journal (durable at the round's group commit); a
+crash anywhere before that leaves the input to be analysed again on --resume and loses no
+child already promoted.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+from .executors import Outcome
+from .protocol import NOT_ANALYSED, Result, StagedFile
+from .pruning import Delta, MalformedDelta
+from .pruning import decode as decode_delta
+from .triage import FileCoverage
+from .triage import Status as CoverageStatus
+
+log = logging.getLogger("symcc_mpi.commit")
+
+
+class Unusable(Exception):
+    """Why a current RESULT cannot be committed: its input goes back to the frontier."""
+
+
+@dataclass(frozen=True)
+class Child:
+    """A generated input new to the campaign, with its decoded coverage summary (if any)."""
+
+    staged: StagedFile
+    coverage: FileCoverage | None
+    may_keep: bool  # its bytes were verified: it is kept if it still adds coverage
+
+
+@dataclass(frozen=True)
+class Accepted:
+    children: list[Child]
+    map_bits: Delta
+
+
+class Committer:
+    def __init__(self, campaign, frontier, stats, *, triage, pruning, checkpoint):
+        self.campaign = campaign  # corpus.CampaignDir
+        self.frontier = frontier
+        self.stats = stats  # roles.master.MasterStats: updated as results commit
+        self.triage = triage  # triage.CoverageMap, or None: novelty by content hash alone
+        self.pruning = pruning  # pruning.PruningLedger, or None
+        self.checkpoint = checkpoint
+
+    def check(self, result: Result, sent_input: str | None) -> Accepted:
+        """What of a current RESULT can be committed: the staged children not known yet
+        (those that may be kept verified file by file) and the run's QSYM map bits. Raises
+        Unusable when it cannot be (its input then goes back to the frontier)."""
+        if result.outcome in NOT_ANALYSED:
+            raise Unusable(result.message or result.outcome)
+        if result.input_hash != sent_input:
+            raise Unusable("it ran other bytes than it was sent")
+        try:
+            map_bits = decode_delta(result.pruning)
+        except MalformedDelta as error:
+            raise Unusable(str(error)) from None
+        # Only the bytes of a child that may be kept are read (F320: verified before it is
+        # promoted): one already known, or whose coverage adds nothing, is dropped unread.
+        # Hashing every generated file was the master's biggest cost per result.
+        children = []
+        for staged in result.staged:
+            if self.frontier.seen_before(staged.sha256):
+                continue
+            try:
+                coverage = FileCoverage.unpack(staged.coverage) \
+                    if self.triage is not None and staged.coverage is not None else None
+            except ValueError as error:
+                raise Unusable(str(error)) from None
+            may_keep = coverage is None or coverage.status is not CoverageStatus.OK \
+                or self.triage.adds_coverage(coverage)
+            children.append(Child(staged, coverage, may_keep))
+        problem = self.campaign.verify_staged(
+            result.token, [(c.staged.sha256, c.staged.size) for c in children if c.may_keep])
+        if problem is not None:
+            self.stats.staging_rejected += 1
+            raise Unusable(f"staged results rejected: {problem}")
+        return Accepted(children, map_bits)
+
+    def commit(self, rank: int, result: Result, accepted: Accepted) -> None:
+        """Triage and promote the children, merge the map bits, record the input as done."""
+        now = time.time()
+        parent = result.input_hash
+        for child in accepted.children:
+            self._triage_child(result.token, child, parent, now)
+        if self.pruning is not None:
+            self.pruning.merge(rank, accepted.map_bits)
+        outcome = Outcome(result.outcome) if result.outcome in Outcome._value2member_map_ \
+            else Outcome.ERROR
+        if outcome is Outcome.CRASH:
+            signal_number = -result.exit_status if (result.exit_status or 0) < 0 else None
+            self._save_crash(self.campaign.corpus / parent, parent, parent, signal_number, now)
+        elif outcome is Outcome.TIMEOUT:
+            self._save_hang(self.campaign.corpus / parent, parent, parent, now)
+        elif outcome is Outcome.ERROR:
+            self.stats.executor_errors += 1
+            log.warning("executor error on %s (rank %d): %s", parent[:12], rank, result.message)
+        self.campaign.record_done(parent, result.token, outcome.value)
+        self.stats.executions += 1
+        self.stats.generated += result.generated
+        self.stats.executor_time += result.wall_time
+        self.stats.solver_time += result.solver_time
+        self.stats.solver_queries += result.solver_queries
+        if result.queries_skipped is None:
+            self.stats.runs_without_counts += 1
+        else:
+            self.stats.queries_skipped += result.queries_skipped
+        worker = self.stats.per_worker[rank]
+        worker.executions += 1
+        worker.executor_time += result.wall_time
+
+    def _triage_child(self, token: str, child: Child, parent: str, now: float) -> None:
+        digest = child.staged.sha256
+        self.frontier.see(digest)
+        self.stats.unique += 1
+        if not child.may_keep:
+            return
+        coverage = child.coverage
+        if coverage is not None:
+            if coverage.status is CoverageStatus.CRASH:
+                self._save_crash(self.campaign.staged_path(token, digest), digest, parent,
+                                 None, now)
+                return
+            if coverage.status is CoverageStatus.HANG:
+                self._save_hang(self.campaign.staged_path(token, digest), digest, parent, now)
+                return
+            if not self.triage.merge_novelty(coverage):
+                return  # an earlier child of this run covered the same
+            self.checkpoint.triage_dirty = True
+        self.campaign.promote(token, digest)
+        self.campaign.add_to_queue(digest, parent)
+        depth = (self.frontier.depth(parent) or 1) + 1  # AFL counts seeds as depth 1
+        self.frontier.set_depth(digest, depth)
+        self.stats.max_depth = max(self.stats.max_depth, depth)
+        self.frontier.add(digest)
+        self.stats.interesting += 1
+        self.stats.last_find = now
+
+    def _save_crash(self, path, digest: str, parent: str, signal_number: int | None,
+                    now: float) -> None:
+        self.stats.crashing_runs += 1
+        if self.campaign.save_finding("crashes", path, digest, parent, signal_number):
+            self.stats.crashes += 1
+            self.stats.last_crash = self.stats.last_find = now
+            if self.stats.first_crash_seconds is None:
+                self.stats.first_crash_seconds = now - self.stats.start_time
+
+    def _save_hang(self, path, digest: str, parent: str, now: float) -> None:
+        self.stats.hanging_runs += 1
+        if self.campaign.save_finding("hangs", path, digest, parent):
+            self.stats.hangs += 1
+            self.stats.last_hang = now
