@@ -13,6 +13,7 @@ from .faults import Faults
 from .protocol import ConfigVerdict, Tag
 
 log = logging.getLogger("symcc_mpi.session")
+SEND_FLUSH_TIMEOUT = 10.0
 
 
 def run_rank(config: CampaignConfig) -> int:
@@ -23,6 +24,15 @@ def run_rank(config: CampaignConfig) -> int:
 
     channel = Channel(MPI.COMM_WORLD)
     configure_logging(channel.rank)
+    try:
+        return _run_role(channel, config)
+    finally:
+        if not channel.flush(timeout=SEND_FLUSH_TIMEOUT):
+            log.warning("rank %d: messages still unsent after %g s at exit", channel.rank,
+                        SEND_FLUSH_TIMEOUT)
+
+
+def _run_role(channel, config: CampaignConfig) -> int:
     if channel.rank != 0:
         from .roles.worker import run_worker
 
