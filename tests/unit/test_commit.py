@@ -1,0 +1,348 @@
+"""The master's commit path (commit.Committer): which children of a RESULT are read, verified,
+triaged and promoted, and what the commit records. Real campaign directory, frontier,
+coverage map and pruning ledger; no MPI traffic."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from symcc_mpi.checkpoint import Checkpointer
+from symcc_mpi.commit import Committer, Unusable
+from symcc_mpi.corpus import CampaignDir, check_out_dir, sha256_bytes
+from symcc_mpi.protocol import INVALID_INPUT, Result, StagedFile
+from symcc_mpi.pruning import Delta, PruningLedger, PruningMode
+from symcc_mpi.pruning import encode as encode_delta
+from symcc_mpi.roles.master import MasterStats, WorkerStats
+from symcc_mpi.triage import CoverageMap, FileCoverage, Status
+
+TOKEN = "cd" * 16
+RANK = 1
+MAP_SIZE = 1 << 16
+
+
+class Setup:
+    def __init__(self, tmp_path, *, triage: bool):
+        self.campaign = CampaignDir(tmp_path / "out")
+        check_out_dir(self.campaign.out, resume=False)
+        self.campaign.create({"test": True})
+        self.frontier = self.campaign.inputs
+        self.stats = MasterStats(per_worker={RANK: WorkerStats()})
+        self.triage = CoverageMap(MAP_SIZE) if triage else None
+        self.pruning = PruningLedger(PruningMode.SHARED)
+        self.checkpoint = Checkpointer(self.campaign, pruning=self.pruning, triage=self.triage)
+        self.committer = Committer(self.campaign, self.frontier, self.stats,
+                                   triage=self.triage, pruning=self.pruning,
+                                   checkpoint=self.checkpoint)
+        self.parent = self.campaign.add_seed(b"seed input", "seed")
+        self.frontier.add(self.parent)
+        self.frontier.set_depth(self.parent, 3)
+        self.campaign.staging_dir(TOKEN).mkdir(parents=True)
+
+    def stage(self, data: bytes, pairs=None, status=Status.OK, *, write=True) -> StagedFile:
+        """A staged child; with write=False its file is left absent (must not be read)."""
+        digest = sha256_bytes(data)
+        if write:
+            (self.campaign.staging_dir(TOKEN) / digest).write_bytes(data)
+        coverage = None if pairs is None else \
+            FileCoverage.from_pairs(pairs, status, MAP_SIZE).pack()
+        return StagedFile(digest, len(data), coverage, status.value)
+
+    def result(self, staged=(), **fields) -> Result:
+        values = dict(token=TOKEN, input_hash=self.parent, outcome="ok", exit_status=0,
+                      wall_time=0.5, solver_time=0.25, staged=list(staged),
+                      generated=len(staged))
+        values.update(fields)
+        return Result(**values)
+
+    def check_and_commit(self, result: Result):
+        accepted = self.committer.check(result, self.parent)
+        self.committer.commit(RANK, result, accepted)
+        return accepted
+
+    def queue_names(self) -> list[str]:
+        return sorted(os.listdir(self.campaign.queue))
+
+    def crash_names(self) -> list[str]:
+        return sorted(os.listdir(self.campaign.crashes))
+
+
+@pytest.fixture
+def plain(tmp_path):
+    s = Setup(tmp_path, triage=False)
+    yield s
+    s.campaign.close()
+
+
+@pytest.fixture
+def triaged(tmp_path):
+    s = Setup(tmp_path, triage=True)
+    yield s
+    s.campaign.close()
+
+
+# -- check: results that cannot be committed ------------------------------------------------
+
+
+def test_not_analysed_outcome_is_unusable_with_its_message(plain):
+    result = plain.result(outcome=INVALID_INPUT, message="bytes differ from their hash")
+    with pytest.raises(Unusable, match="bytes differ from their hash"):
+        plain.committer.check(result, plain.parent)
+    with pytest.raises(Unusable, match="worker-error"):
+        plain.committer.check(plain.result(outcome="worker-error"), plain.parent)
+
+
+def test_other_input_hash_than_sent_is_unusable(plain):
+    with pytest.raises(Unusable, match="other bytes"):
+        plain.committer.check(plain.result(input_hash="e" * 64), plain.parent)
+    with pytest.raises(Unusable):
+        plain.committer.check(plain.result(), None)  # nothing was sent to that rank
+
+
+@pytest.mark.parametrize("payload", [
+    b"\xc1 not msgpack",
+    encode_delta(Delta(indices=b"\x00\x00\x00", bits=b"\x01")),  # 3 index bytes, 1 entry
+    encode_delta(Delta(indices=(1 << 20).to_bytes(4, "little"), bits=b"\x01")),  # off map
+    encode_delta(Delta(full=b"\x01" * 10)),  # a "whole map" of the wrong size
+])
+def test_malformed_pruning_delta_is_unusable(plain, payload):
+    with pytest.raises(Unusable, match="pruning delta"):
+        plain.committer.check(plain.result(pruning=payload), plain.parent)
+    assert plain.pruning.statistics().merged == 0
+
+
+@pytest.mark.parametrize("coverage", [
+    b"\xc1 not msgpack",
+    FileCoverage(Status.OK, edges=b"\x01\x00\x00", buckets=b"\x01").pack(),  # 3 index bytes
+    FileCoverage(Status.OK, edges=b"\x01\x00\x00\x00", buckets=b"\x03").pack(),  # not a bit
+    FileCoverage(Status.OK, map_size=-1).pack(),
+])
+def test_malformed_coverage_summary_is_unusable(triaged, coverage):
+    child = StagedFile(sha256_bytes(b"child"), 5, coverage)
+    with pytest.raises(Unusable, match="coverage summary"):
+        triaged.committer.check(triaged.result([child]), triaged.parent)
+
+
+def test_coverage_index_beyond_any_afl_map_is_unusable_at_check(triaged):
+    # BUG: FileCoverage.validate() accepts any u32 index, so check() passes this summary
+    # (adds_coverage: "an edge beyond everything seen") and commit() raises ValueError from
+    # CoverageMap.merge_novelty -- after the first child was promoted and queued, and out
+    # of the master's dispatch boundary (which re-raises): one bad summary stops the master.
+    first = triaged.stage(b"first child", [(5, 1)])
+    bad = triaged.stage(b"bad child", [(1 << 28, 1)])
+    with pytest.raises(Unusable, match="coverage summary"):
+        triaged.committer.check(triaged.result([first, bad]), triaged.parent)
+
+
+def test_child_whose_bytes_do_not_match_its_name_is_rejected(plain):
+    child = plain.stage(b"child")
+    (plain.campaign.staging_dir(TOKEN) / child.sha256).write_bytes(b"chilD")
+    with pytest.raises(Unusable, match="staged results rejected.*do not match"):
+        plain.committer.check(plain.result([child]), plain.parent)
+    assert plain.stats.staging_rejected == 1
+    missing = plain.stage(b"never written", write=False)
+    with pytest.raises(Unusable, match="staged results rejected"):
+        plain.committer.check(plain.result([missing]), plain.parent)
+    assert plain.stats.staging_rejected == 2
+
+
+def test_child_with_new_coverage_is_verified(triaged):
+    child = triaged.stage(b"child", [(7, 1)], write=False)
+    with pytest.raises(Unusable, match="staged results rejected"):
+        triaged.committer.check(triaged.result([child]), triaged.parent)
+    assert triaged.stats.staging_rejected == 1
+
+
+# -- check: what is not read ----------------------------------------------------------------
+
+
+def test_known_or_seen_children_are_skipped_unread(plain):
+    known = plain.stage(b"known child", write=False)
+    seen = plain.stage(b"seen child", write=False)
+    plain.frontier.add(known.sha256)
+    plain.frontier.see(seen.sha256)
+    also_parent = StagedFile(plain.parent, len(b"seed input"))  # the input regenerated
+    result = plain.result([known, seen, also_parent])
+    accepted = plain.committer.check(result, plain.parent)
+    assert accepted.children == []
+    plain.committer.commit(RANK, result, accepted)
+    assert plain.stats.unique == 0 and plain.stats.interesting == 0
+    assert len(plain.queue_names()) == 1  # the seed alone
+
+
+def test_child_adding_no_coverage_is_not_read_nor_promoted(triaged):
+    triaged.triage.merge(FileCoverage.from_pairs([(1, 1), (2, 4)], map_size=MAP_SIZE))
+    dull = triaged.stage(b"dull child", [(1, 1), (2, 4)], write=False)
+    empty = triaged.stage(b"empty child", [], write=False)  # no edge at all
+    result = triaged.result([dull, empty])
+    accepted = triaged.committer.check(result, triaged.parent)
+    assert [c.may_keep for c in accepted.children] == [False, False]
+    triaged.committer.commit(RANK, result, accepted)
+    assert triaged.frontier.seen_before(dull.sha256)
+    assert triaged.frontier.seen_before(empty.sha256)
+    assert dull.sha256 not in triaged.frontier.known
+    assert not (triaged.campaign.corpus / dull.sha256).exists()
+    assert triaged.stats.unique == 2 and triaged.stats.interesting == 0
+    assert len(triaged.queue_names()) == 1
+    assert not triaged.checkpoint.triage_dirty
+    # Seen now: a later result regenerating it skips it before even decoding its coverage.
+    assert triaged.committer.check(triaged.result([dull]), triaged.parent).children == []
+
+
+# -- commit: promotion ----------------------------------------------------------------------
+
+
+def test_child_with_new_coverage_is_promoted_queued_and_pending(triaged):
+    child = triaged.stage(b"new child", [(9, 1), (10, 2)])
+    triaged.check_and_commit(triaged.result([child]))
+    digest = child.sha256
+    assert (triaged.campaign.corpus / digest).read_bytes() == b"new child"
+    assert not (triaged.campaign.staging_dir(TOKEN) / digest).exists()  # moved, not copied
+    parent_id = triaged.frontier.queue_id(triaged.parent)
+    child_id = triaged.frontier.queue_id(digest)
+    name = f"id:{child_id:06d},src:{parent_id:06d},op:symcc"
+    assert name in triaged.queue_names()
+    assert (triaged.campaign.queue / name).read_bytes() == b"new child"
+    assert triaged.frontier.depth(digest) == 4
+    assert triaged.stats.max_depth == 4
+    assert list(triaged.frontier.pending) == [triaged.parent, digest]
+    assert triaged.stats.unique == 1 and triaged.stats.interesting == 1
+    assert triaged.stats.last_find > 0
+    assert triaged.checkpoint.triage_dirty
+    assert triaged.triage.edges_covered == 2
+
+
+def test_depth_of_a_child_of_a_seed_without_depth_is_two(plain):
+    other = plain.campaign.add_seed(b"other seed", "other")
+    plain.parent = other
+    child = plain.stage(b"grandchild")
+    plain.check_and_commit(plain.result([child], input_hash=other))
+    assert plain.frontier.depth(child.sha256) == 2
+
+
+def test_two_children_with_the_same_coverage_keep_the_first(triaged):
+    first = triaged.stage(b"first", [(20, 1), (21, 1)])
+    second = triaged.stage(b"second", [(20, 1), (21, 1)])
+    accepted = triaged.check_and_commit(triaged.result([first, second]))
+    assert [c.may_keep for c in accepted.children] == [True, True]  # both verified
+    assert (triaged.campaign.corpus / first.sha256).exists()
+    assert not (triaged.campaign.corpus / second.sha256).exists()
+    assert first.sha256 in triaged.frontier.known
+    assert second.sha256 not in triaged.frontier.known
+    assert triaged.frontier.seen_before(second.sha256)
+    assert triaged.stats.unique == 2 and triaged.stats.interesting == 1
+    assert len(triaged.queue_names()) == 2
+
+
+def test_without_triage_every_new_child_is_verified_and_kept(plain):
+    children = [plain.stage(b"a"), plain.stage(b"b", [(1, 1)]), plain.stage(b"c")]
+    plain.frontier.see(children[2].sha256)  # seen already: skipped
+    accepted = plain.check_and_commit(plain.result(children))
+    assert [c.staged for c in accepted.children] == children[:2]
+    assert all(c.may_keep and c.coverage is None for c in accepted.children)
+    for child in children[:2]:
+        assert child.sha256 in plain.frontier.known
+        assert (plain.campaign.corpus / child.sha256).exists()
+    assert plain.stats.interesting == 2
+    assert len(plain.queue_names()) == 3
+    assert not plain.checkpoint.triage_dirty
+
+
+def test_a_child_listed_twice_is_queued_once(plain):
+    # BUG: protocol.decode accepts a RESULT listing one staged file twice; check() only
+    # skips digests seen before the result, so commit() triages both: the second promote()
+    # returns False but add_to_queue() still publishes a second queue/ entry for the same
+    # bytes (and unique/interesting count it twice).
+    child = plain.stage(b"twice")
+    plain.check_and_commit(plain.result([child, child]))
+    assert len(plain.queue_names()) == 2  # the seed and the child, once
+    assert plain.stats.unique == 1 and plain.stats.interesting == 1
+
+
+# -- commit: crashes ------------------------------------------------------------------------
+
+
+def test_crashing_child_is_verified_and_saved_once(triaged):
+    crash = triaged.stage(b"crashing child", [(3, 1)], Status.CRASH, write=False)
+    with pytest.raises(Unusable, match="staged results rejected"):
+        triaged.committer.check(triaged.result([crash]), triaged.parent)
+    crash = triaged.stage(b"crashing child", [(3, 1)], Status.CRASH)
+    triaged.check_and_commit(triaged.result([crash]))
+    names = triaged.crash_names()
+    parent_id = triaged.frontier.queue_id(triaged.parent)
+    assert names == [f"id:000000,src:{parent_id:06d},op:symcc"]
+    assert (triaged.campaign.crashes / names[0]).read_bytes() == b"crashing child"
+    assert triaged.stats.crashes == 1 and triaged.stats.crashing_runs == 1
+    assert triaged.stats.first_crash_seconds is not None
+    assert triaged.stats.interesting == 0
+    assert crash.sha256 not in triaged.frontier.known
+    assert not (triaged.campaign.corpus / crash.sha256).exists()
+    # The same crash again (another token, not seen on this master): not saved twice.
+    triaged.frontier = triaged.committer.frontier = type(triaged.frontier)()
+    triaged.frontier.add(triaged.parent)
+    other = "ef" * 16
+    triaged.campaign.staging_dir(other).mkdir()
+    (triaged.campaign.staging_dir(other) / crash.sha256).write_bytes(b"crashing child")
+    triaged.check_and_commit(triaged.result([crash], token=other))
+    assert len(triaged.crash_names()) == 1
+    assert triaged.stats.crashes == 1 and triaged.stats.crashing_runs == 2
+
+
+def test_crashing_parent_is_saved_with_its_signal(plain):
+    plain.check_and_commit(plain.result(outcome="crash", exit_status=-11))
+    names = plain.crash_names()
+    assert len(names) == 1 and ",sig:11" in names[0]
+    assert (plain.campaign.crashes / names[0]).read_bytes() == b"seed input"
+    assert plain.stats.crashes == 1 and plain.stats.crashing_runs == 1
+    plain.campaign.sync_done()
+    assert plain.campaign.read_done()[-1]["outcome"] == "crash"
+
+
+# -- commit: records and figures ------------------------------------------------------------
+
+
+def test_commit_records_done_figures_and_pruning(triaged):
+    delta = Delta(indices=(5).to_bytes(4, "little") + (6).to_bytes(4, "little"),
+                  bits=b"\x01\x02")
+    child = triaged.stage(b"child", [(40, 1)])
+    result = triaged.result([child], pruning=encode_delta(delta), generated=7,
+                            solver_queries=11, queries_skipped=3)
+    triaged.check_and_commit(result)
+    triaged.campaign.sync_done()
+    records = triaged.campaign.read_done()
+    assert [(r["sha256"], r["token"], r["outcome"]) for r in records] == \
+        [(triaged.parent, TOKEN, "ok")]
+    stats = triaged.stats
+    assert (stats.executions, stats.generated, stats.solver_queries) == (1, 7, 11)
+    assert (stats.queries_skipped, stats.runs_without_counts) == (3, 0)
+    assert stats.executor_time == 0.5 and stats.solver_time == 0.25
+    assert stats.per_worker[RANK].executions == 1
+    assert stats.per_worker[RANK].executor_time == 0.5
+    ledger = triaged.pruning.statistics()
+    assert ledger.merged == 1 and ledger.new_entries == 2
+    assert triaged.pruning.dirty
+    assert triaged.checkpoint.triage_dirty
+
+    # A second run: sums, and one whose skipped queries are unknown.
+    second = triaged.result(token="ab" * 16, generated=2, solver_queries=4,
+                            queries_skipped=None)
+    triaged.check_and_commit(second)
+    assert (stats.executions, stats.generated, stats.solver_queries) == (2, 9, 15)
+    assert (stats.queries_skipped, stats.runs_without_counts) == (3, 1)
+    assert triaged.pruning.statistics().merged == 1  # an empty delta merges nothing
+    triaged.campaign.sync_done()
+    assert len(triaged.campaign.read_done()) == 2
+
+
+def test_no_coverage_growth_leaves_the_triage_map_clean(triaged):
+    triaged.check_and_commit(triaged.result())
+    assert not triaged.checkpoint.triage_dirty
+    assert triaged.stats.executions == 1
+
+
+def test_executor_error_is_counted_and_recorded(plain):
+    plain.check_and_commit(plain.result(outcome="something odd", message="boom"))
+    assert plain.stats.executor_errors == 1
+    plain.campaign.sync_done()
+    assert plain.campaign.read_done()[-1]["outcome"] == "error"
