@@ -67,10 +67,11 @@ class Committer:
         # Only the bytes of a child that may be kept are read (F320: verified before it is
         # promoted): one already known, or whose coverage adds nothing, is dropped unread.
         # Hashing every generated file was the master's biggest cost per result.
-        children = []
+        children, listed = [], set()
         for staged in result.staged:
-            if self.frontier.seen_before(staged.sha256):
+            if self.frontier.seen_before(staged.sha256) or staged.sha256 in listed:
                 continue
+            listed.add(staged.sha256)
             try:
                 coverage = FileCoverage.unpack(staged.coverage) \
                     if self.triage is not None and staged.coverage is not None else None

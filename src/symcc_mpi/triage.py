@@ -165,6 +165,8 @@ class FileCoverage(msgspec.Struct, frozen=True, array_like=True, gc=False):
             raise ValueError("coverage summary: a bucket is not a single AFL hit-count class bit")
         if not 0 <= self.map_size <= MAX_MAP_SIZE:
             raise ValueError(f"coverage summary: map size {self.map_size} out of range")
+        if self.edges and max(_u32_view(self.edges)) >= MAX_MAP_SIZE:
+            raise ValueError("coverage summary: a map index out of range")
 
 
 _VALID_BUCKETS = bytes(BUCKET_BITS)
