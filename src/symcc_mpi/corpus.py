@@ -333,9 +333,9 @@ class CampaignDir:
         self._done_unsynced = True
 
     def sync_done(self) -> None:
-        """Group commit: one fsync for every record since the last one. A crash before it
-        loses those records, never their children: those inputs are analysed again. The
-        directories the records' children were published in are made durable first."""
+        """Group commit (paced by checkpoint.py): one fsync for every record since the last
+        one. A crash before it loses those records, never their children: those inputs are
+        analysed again. The directories the children went to are made durable first."""
         if self._done_unsynced:
             for directory in self._published_in:
                 fsync_directory(directory)

@@ -19,6 +19,7 @@ from symcc_mpi import corpus as corpus_module
 from symcc_mpi.checkpoint import (
     PRUNING_DIR,
     SAVE_INTERVAL,
+    SYNC_INTERVAL,
     TRIAGE_FILE,
     Checkpointer,
     _TriageState,
@@ -227,3 +228,22 @@ def test_close_syncs_the_done_records(campaign, fsyncs):
     assert [r["sha256"] for r in CampaignDir(campaign.out).read_done()] == [digest]
     campaign.close()  # twice: harmless
     assert fsyncs[0] == 1
+
+
+def test_the_done_journal_is_synced_at_most_every_sync_interval(campaign, calls):
+    clock = FakeClock()
+    ledger = PruningLedger(PruningMode.SHARED)
+    keeper = Checkpointer(campaign, pruning=ledger, triage=None, clock=clock)
+    keeper.after_round()
+    ledger.merge(1, delta(3))
+    clock.now += SYNC_INTERVAL / 2
+    keeper.after_round()  # within the window: neither the journal nor a map is written
+    assert calls == ["sync"] and ledger.dirty
+    clock.now += SYNC_INTERVAL
+    keeper.after_round()
+    assert calls == ["sync", "sync"]  # the map is not due yet (SAVE_INTERVAL)
+    clock.now += SAVE_INTERVAL
+    keeper.after_round()
+    assert calls == ["sync", "sync", "sync", "save"]  # a map only right after a sync
+    keeper.after_round(final=True)  # the end syncs whatever the window
+    assert calls[-1] == "sync" and calls.count("sync") == 4
