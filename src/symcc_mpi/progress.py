@@ -76,6 +76,8 @@ def master_snapshot(master) -> CampaignSnapshot:
             "master_task_time": master.task_time_summary(),
             "master_loop_seconds": time.monotonic() - master.loop_started,
             "master_loop_cpu_seconds": time.process_time() - master.loop_cpu_start,
+            "master_wakeups": master.wakeups,
+            "doorbell_workers": len(master.ringing),
         },
     )
 

@@ -37,6 +37,7 @@ class Ready(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     """A worker asks for work; `token` is that of the dispatch it finished last."""
 
     token: str | None = None
+    rings: bool = False  # this worker rings the master's doorbell after each send
 
 
 class Work(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
@@ -89,6 +90,7 @@ class Fatal(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
 class ConfigVerdict(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     ok: bool
     error: str = ""
+    doorbell: str = ""  # the master's doorbell address (doorbell.py), for workers on its host
 
 
 ENVELOPES: dict[Tag, type[msgspec.Struct]] = {

@@ -11,17 +11,68 @@ one sender's messages to one receiver either way.
 
 from __future__ import annotations
 
+import statistics
 import time
+from collections import deque
 from dataclasses import dataclass
 
 import msgspec
 from mpi4py import MPI
 
+from .doorbell import Ringer
 from .protocol import MalformedMessage, Tag, decode, encode
 
 MIN_NAP = 0.00005
 MAX_NAP = 0.002
 NAP_GROWTH = 1.25  # slow growth: naps stay short for a while after any activity
+# A loop whose answers take long may nap longer: a nap delays the answer it sleeps through
+# by at most its length, so naps of LATENCY_SHARE of the typical round trip cost the workers
+# at most that share of their time. Each wake-up costs ~50 µs of CPU on these VMs, which
+# at 2 ms naps was a third of the master's CPU on real SymCC (tasks of ~100 ms).
+LATENCY_SHARE = 0.03
+LONG_NAP = 0.02  # a bound all the same: stop requests and deadlines are checked on waking
+ROUND_TRIP_WINDOW = 31
+DOORBELL_NAP = 0.1  # when every peer rings after it sends (doorbell.py)
+
+
+class Naps:
+    """How long to nap after a round that found nothing to do.
+
+    Naps grow from `first` by NAP_GROWTH up to max(first, MAX_NAP). `first` is MIN_NAP until
+    round trips are observed, then LATENCY_SHARE of their median, within [MIN_NAP, LONG_NAP].
+    While every peer rings a doorbell after it sends, a nap is DOORBELL_NAP, cut short by
+    the ring; a ring whose message the next probe did not find restarts the series.
+    """
+
+    def __init__(self) -> None:
+        self.round_trips: deque[float] = deque(maxlen=ROUND_TRIP_WINDOW)
+        self.first = MIN_NAP
+        self.current = MIN_NAP
+        self.doorbell = False
+        self.chasing = False  # a ring came before its message: nap on the schedule
+
+    def observe_round_trip(self, seconds: float) -> None:
+        self.round_trips.append(seconds)
+        typical = statistics.median(self.round_trips)
+        self.first = min(max(LATENCY_SHARE * typical, MIN_NAP), LONG_NAP)
+
+    def after(self, active: bool, rang: bool = False) -> float:
+        """The nap to take now: none after an active round, else the next in the series.
+        `rang`: the nap before this round ended with a ring."""
+        if active:
+            self.current = self.first
+            self.chasing = False
+            return 0.0
+        if rang:
+            self.current = MIN_NAP
+            self.chasing = True
+        if self.doorbell and not self.chasing:
+            return DOORBELL_NAP
+        nap = self.current
+        self.current = min(nap * NAP_GROWTH, max(self.first, MAX_NAP))
+        if nap >= max(self.first, MAX_NAP):
+            self.chasing = False  # as long as the schedule would wait: the bell again
+        return nap
 
 
 @dataclass(frozen=True)
@@ -40,12 +91,19 @@ class Channel:
         self.max_nap = max_nap
         self._status = MPI.Status()
         self._sending: list[tuple[MPI.Request, bytes]] = []  # the buffer outlives the send
+        self._doorbells: dict[int, Ringer] = {}
+
+    def ring_after_sends(self, dest: int, ringer: Ringer) -> None:
+        """Ring `dest`'s doorbell after each message to it (doorbell.py)."""
+        self._doorbells[dest] = ringer
 
     def send(self, dest: int, tag: Tag, message: msgspec.Struct) -> None:
         payload = encode(message)
         request = self.comm.Isend([payload, MPI.BYTE], dest=dest, tag=int(tag))
         if not request.Test():
             self._sending.append((request, payload))
+        if dest in self._doorbells:  # after the send: a ring must not precede its message
+            self._doorbells[dest].ring()
 
     def _progress_sends(self) -> None:
         if self._sending:

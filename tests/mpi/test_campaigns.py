@@ -46,6 +46,7 @@ def test_triton_campaign_with_afl_triage_finds_the_planted_bug(build, tmp_path, 
         assert dispatch[counter] == 0, (counter, dispatch)
     assert sum(w["executions"] for w in figures["per_worker"].values()) == figures["executions"]
     assert figures["edges_found"] > 0
+    assert figures["extra"]["doorbell_workers"] == workers  # one host: every worker rings
     # Triage keeps an input only for new coverage: the kept ones are a subset of the new ones.
     assert figures["interesting"] <= figures["unique"]
     fuzzer_stats = (out / "fuzzer_stats").read_text()

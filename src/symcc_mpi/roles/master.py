@@ -25,6 +25,7 @@ from ..corpus import CampaignDir
 from ..dispatch.coordinator import DispatchCoordinator
 from ..dispatch.tables import CommitStart, ResultClass
 from ..dispatch.watchdog import WatchdogConfig
+from ..doorbell import Doorbell
 from ..faults import Faults
 from ..protocol import (
     INVALID_INPUT,
@@ -38,7 +39,7 @@ from ..protocol import (
     Work,
 )
 from ..pruning import PruningLedger
-from ..transport import MIN_NAP, NAP_GROWTH, Channel
+from ..transport import Channel, Naps
 
 log = logging.getLogger("symcc_mpi.master")
 
@@ -122,8 +123,13 @@ class Master:
         self.ack_deadline = 0.0
         self.acked: set[int] = set()
         self.workers = list(range(1, channel.size))
+        # Per token in flight: when its WORK went out, and the master time that took.
+        self.sends: dict[str, tuple[float, float]] = {}
+        self.naps = Naps()
+        self.doorbell = Doorbell()
+        self.ringing: set[int] = set()  # workers that ring it after each send
+        self.wakeups = 0
         # Master time spent on each task (hand-off + handling its RESULT), for benchmarks.
-        self.send_seconds: dict[str, float] = {}
         self.dispatch_mark = 0.0
         self.task_seconds: deque[float] = deque(maxlen=100_000)
         self.loop_cpu_start = 0.0
@@ -142,9 +148,10 @@ class Master:
         for signum in (signal.SIGINT, signal.SIGTERM):
             signal.signal(signum, self._on_signal)
         for rank in self.workers:
-            self.channel.send(rank, Tag.CONFIG, ConfigVerdict(ok=True))
+            self.channel.send(rank, Tag.CONFIG,
+                              ConfigVerdict(ok=True, doorbell=self.doorbell.address))
         next_report = 0.0
-        nap = MIN_NAP
+        rang = False
         self.loop_cpu_start = time.process_time()
         self.loop_started = time.monotonic()
         next_sweep = 0.0
@@ -159,7 +166,7 @@ class Master:
             now = time.monotonic()
             if handled:
                 for recovery in self.dispatch.join().recoveries:
-                    self.send_seconds.pop(recovery.token, None)
+                    self.sends.pop(recovery.token, None)
                     self._discard_staging(recovery.token)  # its worker is done with it
             if self.phase is Phase.RUNNING:
                 self.dispatch_mark = time.perf_counter()
@@ -167,17 +174,17 @@ class Master:
             if handled or now >= next_sweep:
                 next_sweep = now + SWEEP_INTERVAL
                 for recovery in self.dispatch.sweep():
-                    self.send_seconds.pop(recovery.token, None)  # its staging may still grow
+                    self.sends.pop(recovery.token, None)  # its staging may still grow
                 self.checkpoint.after_round()
                 self._advance_phase()
             if now >= next_report:
                 self.report()
                 next_report = now + REPORT_INTERVAL
-            if handled:
-                nap = MIN_NAP
+            if nap := self.naps.after(active=handled > 0, rang=rang):
+                rang = self.doorbell.wait(nap)
+                self.wakeups += 1
             else:
-                time.sleep(nap)
-                nap = min(nap * NAP_GROWTH, self.channel.max_nap)
+                rang = False
         self.checkpoint.after_round(final=True)
         self.report(final=True)
         return 1 if self.stats.stop_reason.startswith("no usable worker") else 0
@@ -193,6 +200,9 @@ class Master:
                 self.dispatch.ready(rank, None, malformed=True)
             return
         if isinstance(message, Ready):
+            if message.rings and rank not in self.ringing:
+                self.ringing.add(rank)
+                self._count_doorbells()
             self.dispatch.ready(rank, message.token)
         elif isinstance(message, Result):
             self._on_result(rank, message)
@@ -223,15 +233,17 @@ class Master:
         # A dispatch's master time runs from the previous send (or the round's first) to its
         # own: reading the input, the transaction, the send.
         now = time.perf_counter()
-        self.send_seconds[work.token] = now - self.dispatch_mark
+        self.sends[work.token] = (now, now - self.dispatch_mark)
         self.dispatch_mark = now
 
     def _on_result(self, rank: int, result: Result) -> None:
         started = time.perf_counter()
         self._judge_and_commit(rank, result)
-        sent = self.send_seconds.pop(result.token, None)
+        sent = self.sends.pop(result.token, None)
         if sent is not None:
-            self.task_seconds.append(sent + time.perf_counter() - started)
+            sent_at, sending = sent
+            self.naps.observe_round_trip(started - sent_at)
+            self.task_seconds.append(sending + time.perf_counter() - started)
 
     def task_time_summary(self) -> dict:
         samples = list(self.task_seconds)
@@ -256,13 +268,11 @@ class Master:
             if result.outcome == INVALID_INPUT and self.pruning is not None:
                 self.pruning.forget(rank)  # it may have refused the map bits we sent
             self.dispatch.reject(rank, result.token)
-            self._discard_staging(result.token)
-            return
+            return  # the worker removes its staging (worker.py), here as after a commit
         with self.dispatch.boundary(rank):
             if self.dispatch.begin_commit(rank, result.token) is CommitStart.COMMITTING:
                 self.committer.commit(rank, result, accepted)
                 self.dispatch.finish(rank, result.token)
-        self._discard_staging(result.token)
 
     def _discard_staging(self, token: str) -> None:
         self.campaign.discard_staging(token)
@@ -272,10 +282,15 @@ class Master:
         worker.host, worker.fatal = fatal.host, fatal.reason
         log.error("rank %d on %s cannot work: %s", rank, fatal.host, fatal.reason)
         self.dispatch.retire(rank, fatal.reason)
+        self._count_doorbells()
         if all(self.stats.per_worker[r].fatal for r in self.workers):
             self._begin_stop(f"no usable worker: {fatal.reason}")
 
     # -- stopping ------------------------------------------------------------------------
+
+    def _count_doorbells(self) -> None:
+        self.naps.doorbell = all(rank in self.ringing or self.stats.per_worker[rank].fatal
+                                 for rank in self.workers)
 
     def _on_signal(self, signum, frame) -> None:
         self.stop_requested_by_signal = True
@@ -342,6 +357,7 @@ class Master:
         if self.dispatch.deferrals is not None:
             self.dispatch.deferrals.close()
         self.campaign.close()
+        self.doorbell.close()
 
     # -- reporting -----------------------------------------------------------------------
 

@@ -17,6 +17,7 @@ from mpi4py import MPI
 from ..config import CampaignConfig
 from ..corpus import sha256_bytes, sha256_file
 from ..dispatch.objects import OBJECT_CACHE_CAPACITY
+from ..doorbell import Ringer
 from ..executors import ExecutorError, make_executor
 from ..faults import Faults
 from ..protocol import (
@@ -45,6 +46,9 @@ def run_worker(channel: Channel, config: CampaignConfig) -> int:
     verdict = _wait_for(channel, Tag.CONFIG)
     if not isinstance(verdict, ConfigVerdict) or not verdict.ok:
         return 2
+    doorbell = Ringer(verdict.doorbell)
+    if doorbell.reachable:
+        channel.ring_after_sends(MASTER, doorbell)
     scratch = Path(tempfile.mkdtemp(prefix=f"symcc-mpi-w{channel.rank}-"))
     # Node-local: QSYM rewrites the whole map file at every interesting branch.
     qsym_map = WorkerMap(scratch / "qsym.map") if config.prunes else None
@@ -62,12 +66,21 @@ def run_worker(channel: Channel, config: CampaignConfig) -> int:
     executions = 0
     executor_time = 0.0
     last_token = None
+    # This rank removes its own staging, off the master's path: once the master sends the
+    # next WORK it has handled the RESULT before it (MPI keeps RESULT ahead of READY), and
+    # the removal runs while the master handles the following RESULT.
+    finished_staging: list[Path] = []
     try:
         while True:
-            channel.send(MASTER, Tag.READY, Ready(last_token))
+            channel.send(MASTER, Tag.READY, Ready(last_token, rings=doorbell.reachable))
+            for stage in finished_staging:
+                shutil.rmtree(stage, ignore_errors=True)
+            finished_staging.clear()
             message = _wait_for(channel, Tag.WORK, Tag.STOP)
             if isinstance(message, Stop):
                 break
+            if last_token is not None:
+                finished_staging.append(config.out / ".staging" / last_token)
             try:
                 result = execute(message, config, executor, probe, scratch, objects, qsym_map)
             except Exception as error:  # noqa: BLE001 - reported to the master as data
@@ -89,9 +102,12 @@ def run_worker(channel: Channel, config: CampaignConfig) -> int:
                 continue
             channel.send(MASTER, Tag.RESULT, result)
             executor_time += result.wall_time
+        if last_token is not None:  # STOP comes after the master is done with it
+            shutil.rmtree(config.out / ".staging" / last_token, ignore_errors=True)
         channel.send(MASTER, Tag.STOP_ACK, StopAck(executions, executor_time))
     finally:
         executor.close()
+        doorbell.close()
         shutil.rmtree(scratch, ignore_errors=True)
     return 0
 
