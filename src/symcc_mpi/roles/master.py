@@ -11,6 +11,7 @@ from __future__ import annotations
 import enum
 import logging
 import os
+import shutil
 import signal
 import statistics
 import sys
@@ -318,9 +319,10 @@ class Master:
             elif now >= self.ack_deadline:
                 missing = sorted(set(self.workers) - self.acked)
                 parked = self.dispatch.gate.parked()
-                for rank in missing:
-                    if rank in parked:  # whatever it stages now would be refused anyway
-                        self._discard_staging(parked[rank])
+                # Whatever is staged now would be refused: the work in flight was taken back,
+                # and the ranks that acknowledged STOP removed their own staging.
+                for leftover in self.campaign.leftover_staging():
+                    shutil.rmtree(leftover, ignore_errors=True)
                 log.error("workers %s did not acknowledge STOP within %.0f s%s; ending the "
                           "job, what was committed is kept", missing, SHUTDOWN_GRACE,
                           " (parked: silent since the watchdog took back their work)"
