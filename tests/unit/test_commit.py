@@ -198,7 +198,12 @@ def test_child_with_new_coverage_is_promoted_queued_and_pending(triaged):
     triaged.check_and_commit(triaged.result([child]))
     digest = child.sha256
     assert (triaged.campaign.corpus / digest).read_bytes() == b"new child"
-    assert not (triaged.campaign.staging_dir(TOKEN) / digest).exists()  # moved, not copied
+    # The bytes the master verified are published, never the staged inode itself (a worker's
+    # file that could still change); the worker removes its staging.
+    assert not os.path.samefile(triaged.campaign.corpus / digest,
+                                triaged.campaign.staging_dir(TOKEN) / digest)
+    assert os.path.samefile(triaged.campaign.corpus / digest,
+                            triaged.campaign.queue / triaged.queue_names()[-1])
     parent_id = triaged.frontier.queue_id(triaged.parent)
     child_id = triaged.frontier.queue_id(digest)
     name = f"id:{child_id:06d},src:{parent_id:06d},op:symcc"
