@@ -14,6 +14,7 @@ import logging
 import time
 from dataclasses import dataclass
 
+from .corpus import StagingRejected
 from .executors import Outcome
 from .protocol import NOT_ANALYSED, Result, StagedFile
 from .pruning import Delta, MalformedDelta
@@ -41,6 +42,7 @@ class Child:
 class Accepted:
     children: list[Child]
     map_bits: Delta
+    verified: dict[str, bytes]  # the bytes of each child that may be kept, as hashed
 
 
 class Committer:
@@ -80,28 +82,29 @@ class Committer:
             may_keep = coverage is None or coverage.status is not CoverageStatus.OK \
                 or self.triage.adds_coverage(coverage)
             children.append(Child(staged, coverage, may_keep))
-        problem = self.campaign.verify_staged(
-            result.token, [(c.staged.sha256, c.staged.size) for c in children if c.may_keep])
-        if problem is not None:
+        try:
+            verified = self.campaign.verify_staged(
+                result.token, [(c.staged.sha256, c.staged.size) for c in children if c.may_keep])
+        except StagingRejected as problem:
             self.stats.staging_rejected += 1
-            raise Unusable(f"staged results rejected: {problem}")
-        return Accepted(children, map_bits)
+            raise Unusable(f"staged results rejected: {problem}") from None
+        return Accepted(children, map_bits, verified)
 
     def commit(self, rank: int, result: Result, accepted: Accepted) -> None:
         """Triage and promote the children, merge the map bits, record the input as done."""
         now = time.time()
         parent = result.input_hash
         for child in accepted.children:
-            self._triage_child(result.token, child, parent, now)
+            self._triage_child(child, accepted.verified.get(child.staged.sha256), parent, now)
         if self.pruning is not None:
             self.pruning.merge(rank, accepted.map_bits)
         outcome = Outcome(result.outcome) if result.outcome in Outcome._value2member_map_ \
             else Outcome.ERROR
         if outcome is Outcome.CRASH:
             signal_number = -result.exit_status if (result.exit_status or 0) < 0 else None
-            self._save_crash(self.campaign.corpus / parent, parent, parent, signal_number, now)
+            self._save_crash(parent, parent, signal_number, now)
         elif outcome is Outcome.TIMEOUT:
-            self._save_hang(self.campaign.corpus / parent, parent, parent, now)
+            self._save_hang(parent, parent, now)
         elif outcome is Outcome.ERROR:
             self.stats.executor_errors += 1
             log.warning("executor error on %s (rank %d): %s", parent[:12], rank, result.message)
@@ -119,25 +122,31 @@ class Committer:
         worker.executions += 1
         worker.executor_time += result.wall_time
 
-    def _triage_child(self, token: str, child: Child, parent: str, now: float) -> None:
+    def _triage_child(self, child: Child, data: bytes | None, parent: str, now: float) -> None:
+        """`data`: the child's verified bytes (None when it may not be kept).
+
+        The child is noted as seen only after what it asked for is published: a promotion
+        that raises leaves it unseen, so the run of its parent, retried, offers it again. The
+        coverage map learns its bits after the promotion for the same reason (a child whose
+        bits were merged would be dropped by the retry as adding nothing)."""
         digest = child.staged.sha256
+        coverage = child.coverage
+        if child.may_keep:
+            if coverage is not None and coverage.status is CoverageStatus.CRASH:
+                self._save_crash(digest, parent, None, now, data=data)
+            elif coverage is not None and coverage.status is CoverageStatus.HANG:
+                self._save_hang(digest, parent, now, data=data)
+            elif coverage is None or self.triage.adds_coverage(coverage):
+                # Not already covered by an earlier child of this run.
+                self._keep(digest, data, parent, now)
+                if coverage is not None:
+                    self.triage.merge_novelty(coverage)
+                    self.checkpoint.triage_dirty = True
         self.frontier.see(digest)
         self.stats.unique += 1
-        if not child.may_keep:
-            return
-        coverage = child.coverage
-        if coverage is not None:
-            if coverage.status is CoverageStatus.CRASH:
-                self._save_crash(self.campaign.staged_path(token, digest), digest, parent,
-                                 None, now)
-                return
-            if coverage.status is CoverageStatus.HANG:
-                self._save_hang(self.campaign.staged_path(token, digest), digest, parent, now)
-                return
-            if not self.triage.merge_novelty(coverage):
-                return  # an earlier child of this run covered the same
-            self.checkpoint.triage_dirty = True
-        self.campaign.promote(token, digest)
+
+    def _keep(self, digest: str, data: bytes, parent: str, now: float) -> None:
+        self.campaign.promote(digest, data)
         self.campaign.add_to_queue(digest, parent)
         depth = (self.frontier.depth(parent) or 1) + 1  # AFL counts seeds as depth 1
         self.frontier.set_depth(digest, depth)
@@ -146,17 +155,18 @@ class Committer:
         self.stats.interesting += 1
         self.stats.last_find = now
 
-    def _save_crash(self, path, digest: str, parent: str, signal_number: int | None,
-                    now: float) -> None:
+    def _save_crash(self, digest: str, parent: str, signal_number: int | None, now: float,
+                    *, data: bytes | None = None) -> None:
         self.stats.crashing_runs += 1
-        if self.campaign.save_finding("crashes", path, digest, parent, signal_number):
+        if self.campaign.save_finding("crashes", digest, parent, signal_number, data=data):
             self.stats.crashes += 1
             self.stats.last_crash = self.stats.last_find = now
             if self.stats.first_crash_seconds is None:
                 self.stats.first_crash_seconds = now - self.stats.start_time
 
-    def _save_hang(self, path, digest: str, parent: str, now: float) -> None:
+    def _save_hang(self, digest: str, parent: str, now: float, *,
+                   data: bytes | None = None) -> None:
         self.stats.hanging_runs += 1
-        if self.campaign.save_finding("hangs", path, digest, parent):
+        if self.campaign.save_finding("hangs", digest, parent, data=data):
             self.stats.hangs += 1
             self.stats.last_hang = now

@@ -23,6 +23,7 @@ from pathlib import Path
 from .durable.atomic import fsync_directory
 from .frontier import Frontier
 from .protocol import SHA256_PATTERN, TOKEN_PATTERN
+from .regular import DIRECTORY_FLAGS, read_regular
 from .report import afl_queue_name, parse_afl_queue_id
 
 MARKER = ".symcc-mpi"
@@ -32,6 +33,10 @@ LAYOUT_VERSION = 1
 
 class CampaignError(Exception):
     """The campaign directory cannot be used as asked: one line, exit status 2."""
+
+
+class StagingRejected(Exception):
+    """A staged file is missing, not a regular file, or not named by the SHA-256 of its bytes."""
 
 
 class CorruptInput(OSError):
@@ -53,12 +58,16 @@ def sha256_file(path: Path) -> str:
 def write_atomic(path: Path, data: bytes, *, fsync: bool = False) -> None:
     """Write through a temporary file in the same directory, then rename over `path`."""
     temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(temporary, "wb") as handle:
-        handle.write(data)
-        if fsync:
-            handle.flush()
-            os.fsync(handle.fileno())
-    os.replace(temporary, path)
+    try:
+        with open(temporary, "wb") as handle:
+            handle.write(data)
+            if fsync:
+                handle.flush()
+                os.fsync(handle.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        temporary.unlink(missing_ok=True)  # a full disk must not leave half a file behind
+        raise
 
 
 def check_out_dir(out: Path, *, resume: bool) -> None:
@@ -266,32 +275,51 @@ class CampaignDir:
             raise ValueError(f"bad token {token!r}")
         return os.path.join(self._staging, token)
 
-    def staged_path(self, token: str, digest: str) -> str:
-        return os.path.join(self._staging_dir(token), digest)
+    def verify_staged(self, token: str, manifest: list[tuple[str, int]]) -> dict[str, bytes]:
+        """Read every announced file and check it is named by the SHA-256 of its bytes;
+        return those bytes by digest: they, not the staged files, are what `promote` and
+        `save_finding` publish. Raises StagingRejected with the first mismatch.
 
-    def verify_staged(self, token: str, manifest: list[tuple[str, int]]) -> str | None:
-        """Check every announced file is there, named by the SHA-256 of its bytes.
-
-        Returns the reason of the first mismatch, or None when the whole manifest holds.
+        Check-then-use (issue 9): the staging directory is written by a worker, and a file
+        there may change, or be swapped for a link, after it was hashed. So each one is read
+        once, from a descriptor opened without following links (regular.read_regular, under
+        the staging directory's own descriptor, itself not a link), and the master publishes
+        the bytes it hashed: nothing staged can reach corpus/ under a name that is not the
+        SHA-256 of its bytes. Linking from the verified descriptor would not do: its inode
+        can still be written. Holding the bytes costs no extra read (only the children that
+        may be kept are read, as before); publishing costs one small write per kept child
+        where a rename did.
         """
-        directory = self._staging_dir(token)
-        for digest, size in manifest:
-            path = os.path.join(directory, digest)
-            try:
-                if os.stat(path).st_size != size:
-                    return f"staged {digest[:12]}: size differs from manifest"
-                if sha256_file(path) != digest:
-                    return f"staged {digest[:12]}: bytes do not match their SHA-256"
-            except OSError as error:
-                return f"staged {digest[:12]}: {error.strerror}"
-        return None
+        if not manifest:
+            return {}
+        try:
+            directory = os.open(self._staging_dir(token), DIRECTORY_FLAGS)
+        except OSError as error:
+            raise StagingRejected(f"staging directory {token[:12]}: "
+                                  f"{error.strerror}") from None
+        verified = {}
+        try:
+            for digest, size in manifest:
+                try:
+                    data = read_regular(digest, size, dir_fd=directory)
+                except ValueError as problem:
+                    raise StagingRejected(f"staged {digest[:12]}: {problem}") from None
+                except OSError as error:
+                    raise StagingRejected(f"staged {digest[:12]}: {error.strerror}") from None
+                if sha256_bytes(data) != digest:
+                    raise StagingRejected(f"staged {digest[:12]}: bytes do not match their "
+                                          "SHA-256")
+                verified[digest] = data
+        finally:
+            os.close(directory)
+        return verified
 
-    def promote(self, token: str, digest: str) -> bool:
-        """Move one verified staged file into corpus/; False if it was already there."""
+    def promote(self, digest: str, data: bytes) -> bool:
+        """Publish verified bytes as corpus/<digest>; False if it was already there."""
         target = os.path.join(self._corpus, digest)
         if os.path.exists(target):
             return False
-        os.rename(self.staged_path(token, digest), target)
+        write_atomic(Path(target), data)
         self._published_in.add(self.corpus)
         return True
 
@@ -300,21 +328,28 @@ class CampaignDir:
 
     def _add_to_queue(self, digest: str, *, sources: tuple[int, ...] = (),
                       orig: str | None = None) -> None:
-        entry_id = self._take_id("queue")
+        entry_id = self._next_ids["queue"]
         name = afl_queue_name(entry_id, sources, orig=orig)
         _publish_link(os.path.join(self._corpus, digest), os.path.join(self._queue, name))
+        self._take_id("queue")  # only once published: a failed link leaves no gap in the ids
         self._published_in.add(self.queue)
         self.inputs.set_queue_id(digest, entry_id)
 
-    def save_finding(self, kind: str, source: Path, digest: str, parent: str | None,
-                     signal: int | None = None) -> bool:
-        """Record a crashing or hanging input once; False if it is known already."""
+    def save_finding(self, kind: str, digest: str, parent: str | None,
+                     signal: int | None = None, *, data: bytes | None = None) -> bool:
+        """Record a crashing or hanging input once; False if it is known already. `data`: the
+        verified bytes of a child that is not in corpus/; without it, corpus/<digest>."""
         known = self.crash_hashes if kind == "crashes" else self.hang_hashes
         if digest in known:
             return False
-        name = afl_queue_name(self._take_id(kind), self._source_ids(parent), sig=signal)
+        name = afl_queue_name(self._next_ids[kind], self._source_ids(parent), sig=signal)
         directory = self.crashes if kind == "crashes" else self.hangs
-        _publish_link(source, os.path.join(directory, name))
+        target = os.path.join(directory, name)
+        if data is None:
+            _publish_link(os.path.join(self._corpus, digest), target)
+        else:
+            write_atomic(Path(target), data)
+        self._take_id(kind)
         self._published_in.add(directory)
         known.add(digest)
         return True

@@ -4,7 +4,9 @@ coverage map and pruning ledger; no MPI traffic."""
 
 from __future__ import annotations
 
+import errno
 import os
+from pathlib import Path
 
 import pytest
 
@@ -198,7 +200,12 @@ def test_child_with_new_coverage_is_promoted_queued_and_pending(triaged):
     triaged.check_and_commit(triaged.result([child]))
     digest = child.sha256
     assert (triaged.campaign.corpus / digest).read_bytes() == b"new child"
-    assert not (triaged.campaign.staging_dir(TOKEN) / digest).exists()  # moved, not copied
+    # The bytes the master verified are published, never the staged inode itself (a worker's
+    # file that could still change); the worker removes its staging.
+    assert not os.path.samefile(triaged.campaign.corpus / digest,
+                                triaged.campaign.staging_dir(TOKEN) / digest)
+    assert os.path.samefile(triaged.campaign.corpus / digest,
+                            triaged.campaign.queue / triaged.queue_names()[-1])
     parent_id = triaged.frontier.queue_id(triaged.parent)
     child_id = triaged.frontier.queue_id(digest)
     name = f"id:{child_id:06d},src:{parent_id:06d},op:symcc"
@@ -346,3 +353,143 @@ def test_executor_error_is_counted_and_recorded(plain):
     assert plain.stats.executor_errors == 1
     plain.campaign.sync_done()
     assert plain.campaign.read_done()[-1]["outcome"] == "error"
+
+
+# -- commit: staged files that are not what was verified (issue 9) ---------------------------
+
+OUTSIDE = b"bytes of a file outside the campaign: never published\n"
+
+
+def public_bytes(s: Setup) -> list[bytes]:
+    """Every file in corpus/, queue/, crashes/ and hangs/."""
+    return [path.read_bytes() for directory in (s.campaign.corpus, s.campaign.queue,
+                                                s.campaign.crashes, s.campaign.hangs)
+            for path in directory.iterdir() if path.is_file()]
+
+
+def assert_public_names_hold(s: Setup) -> None:
+    for path in s.campaign.corpus.iterdir():
+        assert sha256_bytes(path.read_bytes()) == path.name
+
+
+@pytest.mark.parametrize("swap", ["rewrite", "symlink", "symlink-to-etc-passwd", "fifo"])
+@pytest.mark.parametrize("kind", [Status.OK, Status.CRASH])
+def test_a_staged_file_changed_after_verification_never_reaches_the_corpus(triaged, tmp_path,
+                                                                           swap, kind):
+    """The hook between check (verify_staged) and commit (promote): the staged file is
+    rewritten or replaced. What is published is the verified bytes, under their name."""
+    outside = tmp_path / "outside"
+    outside.write_bytes(OUTSIDE)
+    child = triaged.stage(b"verified child", [(11, 1)], kind)
+    result = triaged.result([child])
+    accepted = triaged.committer.check(result, triaged.parent)
+    staged = triaged.campaign.staging_dir(TOKEN) / child.sha256
+    staged.unlink()
+    if swap == "rewrite":
+        staged.write_bytes(OUTSIDE)
+    elif swap == "symlink":
+        staged.symlink_to(outside)
+    elif swap == "symlink-to-etc-passwd":
+        staged.symlink_to("/etc/passwd")
+    else:
+        os.mkfifo(staged)
+    triaged.committer.commit(RANK, result, accepted)
+    published = public_bytes(triaged)
+    assert b"verified child" in published
+    assert OUTSIDE not in published
+    assert open("/etc/passwd", "rb").read() not in published
+    assert_public_names_hold(triaged)
+    for directory in (triaged.campaign.corpus, triaged.campaign.queue,
+                      triaged.campaign.crashes):
+        assert not any(p.is_symlink() for p in directory.iterdir())
+
+
+@pytest.mark.parametrize("make", ["symlink", "symlink-to-etc-passwd", "fifo", "directory"])
+def test_a_staged_entry_that_is_not_a_regular_file_is_rejected_unread(plain, tmp_path, make):
+    """Named by the digest of real bytes, but a link to them (or a FIFO, which must not
+    block the master): the result is refused, nothing is published."""
+    outside = tmp_path / "outside"
+    outside.write_bytes(OUTSIDE)
+    target = outside if make == "symlink" else Path("/etc/passwd")
+    child = plain.stage(target.read_bytes(), write=False)
+    staged = plain.campaign.staging_dir(TOKEN) / child.sha256
+    if make.startswith("symlink"):
+        staged.symlink_to(target)
+    elif make == "fifo":
+        os.mkfifo(staged)
+    else:
+        staged.mkdir()
+    with pytest.raises(Unusable, match="staged results rejected.*not a regular file"):
+        plain.committer.check(plain.result([child]), plain.parent)
+    assert plain.stats.staging_rejected == 1
+    assert target.read_bytes() not in public_bytes(plain)
+
+
+def test_a_staging_directory_that_is_a_symlink_is_rejected(plain, tmp_path):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / sha256_bytes(OUTSIDE)).write_bytes(OUTSIDE)
+    token = "ef" * 16
+    plain.campaign.staging_dir(token).symlink_to(elsewhere)
+    child = StagedFile(sha256_bytes(OUTSIDE), len(OUTSIDE))
+    with pytest.raises(Unusable, match="staged results rejected"):
+        plain.committer.check(plain.result([child], token=token), plain.parent)
+    assert OUTSIDE not in public_bytes(plain)
+
+
+# -- commit: a promotion that fails (issue 9) ------------------------------------------------
+
+
+class FailingOnce:
+    """Wraps one CampaignDir method: its `call`-th call raises OSError(errno)."""
+
+    def __init__(self, method, call: int, error: int):
+        self.method, self.call, self.error, self.calls = method, call, error, 0
+
+    def __call__(self, *args, **kwargs):
+        self.calls += 1
+        if self.calls == self.call:
+            raise OSError(self.error, os.strerror(self.error))
+        return self.method(*args, **kwargs)
+
+
+@pytest.mark.parametrize("where", ["promote", "add_to_queue", "save_finding"])
+def test_a_failed_promotion_leaves_the_child_unseen_and_a_retry_promotes_it(triaged, where):
+    kept = triaged.stage(b"kept first", [(20, 1)])
+    failing = triaged.stage(b"fails to publish", [(21, 1)],
+                            Status.CRASH if where == "save_finding" else Status.OK)
+    result = triaged.result([kept, failing])
+    accepted = triaged.committer.check(result, triaged.parent)
+    # The first child publishes; the second's publication raises.
+    call = 1 if where == "save_finding" else 2
+    setattr(triaged.campaign, where,
+            FailingOnce(getattr(triaged.campaign, where), call, errno.ENOSPC))
+    with pytest.raises(OSError) as raised:
+        triaged.committer.commit(RANK, result, accepted)
+    assert raised.value.errno == errno.ENOSPC  # visible to the master's failure handler
+    # What was promoted before the failure stays valid; the failing child is unseen.
+    assert (triaged.campaign.corpus / kept.sha256).read_bytes() == b"kept first"
+    assert kept.sha256 in triaged.frontier.known
+    assert not triaged.frontier.seen_before(failing.sha256)
+    assert triaged.parent not in triaged.frontier.done
+    assert_public_names_hold(triaged)
+    queue_before = triaged.queue_names()
+    # The retried run of the same input (fresh staging) publishes the failed child.
+    retry = "ef" * 16
+    triaged.campaign.staging_dir(retry).mkdir()
+    for data in (b"kept first", b"fails to publish"):
+        (triaged.campaign.staging_dir(retry) / sha256_bytes(data)).write_bytes(data)
+    again = triaged.result([kept, failing], token=retry)
+    triaged.committer.commit(RANK, again, triaged.committer.check(again, triaged.parent))
+    assert triaged.frontier.seen_before(failing.sha256)
+    if where == "save_finding":
+        assert [n.startswith("id:000000") for n in triaged.crash_names()] == [True]
+        assert (triaged.campaign.crashes / triaged.crash_names()[0]).read_bytes() == \
+            b"fails to publish"
+    else:
+        assert (triaged.campaign.corpus / failing.sha256).read_bytes() == b"fails to publish"
+        assert failing.sha256 in triaged.frontier.known
+        names = triaged.queue_names()
+        assert len(names) == len(queue_before) + 1
+        # AFL queue ids stay dense: the failed link took no id.
+        assert [int(n[3:9]) for n in names] == list(range(len(names)))

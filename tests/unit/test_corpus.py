@@ -9,6 +9,7 @@ from symcc_mpi.corpus import (
     CampaignDir,
     CampaignError,
     CorruptInput,
+    StagingRejected,
     check_out_dir,
     sha256_bytes,
 )
@@ -68,18 +69,22 @@ def test_second_master_is_refused(campaign):
 
 def test_verify_and_promote(campaign):
     d = stage(campaign, b"child")
-    assert campaign.verify_staged(TOKEN, [(d, 5)]) is None
-    assert campaign.promote(TOKEN, d)
+    verified = campaign.verify_staged(TOKEN, [(d, 5)])
+    assert verified == {d: b"child"}
+    assert campaign.promote(d, verified[d])
     assert (campaign.corpus / d).read_bytes() == b"child"
-    assert not campaign.promote(TOKEN, d)  # already public: nothing to do
+    assert not campaign.promote(d, verified[d])  # already public: nothing to do
 
 
 def test_tampered_staging_is_rejected(campaign):
     d = stage(campaign, b"child")
     (campaign.staging_dir(TOKEN) / d).write_bytes(b"chilD")
-    assert "do not match" in campaign.verify_staged(TOKEN, [(d, 5)])
-    assert "size" in campaign.verify_staged(TOKEN, [(d, 6)])
-    assert "No such file" in campaign.verify_staged(TOKEN, [("0" * 64, 1)])
+    with pytest.raises(StagingRejected, match="do not match"):
+        campaign.verify_staged(TOKEN, [(d, 5)])
+    with pytest.raises(StagingRejected, match="size"):
+        campaign.verify_staged(TOKEN, [(d, 6)])
+    with pytest.raises(StagingRejected, match="No such file"):
+        campaign.verify_staged(TOKEN, [("0" * 64, 1)])
 
 
 def test_staging_path_cannot_escape(campaign):
@@ -131,7 +136,7 @@ def test_corpus_file_whose_bytes_do_not_match_is_quarantined_when_read(campaign)
 def test_queue_names_and_resume_numbering(campaign):
     seed = campaign.add_seed(b"seed", "my,seed")
     d = stage(campaign, b"child")
-    campaign.promote(TOKEN, d)
+    campaign.promote(d, campaign.verify_staged(TOKEN, [(d, len(b"child"))])[d])
     campaign.add_to_queue(d, seed)
     names = sorted(p.name for p in campaign.queue.iterdir())
     assert names == ["id:000000,orig:my_seed", "id:000001,src:000000,op:symcc"]
@@ -144,7 +149,6 @@ def test_queue_names_and_resume_numbering(campaign):
 
 def test_findings_are_saved_once(campaign):
     seed = campaign.add_seed(b"boom", "s")
-    path = campaign.corpus / seed
-    assert campaign.save_finding("crashes", path, seed, seed, 11)
-    assert not campaign.save_finding("crashes", path, seed, seed, 11)
+    assert campaign.save_finding("crashes", seed, seed, 11)
+    assert not campaign.save_finding("crashes", seed, seed, 11)
     assert [p.name for p in campaign.crashes.iterdir()] == ["id:000000,sig:11,src:000000,op:symcc"]

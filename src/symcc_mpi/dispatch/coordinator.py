@@ -49,6 +49,8 @@ from .watchdog import (
     ProtocolRecovery,
     ReadyVerdict,
     Recovery,
+    RecoveryOutcome,
+    RecoverySource,
     RetiredDispatchGate,
     WatchdogConfig,
 )
@@ -144,6 +146,18 @@ class DispatchCoordinator:
         """The commit went through (the caller journalled the input as done)."""
         tx = self.tables.finish(rank, token)
         self.frontier.mark_done(tx.work_id)
+
+    def commit_failed(self, rank: int, token: str) -> RecoveryOutcome | None:
+        """The commit of `rank`'s dispatch raised before it finished: roll the dispatch back
+        and send its input through the retry/defer path, as a bad RESULT's is. What was
+        published before the failure stays; the retried run offers the rest again (its
+        children were not marked seen). None if that dispatch is not committing."""
+        found = self.tables.find(rank)
+        if found is None or found[0] is not Table.COMMITTING or found[1].token != token:
+            return None
+        self.tables.abort(rank, token)
+        self.counts["commit_failures"] += 1
+        return self.recovery.recover(found[1].work_id, RecoverySource.COMMIT_FAILED)
 
     @contextmanager
     def boundary(self, rank: int) -> Iterator[None]:
@@ -268,6 +282,7 @@ class DispatchCoordinator:
             "deferred_in_memory": recovery.deferred_in_memory,
             "recoveries_by_source": dict(recovery.by_source),
             "invalid_results": self.counts["invalid_results"],
+            "commit_failures": self.counts["commit_failures"],
             "invalid_joins": watchdog.invalid_joins,
             "stale_results": watchdog.stale_results,
             "stale_ready": self.counts["stale_ready"],

@@ -194,6 +194,7 @@ class RetiredDispatchGate:
 class RecoverySource(enum.Enum):
     INVALID_RESULT = "invalid-result"  # F316: READY without a valid RESULT, or a bad RESULT
     WATCHDOG_TIMEOUT = "watchdog-timeout"  # F317: no RESULT nor READY before the deadline
+    COMMIT_FAILED = "commit-failed"  # publishing its children raised (an OSError)
 
 
 class RecoveryAction(enum.Enum):

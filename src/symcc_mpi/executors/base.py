@@ -24,7 +24,10 @@ class ExecutionResult:
     exit_status: int | None  # exit code, or -signal, or None when never started
     wall_time: float  # seconds
     solver_time: float = 0.0  # seconds spent in constraint solving, when known
-    generated: tuple[Path, ...] = ()  # every file the run left in its output directory
+    generated: tuple[Path, ...] = ()  # every regular file the run left in its output directory
+    # Entries of the output directory that are not regular files (symlink, FIFO, ...), by
+    # kind: never read, only counted (regular.list_regular).
+    skipped: tuple[tuple[str, int], ...] = ()
     message: str = ""  # for ERROR: what went wrong, one line
     extra: dict = field(default_factory=dict)
     solver_queries: int = 0  # solver checks made
@@ -38,8 +41,9 @@ class ExecutorError(Exception):
 class Executor(Protocol):
     """Runs the target on one input and collects the test cases it generated.
 
-    `output_dir` is an empty private directory (SYMCC_OUTPUT_DIR); every file left in it
-    after the run is a generated test case.
+    `output_dir` is an empty private directory (SYMCC_OUTPUT_DIR); every regular file left
+    in it after the run is a generated test case. Anything else there (a symlink, a FIFO, a
+    device, a socket, a directory) is skipped unread and reported in `skipped`.
     """
 
     name: str

@@ -16,6 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from ..regular import list_regular
 from .base import ExecutionResult, Outcome
 
 log = logging.getLogger("symcc_mpi.executors.symcc")
@@ -148,11 +149,11 @@ class SymccExecutor:
             outcome = Outcome.OK
         _kill_group(process.pid)  # descendants the target left behind
         # A dot-file is a test case still being written when the run was killed.
-        generated = tuple(sorted(p for p in output_dir.iterdir()
-                                 if p.is_file() and not p.name.startswith(".")))
-        return ExecutionResult(outcome, status, wall, solver_seconds(stderr), generated,
+        listing = list_regular(output_dir, skip_hidden=True)
+        return ExecutionResult(outcome, status, wall, solver_seconds(stderr), listing.files,
                                solver_queries=stderr.count(_QUERY_STAT),
-                               queries_skipped=self._queries_skipped())
+                               queries_skipped=self._queries_skipped(),
+                               skipped=tuple(sorted(listing.skipped.items())))
 
     def _queries_skipped(self) -> int | None:
         if self.counters_file is None:

@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+from ..regular import list_regular
 from .base import ExecutionResult, ExecutorError, Outcome
 
 SERVER_MODULE = "symcc_mpi.executors.triton_server"
@@ -197,6 +198,8 @@ class TritonExecutor:
             reply = self._read_reply(t0 + self.timeout + _REPLY_GRACE)
         except OSError:
             pass
+        listing = list_regular(output_dir)
+        skipped = tuple(sorted(listing.skipped.items()))
         if reply is None or "outcome" not in reply:
             # Dead or wedged: the next run starts a fresh server.
             self._discard_server()
@@ -204,7 +207,8 @@ class TritonExecutor:
                 outcome=Outcome.ERROR,
                 exit_status=None,
                 wall_time=time.monotonic() - t0,
-                generated=_listing(output_dir),
+                generated=listing.files,
+                skipped=skipped,
                 message="the triton server died during the run",
             )
         return ExecutionResult(
@@ -212,14 +216,8 @@ class TritonExecutor:
             exit_status=reply.get("exit_status"),
             wall_time=float(reply.get("wall_time", time.monotonic() - t0)),
             solver_time=float(reply.get("solver_time", 0.0)),
-            generated=_listing(output_dir),
+            generated=listing.files,
+            skipped=skipped,
             message=reply.get("message", ""),
             extra=reply.get("extra", {}),
         )
-
-
-def _listing(output_dir: Path) -> tuple[Path, ...]:
-    try:
-        return tuple(sorted(p for p in output_dir.iterdir() if p.is_file()))
-    except OSError:
-        return ()

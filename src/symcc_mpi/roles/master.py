@@ -9,6 +9,7 @@ commit (`commit.Committer`) runs inside its exception boundary.
 from __future__ import annotations
 
 import enum
+import errno
 import logging
 import os
 import shutil
@@ -272,8 +273,21 @@ class Master:
             return  # the worker removes its staging (worker.py), here as after a commit
         with self.dispatch.boundary(rank):
             if self.dispatch.begin_commit(rank, result.token) is CommitStart.COMMITTING:
-                self.committer.commit(rank, result, accepted)
+                try:
+                    self.committer.commit(rank, result, accepted)
+                except OSError as error:
+                    self._on_commit_failure(rank, result, error)
+                    return
                 self.dispatch.finish(rank, result.token)
+
+    def _on_commit_failure(self, rank: int, result: Result, error: OSError) -> None:
+        """Publishing a result's children raised: its input is retried (deferred after
+        repeated failures), never forgotten, and the loop goes on. `error.errno` says why."""
+        outcome = self.dispatch.commit_failed(rank, result.token)
+        log.warning("committing the result of %s from rank %d failed (%s): input %s",
+                    result.input_hash[:12], rank,
+                    errno.errorcode.get(error.errno, "no errno") + f": {error.strerror or error}",
+                    outcome.action.value if outcome is not None else "already recovered")
 
     def _discard_staging(self, token: str) -> None:
         self.campaign.discard_staging(token)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import secrets
@@ -10,12 +11,13 @@ import signal
 import socket
 import subprocess
 import tempfile
+from collections import Counter
 from pathlib import Path
 
 from mpi4py import MPI
 
 from ..config import CampaignConfig
-from ..corpus import sha256_bytes, sha256_file
+from ..corpus import sha256_bytes
 from ..dispatch.objects import OBJECT_CACHE_CAPACITY
 from ..doorbell import Ringer
 from ..executors import ExecutorError, make_executor
@@ -34,6 +36,7 @@ from ..protocol import (
     Work,
 )
 from ..pruning import MalformedDelta, WorkerMap
+from ..regular import NotRegularFile, open_regular
 from ..transport import Channel
 
 log = logging.getLogger("symcc_mpi.worker")
@@ -63,6 +66,7 @@ def run_worker(channel: Channel, config: CampaignConfig) -> int:
         return 1
     objects = ObjectStore(scratch / "objects")
     faults = Faults(channel.rank)
+    skipped = SkippedEntries(channel.rank)
     executions = 0
     executor_time = 0.0
     last_token = None
@@ -82,7 +86,8 @@ def run_worker(channel: Channel, config: CampaignConfig) -> int:
             if last_token is not None:
                 finished_staging.append(config.out / ".staging" / last_token)
             try:
-                result = execute(message, config, executor, probe, scratch, objects, qsym_map)
+                result = execute(message, config, executor, probe, scratch, objects, skipped,
+                                 qsym_map)
             except Exception as error:  # noqa: BLE001 - reported to the master as data
                 log.exception("rank %d: executing %s failed", channel.rank,
                               message.input_hash[:12])
@@ -104,6 +109,9 @@ def run_worker(channel: Channel, config: CampaignConfig) -> int:
             executor_time += result.wall_time
         if last_token is not None:  # STOP comes after the master is done with it
             shutil.rmtree(config.out / ".staging" / last_token, ignore_errors=True)
+        if skipped.counts:
+            log.warning("rank %d: skipped in output directories, not regular files: %s",
+                        channel.rank, skipped.summary())
         channel.send(MASTER, Tag.STOP_ACK, StopAck(executions, executor_time))
     finally:
         executor.close()
@@ -113,9 +121,11 @@ def run_worker(channel: Channel, config: CampaignConfig) -> int:
 
 
 def execute(work: Work, config: CampaignConfig, executor, probe, scratch: Path,
-            objects: ObjectStore, qsym_map: WorkerMap | None = None) -> Result:
+            objects: ObjectStore, skipped: SkippedEntries,
+            qsym_map: WorkerMap | None = None) -> Result:
     """Run one input: keep the objects and map bits WORK carries, verify the input's bytes,
-    run it, stage its children named by SHA-256, report what it added to the QSYM map."""
+    run it, stage its children named by SHA-256, report what it added to the QSYM map.
+    Output entries that are not regular files are tallied in `skipped`."""
     if qsym_map is not None:
         try:
             qsym_map.receive(work.pruning)
@@ -145,15 +155,9 @@ def execute(work: Work, config: CampaignConfig, executor, probe, scratch: Path,
     if qsym_map is not None:
         qsym_map.prepare()
     outcome = executor.run(local_input, raw)
-    stage.mkdir(parents=True, exist_ok=True)
-    staged: dict[str, Path] = {}
-    for path in outcome.generated:
-        digest = sha256_file(path)
-        if digest in staged or digest == work.input_hash:
-            continue
-        target = stage / digest
-        shutil.move(path, target)
-        staged[digest] = target
+    staged, refused = stage_generated(outcome.generated, stage, work.input_hash)
+    skipped.note(outcome.skipped)
+    skipped.note(refused.items())
     entries = _describe(staged, probe)
     return Result(
         token=work.token, input_hash=actual, outcome=outcome.outcome.value,
@@ -162,6 +166,62 @@ def execute(work: Work, config: CampaignConfig, executor, probe, scratch: Path,
         message=outcome.message, pruning=qsym_map.contribution() if qsym_map else b"",
         solver_queries=outcome.solver_queries, queries_skipped=outcome.queries_skipped,
     )
+
+
+def stage_generated(paths, stage: Path, input_hash: str) -> tuple[dict[str, Path], Counter]:
+    """Copy each generated file into `stage`, named by the SHA-256 of the bytes copied; return
+    the staged files by digest, and the entries refused as not regular files, by kind.
+
+    The executor listed regular files only, but the target's directory is the target's: an
+    entry may have been swapped since. Each is opened without following a link nor waiting
+    on a FIFO, checked on its descriptor (regular.open_regular), and the bytes hashed are the
+    bytes written, read once from that descriptor. A copy, not a rename: a renamed inode is
+    still the one anything left holding it open can change after it was hashed.
+    """
+    stage.mkdir(parents=True, exist_ok=True)
+    staged: dict[str, Path] = {}
+    refused: Counter = Counter()
+    partial = stage / ".partial"  # never in a manifest: names there are SHA-256 digests
+    for path in paths:
+        try:
+            fd, _ = open_regular(path)
+        except NotRegularFile as not_regular:
+            refused[not_regular.kind] += 1
+            continue
+        digest = hashlib.sha256()
+        with os.fdopen(fd, "rb") as source, open(partial, "wb") as copy:
+            for block in iter(lambda: source.read(1 << 20), b""):
+                digest.update(block)
+                copy.write(block)
+        name = digest.hexdigest()
+        if name in staged or name == input_hash:
+            partial.unlink()
+            continue
+        os.replace(partial, stage / name)
+        staged[name] = stage / name
+    return staged, refused
+
+
+class SkippedEntries:
+    """Output-directory entries that were not test cases (symlinks, FIFOs, devices, ...),
+    over this worker's whole run: one warning the first time a kind appears, the totals at
+    STOP, so that a user can tell without a line per execution."""
+
+    def __init__(self, rank: int):
+        self.rank = rank
+        self.counts: Counter = Counter()
+
+    def note(self, kinds) -> None:
+        """`kinds`: (kind, count) pairs."""
+        for kind, count in kinds:
+            if count and not self.counts[kind]:
+                log.warning("rank %d: the target left a %s in its output directory; skipped "
+                            "unread (only regular files are test cases), further ones are "
+                            "counted", self.rank, kind)
+            self.counts[kind] += count
+
+    def summary(self) -> str:
+        return ", ".join(f"{count} {kind}" for kind, count in sorted(self.counts.items()))
 
 
 class ObjectStore:
