@@ -151,6 +151,11 @@ class FileCoverage(msgspec.Struct, frozen=True, array_like=True, gc=False):
     def edge_count(self) -> int:
         return len(self.buckets)
 
+    @property
+    def top_index(self) -> int:
+        """The highest map index hit, -1 if none."""
+        return max(_u32_view(self.edges)) if self.edges else -1
+
     def pairs(self) -> list[tuple[int, int]]:
         """The (map index, bucket bit) pairs, in ascending index order."""
         return list(zip(_u32_view(self.edges), self.buckets, strict=True))
@@ -165,7 +170,7 @@ class FileCoverage(msgspec.Struct, frozen=True, array_like=True, gc=False):
             raise ValueError("coverage summary: a bucket is not a single AFL hit-count class bit")
         if not 0 <= self.map_size <= MAX_MAP_SIZE:
             raise ValueError(f"coverage summary: map size {self.map_size} out of range")
-        if self.edges and max(_u32_view(self.edges)) >= MAX_MAP_SIZE:
+        if self.top_index >= MAX_MAP_SIZE:
             raise ValueError("coverage summary: a map index out of range")
 
 

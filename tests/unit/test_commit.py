@@ -9,9 +9,9 @@ import os
 import pytest
 
 from symcc_mpi.checkpoint import Checkpointer
-from symcc_mpi.commit import Committer, Unusable
+from symcc_mpi.commit import Committer, Refused, Unusable
 from symcc_mpi.corpus import CampaignDir, check_out_dir, sha256_bytes
-from symcc_mpi.protocol import INVALID_INPUT, Result, StagedFile
+from symcc_mpi.protocol import INVALID_INPUT, Result, ResultField, StagedFile
 from symcc_mpi.pruning import Delta, PruningLedger, PruningMode
 from symcc_mpi.pruning import encode as encode_delta
 from symcc_mpi.roles.master import MasterStats, WorkerStats
@@ -249,15 +249,15 @@ def test_without_triage_every_new_child_is_verified_and_kept(plain):
     assert not plain.checkpoint.triage_dirty
 
 
-def test_a_child_listed_twice_is_queued_once(plain):
-    # BUG: protocol.decode accepts a RESULT listing one staged file twice; check() only
-    # skips digests seen before the result, so commit() triages both: the second promote()
-    # returns False but add_to_queue() still publishes a second queue/ entry for the same
-    # bytes (and unique/interesting count it twice).
+def test_a_child_listed_twice_is_never_queued_twice(plain):
+    # An honest worker stages each digest once: a manifest listing one twice is refused
+    # whole (issue 9), so the child is queued neither twice nor at all from this RESULT.
     child = plain.stage(b"twice")
-    plain.check_and_commit(plain.result([child, child]))
-    assert len(plain.queue_names()) == 2  # the seed and the child, once
-    assert plain.stats.unique == 1 and plain.stats.interesting == 1
+    with pytest.raises(Refused) as refused:
+        plain.check_and_commit(plain.result([child, child]))
+    assert refused.value.field is ResultField.DUPLICATE
+    assert len(plain.queue_names()) == 1  # the seed alone
+    assert plain.stats.unique == 0 and plain.stats.interesting == 0
 
 
 # -- commit: crashes ------------------------------------------------------------------------
@@ -341,8 +341,15 @@ def test_no_coverage_growth_leaves_the_triage_map_clean(triaged):
     assert triaged.stats.executions == 1
 
 
+def test_an_outcome_outside_the_closed_set_is_refused(plain):
+    with pytest.raises(Refused) as refused:
+        plain.check_and_commit(plain.result(outcome="something odd", message="boom"))
+    assert refused.value.field is ResultField.OUTCOME
+    assert plain.stats.executions == 0
+
+
 def test_executor_error_is_counted_and_recorded(plain):
-    plain.check_and_commit(plain.result(outcome="something odd", message="boom"))
+    plain.check_and_commit(plain.result(outcome="error", message="boom"))
     assert plain.stats.executor_errors == 1
     plain.campaign.sync_done()
     assert plain.campaign.read_done()[-1]["outcome"] == "error"
