@@ -22,7 +22,7 @@ from .protocol import (
     Result,
     staged_entry_problem,
 )
-from .triage import FileCoverage
+from .triage import DEFAULT_MAP_SIZE, FileCoverage
 from .triage import Status as ProbeStatus
 
 # Exit statuses are 0..255, or -signal; anything else did not come from a process.
@@ -115,8 +115,11 @@ def _coverage(digest: str, blob: bytes, status: ProbeStatus, map_size: int) -> F
     if map_size and coverage.map_size not in (0, map_size):
         raise InvalidResult(ResultField.COVERAGE, f"staged {digest[:12]}: coverage summary "
                             f"for a map of {coverage.map_size}, the campaign's has {map_size}")
-    limit = map_size or coverage.map_size
-    if limit and coverage.top_index >= limit:
+    # Neither side knows the size yet (a summary of an empty file, probed alone): AFL's own
+    # default, which an honest summary exceeds only for a larger map, and only until the
+    # first summary that names it.
+    limit = map_size or coverage.map_size or DEFAULT_MAP_SIZE
+    if coverage.top_index >= limit:
         raise InvalidResult(ResultField.COVERAGE, f"staged {digest[:12]}: coverage summary: "
                             f"a map index beyond the map size {limit}")
     return coverage

@@ -70,7 +70,7 @@ class Novelty(enum.IntEnum):
 BUCKET_BITS = (1, 2, 4, 8, 16, 32, 64, 128)
 # AFL++ caps map sizes at 2^28 (MAP_SIZE_POW2 <= 28); anything larger is a corrupt summary.
 MAX_MAP_SIZE = 1 << 28
-_DEFAULT_MAP_SIZE = 1 << 16
+DEFAULT_MAP_SIZE = 1 << 16
 # afl-showmap refuses -t below 20 ms ("Dangerously low value of -t").
 _MIN_TIMEOUT_MS = 20
 
@@ -503,7 +503,7 @@ class CoverageProbe:
         if map_size is not None:
             self.map_size = map_size
         elif self.map_size is None:
-            self.map_size = int(self._env.get("AFL_MAP_SIZE", _DEFAULT_MAP_SIZE))
+            self.map_size = int(self._env.get("AFL_MAP_SIZE", DEFAULT_MAP_SIZE))
         if outcome.completed and not outcome.statuses and pending:
             raise TriageError(
                 "afl-showmap printed no per-file status: it needs AFL_PRINT_FILENAMES "
