@@ -353,3 +353,24 @@ def test_executor_error_is_counted_and_recorded(plain):
     assert plain.stats.executor_errors == 1
     plain.campaign.sync_done()
     assert plain.campaign.read_done()[-1]["outcome"] == "error"
+
+
+def test_refusals_at_check_name_their_field(plain):
+    def field_of(res):
+        with pytest.raises(Refused) as refused:
+            plain.committer.check(res, plain.parent)
+        return refused.value.field
+
+    assert field_of(plain.result(input_hash="e" * 64)) is ResultField.INPUT_HASH
+    assert field_of(plain.result(pruning=b"\xc1 not msgpack")) is ResultField.PRUNING
+    child = plain.stage(b"child")
+    (plain.campaign.staging_dir(TOKEN) / child.sha256).write_bytes(b"chilD")
+    assert field_of(plain.result([child])) is ResultField.STAGED_BYTES
+    absent = plain.stage(b"absent", write=False)
+    assert field_of(plain.result([absent])) is ResultField.MISSING_FILE
+    fifo = plain.stage(b"fifo", write=False)
+    os.mkfifo(plain.campaign.staging_dir(TOKEN) / fifo.sha256)  # never opened
+    assert field_of(plain.result([fifo])) is ResultField.NOT_REGULAR
+    with pytest.raises(Unusable) as not_analysed:  # honest: not a refusal
+        plain.committer.check(plain.result(outcome=INVALID_INPUT), plain.parent)
+    assert not isinstance(not_analysed.value, Refused)
