@@ -16,9 +16,10 @@ from dataclasses import dataclass
 
 from .corpus import StagingRejected
 from .executors import Outcome
-from .protocol import NOT_ANALYSED, Result, StagedFile
+from .protocol import NOT_ANALYSED, Result, ResultField, ResultOutcome, StagedFile
 from .pruning import Delta, MalformedDelta
 from .pruning import decode as decode_delta
+from .result_check import InvalidResult, check_fields, check_staged_files
 from .triage import FileCoverage
 from .triage import Status as CoverageStatus
 
@@ -27,6 +28,15 @@ log = logging.getLogger("symcc_mpi.commit")
 
 class Unusable(Exception):
     """Why a current RESULT cannot be committed: its input goes back to the frontier."""
+
+
+class Refused(Unusable):
+    """A current RESULT with a field that cannot be believed (result_check.InvalidResult):
+    its rank is counted towards retirement as well."""
+
+    def __init__(self, invalid: InvalidResult):
+        super().__init__(str(invalid))
+        self.field = invalid.field
 
 
 @dataclass(frozen=True)
@@ -57,37 +67,46 @@ class Committer:
     def check(self, result: Result, sent_input: str | None) -> Accepted:
         """What of a current RESULT can be committed: the staged children not known yet
         (those that may be kept verified file by file) and the run's QSYM map bits. Raises
-        Unusable when it cannot be (its input then goes back to the frontier)."""
+        Refused when a field of it cannot be believed, Unusable when the worker says it did
+        not analyse its input (either way the input goes back to the frontier)."""
+        try:
+            return self._check(result, sent_input)
+        except InvalidResult as invalid:
+            raise Refused(invalid) from None
+
+    def _check(self, result: Result, sent_input: str | None) -> Accepted:
+        coverages = check_fields(
+            result, map_size=self.triage.map_size if self.triage is not None else None)
         if result.outcome in NOT_ANALYSED:
-            raise Unusable(result.message or result.outcome)
+            raise Unusable(result.message or ResultOutcome(result.outcome).value)
         if result.input_hash != sent_input:
-            raise Unusable("it ran other bytes than it was sent")
+            raise InvalidResult(ResultField.INPUT_HASH, "it ran other bytes than it was sent")
         try:
             map_bits = decode_delta(result.pruning)
         except MalformedDelta as error:
-            raise Unusable(str(error)) from None
+            raise InvalidResult(ResultField.PRUNING, str(error)) from None
         # Only the bytes of a child that may be kept are read (F320: verified before it is
         # promoted): one already known, or whose coverage adds nothing, is dropped unread.
         # Hashing every generated file was the master's biggest cost per result.
-        children, listed = [], set()
-        for staged in result.staged:
-            if self.frontier.seen_before(staged.sha256) or staged.sha256 in listed:
+        children = []
+        for staged, coverage in zip(result.staged, coverages, strict=True):
+            if self.frontier.seen_before(staged.sha256):
                 continue
-            listed.add(staged.sha256)
-            try:
-                coverage = FileCoverage.unpack(staged.coverage) \
-                    if self.triage is not None and staged.coverage is not None else None
-            except ValueError as error:
-                raise Unusable(str(error)) from None
             may_keep = coverage is None or coverage.status is not CoverageStatus.OK \
                 or self.triage.adds_coverage(coverage)
             children.append(Child(staged, coverage, may_keep))
+        kept = [c.staged for c in children if c.may_keep]
         try:
-            verified = self.campaign.verify_staged(
-                result.token, [(c.staged.sha256, c.staged.size) for c in children if c.may_keep])
-        except StagingRejected as problem:
+            check_staged_files(str(self.campaign.staging_dir(result.token)),
+                               [staged.sha256 for staged in kept])
+            try:
+                verified = self.campaign.verify_staged(result.token,
+                                                       [(s.sha256, s.size) for s in kept])
+            except StagingRejected as problem:
+                raise InvalidResult(ResultField.STAGED_BYTES, str(problem)) from None
+        except InvalidResult as invalid:
             self.stats.staging_rejected += 1
-            raise Unusable(f"staged results rejected: {problem}") from None
+            raise InvalidResult(invalid.field, f"staged results rejected: {invalid}") from None
         return Accepted(children, map_bits, verified)
 
     def commit(self, rank: int, result: Result, accepted: Accepted) -> None:
@@ -98,8 +117,7 @@ class Committer:
             self._triage_child(child, accepted.verified.get(child.staged.sha256), parent, now)
         if self.pruning is not None:
             self.pruning.merge(rank, accepted.map_bits)
-        outcome = Outcome(result.outcome) if result.outcome in Outcome._value2member_map_ \
-            else Outcome.ERROR
+        outcome = Outcome(result.outcome)  # check() let through analysed outcomes only
         if outcome is Outcome.CRASH:
             signal_number = -result.exit_status if (result.exit_status or 0) < 0 else None
             self._save_crash(parent, parent, signal_number, now)

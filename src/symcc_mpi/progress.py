@@ -62,6 +62,7 @@ def master_snapshot(master) -> CampaignSnapshot:
             "resumed_done": stats.resumed_done,
             "executor_errors": stats.executor_errors,
             "malformed_messages": stats.malformed_messages,
+            "invalid_results": dict(stats.invalid_results),
             "staging_rejected": stats.staging_rejected,
             "first_crash_seconds": stats.first_crash_seconds,
             "startup_seconds": stats.startup_seconds,

@@ -13,6 +13,9 @@ import re
 
 import msgspec
 
+from .executors.base import Outcome
+from .triage import Status as ProbeStatus
+
 
 class Tag(enum.IntEnum):
     READY = 1
@@ -24,13 +27,50 @@ class Tag(enum.IntEnum):
     CONFIG = 7  # rank 0's verdict on the configuration, sent before any work
 
 
-# Result outcomes besides executors.base.Outcome: the input was not analysed at all.
-INVALID_INPUT = "invalid-input"  # the worker could not read the bytes it was sent, intact
-WORKER_ERROR = "worker-error"  # the worker failed around the executor (disk, triage, ...)
+class ResultOutcome(str, enum.Enum):
+    """What a RESULT says of its input: a closed set on the wire (a value outside it does not
+    decode). Every executors.base.Outcome, plus two for an input that was not analysed."""
+
+    OK = Outcome.OK.value
+    CRASH = Outcome.CRASH.value
+    TIMEOUT = Outcome.TIMEOUT.value
+    OOM = Outcome.OOM.value
+    ERROR = Outcome.ERROR.value
+    INVALID_INPUT = "invalid-input"  # the worker could not read the bytes it was sent, intact
+    WORKER_ERROR = "worker-error"  # the worker failed around the executor (disk, triage, ...)
+
+
+INVALID_INPUT = ResultOutcome.INVALID_INPUT
+WORKER_ERROR = ResultOutcome.WORKER_ERROR
 NOT_ANALYSED = (INVALID_INPUT, WORKER_ERROR)
 
 TOKEN_PATTERN = re.compile(r"^[0-9a-f]{8,64}$")
 SHA256_PATTERN = re.compile(r"^[0-9a-f]{64}$")
+# Bounds on what one RESULT may announce: far above any real run (SymCC numbers its outputs
+# with six digits; generated inputs are about the size of their parent), far below what would
+# cost the master memory or time to believe.
+MAX_GENERATED = 1 << 20  # files one run may leave, and staged entries one RESULT may list
+MAX_STAGED_SIZE = 1 << 30  # bytes of one staged file
+
+
+class ResultField(str, enum.Enum):
+    """The field of a RESULT that made it invalid: one counter each in stats.json, and the
+    kinds of the `hostile` fault (faults.py)."""
+
+    UNDECODABLE = "undecodable"  # not a RESULT at all
+    OUTCOME = "outcome"
+    STATUS = "status"  # a staged file's coverage probe verdict
+    COVERAGE = "coverage"  # a staged file's coverage summary
+    MANIFEST_LENGTH = "manifest-length"  # staged entries vs. `generated`, and their bounds
+    SIZE = "size"
+    NAME = "name"
+    DUPLICATE = "duplicate"  # one staged file listed twice
+    MISSING_FILE = "missing-file"  # listed, not in the staging directory
+    NOT_REGULAR = "not-regular"  # listed, but a link, FIFO, device or directory
+    STAGED_BYTES = "staged-bytes"  # a staged file whose bytes are not those announced
+    FIGURES = "figures"  # exit status, times, solver counts
+    INPUT_HASH = "input-hash"  # it says it analysed other bytes than it was sent
+    PRUNING = "pruning"  # its QSYM map bits
 
 
 class Ready(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
@@ -55,13 +95,13 @@ class StagedFile(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     sha256: str
     size: int
     coverage: bytes | None = None  # packed edge summary (triage.FileCoverage), if probed
-    status: str = "ok"  # coverage probe verdict: ok / crash / hang
+    status: ProbeStatus = ProbeStatus.OK  # coverage probe verdict (closed set on the wire)
 
 
 class Result(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     token: str
     input_hash: str  # SHA-256 the worker computed over the bytes it actually ran
-    outcome: str  # executors.base.Outcome value, or one of NOT_ANALYSED
+    outcome: ResultOutcome
     exit_status: int | None
     wall_time: float
     solver_time: float
@@ -108,7 +148,24 @@ _DECODERS = {tag: msgspec.msgpack.Decoder(kind) for tag, kind in ENVELOPES.items
 
 
 class MalformedMessage(ValueError):
-    """Bytes that are not a valid envelope for their tag."""
+    """Bytes that are not a valid envelope for their tag; `field`: the RESULT field at fault,
+    when the envelope is a RESULT."""
+
+    def __init__(self, reason: str, field: ResultField | None = None):
+        super().__init__(reason)
+        self.field = field
+
+
+# msgspec names the path of the value it refused ("... - at `$.staged[0].status`").
+_ERROR_PATH = re.compile(r"at `\$\.(\w+)(?:\[\d+\]\.(\w+))?`")
+_FIELD_OF_PATH = {
+    "outcome": ResultField.OUTCOME, "staged.status": ResultField.STATUS,
+    "staged.coverage": ResultField.COVERAGE, "staged.sha256": ResultField.NAME,
+    "staged.size": ResultField.SIZE, "generated": ResultField.MANIFEST_LENGTH,
+    "input_hash": ResultField.INPUT_HASH, "pruning": ResultField.PRUNING,
+    **dict.fromkeys(("exit_status", "wall_time", "solver_time", "solver_queries",
+                     "queries_skipped"), ResultField.FIGURES),
+}
 
 
 def encode(message: msgspec.Struct) -> bytes:
@@ -123,21 +180,37 @@ def decode(tag: int, payload: bytes) -> msgspec.Struct:
     try:
         message = _DECODERS[kind].decode(payload)
     except (msgspec.DecodeError, msgspec.ValidationError) as error:
-        raise MalformedMessage(f"{kind.name}: {error}") from None
+        field = None
+        if kind is Tag.RESULT:
+            path = _ERROR_PATH.search(str(error))
+            name = ".".join(filter(None, path.groups())) if path else ""
+            field = _FIELD_OF_PATH.get(name, ResultField.UNDECODABLE)
+        raise MalformedMessage(f"{kind.name}: {error}", field) from None
     _check_fields(message)
     return message
+
+
+def staged_entry_problem(entry: StagedFile) -> tuple[ResultField, str] | None:
+    """What is wrong with one staged entry's name or size, if anything."""
+    if not isinstance(entry.sha256, str) or not SHA256_PATTERN.match(entry.sha256):
+        return ResultField.NAME, f"staged name {entry.sha256!r:.80} is not a lowercase SHA-256"
+    if not 0 <= entry.size <= MAX_STAGED_SIZE:
+        return ResultField.SIZE, f"staged {entry.sha256[:12]}: size {entry.size} out of range"
+    return None
 
 
 def _check_fields(message: msgspec.Struct) -> None:
     token = getattr(message, "token", None)
     if token is not None and not TOKEN_PATTERN.match(token):
-        raise MalformedMessage(f"bad token {token!r}")
+        raise MalformedMessage(f"bad token {token!r}", ResultField.UNDECODABLE
+                               if isinstance(message, Result) else None)
     digest = getattr(message, "input_hash", None)
     if digest is not None and not SHA256_PATTERN.match(digest):
-        raise MalformedMessage(f"bad input hash {digest!r}")
+        raise MalformedMessage(f"bad input hash {digest!r}", ResultField.INPUT_HASH
+                               if isinstance(message, Result) else None)
     for object_id in getattr(message, "objects", ()):
         if not SHA256_PATTERN.match(object_id):
             raise MalformedMessage(f"bad object id {object_id!r}")
     for staged in getattr(message, "staged", ()):
-        if not SHA256_PATTERN.match(staged.sha256) or staged.size < 0:
-            raise MalformedMessage(f"bad staged entry {staged.sha256!r}")
+        if problem := staged_entry_problem(staged):
+            raise MalformedMessage(f"bad staged entry: {problem[1]}", problem[0])

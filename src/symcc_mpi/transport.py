@@ -20,7 +20,7 @@ import msgspec
 from mpi4py import MPI
 
 from .doorbell import Ringer
-from .protocol import MalformedMessage, Tag, decode, encode
+from .protocol import MalformedMessage, ResultField, Tag, decode, encode
 
 MIN_NAP = 0.00005
 MAX_NAP = 0.002
@@ -81,6 +81,7 @@ class Incoming:
     tag: int
     message: msgspec.Struct | None  # None when the bytes were malformed
     error: str = ""
+    field: ResultField | None = None  # of a malformed RESULT: the field at fault
 
 
 class Channel:
@@ -132,7 +133,7 @@ class Channel:
         try:
             return Incoming(source, tag, decode(tag, bytes(buffer)))
         except MalformedMessage as error:
-            return Incoming(source, tag, None, str(error))
+            return Incoming(source, tag, None, str(error), error.field)
 
     def wait(self, deadline: float | None = None) -> Incoming | None:
         """Poll until a message arrives or the monotonic deadline passes."""

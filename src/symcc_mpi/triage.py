@@ -70,7 +70,7 @@ class Novelty(enum.IntEnum):
 BUCKET_BITS = (1, 2, 4, 8, 16, 32, 64, 128)
 # AFL++ caps map sizes at 2^28 (MAP_SIZE_POW2 <= 28); anything larger is a corrupt summary.
 MAX_MAP_SIZE = 1 << 28
-_DEFAULT_MAP_SIZE = 1 << 16
+DEFAULT_MAP_SIZE = 1 << 16
 # afl-showmap refuses -t below 20 ms ("Dangerously low value of -t").
 _MIN_TIMEOUT_MS = 20
 
@@ -151,6 +151,11 @@ class FileCoverage(msgspec.Struct, frozen=True, array_like=True, gc=False):
     def edge_count(self) -> int:
         return len(self.buckets)
 
+    @property
+    def top_index(self) -> int:
+        """The highest map index hit, -1 if none."""
+        return max(_u32_view(self.edges)) if self.edges else -1
+
     def pairs(self) -> list[tuple[int, int]]:
         """The (map index, bucket bit) pairs, in ascending index order."""
         return list(zip(_u32_view(self.edges), self.buckets, strict=True))
@@ -165,7 +170,7 @@ class FileCoverage(msgspec.Struct, frozen=True, array_like=True, gc=False):
             raise ValueError("coverage summary: a bucket is not a single AFL hit-count class bit")
         if not 0 <= self.map_size <= MAX_MAP_SIZE:
             raise ValueError(f"coverage summary: map size {self.map_size} out of range")
-        if self.edges and max(_u32_view(self.edges)) >= MAX_MAP_SIZE:
+        if self.top_index >= MAX_MAP_SIZE:
             raise ValueError("coverage summary: a map index out of range")
 
 
@@ -498,7 +503,7 @@ class CoverageProbe:
         if map_size is not None:
             self.map_size = map_size
         elif self.map_size is None:
-            self.map_size = int(self._env.get("AFL_MAP_SIZE", _DEFAULT_MAP_SIZE))
+            self.map_size = int(self._env.get("AFL_MAP_SIZE", DEFAULT_MAP_SIZE))
         if outcome.completed and not outcome.statuses and pending:
             raise TriageError(
                 "afl-showmap printed no per-file status: it needs AFL_PRINT_FILENAMES "

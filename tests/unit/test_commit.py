@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from symcc_mpi.checkpoint import Checkpointer
-from symcc_mpi.commit import Committer, Unusable
+from symcc_mpi.commit import Committer, Refused, Unusable
 from symcc_mpi.corpus import CampaignDir, check_out_dir, sha256_bytes
-from symcc_mpi.protocol import INVALID_INPUT, Result, StagedFile
+from symcc_mpi.protocol import INVALID_INPUT, Result, ResultField, StagedFile
 from symcc_mpi.pruning import Delta, PruningLedger, PruningMode
 from symcc_mpi.pruning import encode as encode_delta
 from symcc_mpi.roles.master import MasterStats, WorkerStats
@@ -256,15 +256,15 @@ def test_without_triage_every_new_child_is_verified_and_kept(plain):
     assert not plain.checkpoint.triage_dirty
 
 
-def test_a_child_listed_twice_is_queued_once(plain):
-    # BUG: protocol.decode accepts a RESULT listing one staged file twice; check() only
-    # skips digests seen before the result, so commit() triages both: the second promote()
-    # returns False but add_to_queue() still publishes a second queue/ entry for the same
-    # bytes (and unique/interesting count it twice).
+def test_a_child_listed_twice_is_never_queued_twice(plain):
+    # An honest worker stages each digest once: a manifest listing one twice is refused
+    # whole (issue 9), so the child is queued neither twice nor at all from this RESULT.
     child = plain.stage(b"twice")
-    plain.check_and_commit(plain.result([child, child]))
-    assert len(plain.queue_names()) == 2  # the seed and the child, once
-    assert plain.stats.unique == 1 and plain.stats.interesting == 1
+    with pytest.raises(Refused) as refused:
+        plain.check_and_commit(plain.result([child, child]))
+    assert refused.value.field is ResultField.DUPLICATE
+    assert len(plain.queue_names()) == 1  # the seed alone
+    assert plain.stats.unique == 0 and plain.stats.interesting == 0
 
 
 # -- commit: crashes ------------------------------------------------------------------------
@@ -348,8 +348,15 @@ def test_no_coverage_growth_leaves_the_triage_map_clean(triaged):
     assert triaged.stats.executions == 1
 
 
+def test_an_outcome_outside_the_closed_set_is_refused(plain):
+    with pytest.raises(Refused) as refused:
+        plain.check_and_commit(plain.result(outcome="something odd", message="boom"))
+    assert refused.value.field is ResultField.OUTCOME
+    assert plain.stats.executions == 0
+
+
 def test_executor_error_is_counted_and_recorded(plain):
-    plain.check_and_commit(plain.result(outcome="something odd", message="boom"))
+    plain.check_and_commit(plain.result(outcome="error", message="boom"))
     assert plain.stats.executor_errors == 1
     plain.campaign.sync_done()
     assert plain.campaign.read_done()[-1]["outcome"] == "error"
@@ -493,3 +500,24 @@ def test_a_failed_promotion_leaves_the_child_unseen_and_a_retry_promotes_it(tria
         assert len(names) == len(queue_before) + 1
         # AFL queue ids stay dense: the failed link took no id.
         assert [int(n[3:9]) for n in names] == list(range(len(names)))
+
+
+def test_refusals_at_check_name_their_field(plain):
+    def field_of(res):
+        with pytest.raises(Refused) as refused:
+            plain.committer.check(res, plain.parent)
+        return refused.value.field
+
+    assert field_of(plain.result(input_hash="e" * 64)) is ResultField.INPUT_HASH
+    assert field_of(plain.result(pruning=b"\xc1 not msgpack")) is ResultField.PRUNING
+    child = plain.stage(b"child")
+    (plain.campaign.staging_dir(TOKEN) / child.sha256).write_bytes(b"chilD")
+    assert field_of(plain.result([child])) is ResultField.STAGED_BYTES
+    absent = plain.stage(b"absent", write=False)
+    assert field_of(plain.result([absent])) is ResultField.MISSING_FILE
+    fifo = plain.stage(b"fifo", write=False)
+    os.mkfifo(plain.campaign.staging_dir(TOKEN) / fifo.sha256)  # never opened
+    assert field_of(plain.result([fifo])) is ResultField.NOT_REGULAR
+    with pytest.raises(Unusable) as not_analysed:  # honest: not a refusal
+        plain.committer.check(plain.result(outcome=INVALID_INPUT), plain.parent)
+    assert not isinstance(not_analysed.value, Refused)

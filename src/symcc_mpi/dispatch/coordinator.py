@@ -17,8 +17,8 @@ workers, built from the parts of this package:
 - the commit is fenced: an input already analysed is never committed again.
 
 A worker rank is always in exactly one of these states: waiting for its first READY, idle,
-holding one transaction, parked, or retired (FATAL, or `max_send_failures` sends in a row
-raised). Only an idle rank gets work, and `DispatchTables.begin` refuses a parked one anyway.
+holding one transaction, parked, or retired (FATAL, `max_send_failures` sends in a row
+raised, or `max_invalid_results` RESULTs in a row were invalid). Only an idle rank gets work, and `DispatchTables.begin` refuses a parked one anyway.
 
 The master's round (F317 §4.2): handle every message in arrival order (`ready`, `classify`,
 `reject`, `begin_commit` … `finish`), then `join`, then `dispatch`, then `sweep`. MPI keeps
@@ -60,6 +60,7 @@ log = logging.getLogger("symcc_mpi.dispatch")
 FRONTIER_ENTRY = "frontier-entry"
 UNREADABLE_SOURCE = "unreadable-input"
 MAX_SEND_FAILURES = 3  # in a row, to one rank: then it is retired
+MAX_INVALID_RESULTS = 3  # in a row, from one rank (result_check.py): then it is retired
 
 Send = Callable[[int, Work], object]
 
@@ -69,6 +70,7 @@ class DispatchCoordinator:
                  deferrals: DeferralSink | None, load: Callable[[str], bytes],
                  pruning: PruningLedger | None = None, clock: Clock = SYSTEM_CLOCK,
                  max_send_failures: int = MAX_SEND_FAILURES,
+                 max_invalid_results: int = MAX_INVALID_RESULTS,
                  object_capacity: int = OBJECT_CACHE_CAPACITY):
         self.frontier = frontier
         self.gate = RetiredDispatchGate()
@@ -82,10 +84,12 @@ class DispatchCoordinator:
         self.deferrals = deferrals
         self.load = load
         self.max_send_failures = max_send_failures
+        self.max_invalid_results = max_invalid_results
         self.idle: deque[int] = deque()
         self.retired: set[int] = set()
         self.unreadable: set[str] = set()
         self.send_failures: Counter[int] = Counter()  # in a row, per rank
+        self.invalid_results: Counter[int] = Counter()  # in a row, per rank
         self.counts: Counter[str] = Counter()
 
     # -- reading -------------------------------------------------------------------------
@@ -132,6 +136,20 @@ class DispatchCoordinator:
         self.counts["invalid_results"] += int(accepted)
         return accepted
 
+    def note_invalid_result(self, rank: int, reason: str) -> tuple[str, ...]:
+        """`rank` sent a RESULT with a field that cannot be believed (rejected, or not even
+        decodable). After `max_invalid_results` in a row it is retired: the tokens of the
+        dispatches that took back, whose staging the caller discards."""
+        self.invalid_results[rank] += 1
+        if self.invalid_results[rank] < self.max_invalid_results:
+            return ()
+        return self.retire(rank, f"{self.invalid_results[rank]} invalid results in a row, "
+                                 f"last: {reason}")
+
+    def note_valid_result(self, rank: int) -> None:
+        """A RESULT whose every field held: the run of invalid ones is broken."""
+        self.invalid_results.pop(rank, None)
+
     def begin_commit(self, rank: int, token: str) -> CommitStart:
         """Fence the commit: an input already analysed is dropped after-send (F313 D4)."""
         found = self.tables.find(rank)
@@ -169,15 +187,18 @@ class DispatchCoordinator:
             self._requeue_swept(self.tables.sweep(rank))
             raise
 
-    def retire(self, rank: int, reason: str) -> None:
-        """No more work to `rank`; what it held goes back to the frontier."""
+    def retire(self, rank: int, reason: str) -> tuple[str, ...]:
+        """No more work to `rank`; what it held goes back to the frontier. Returns the tokens
+        of the dispatches taken back."""
         if rank in self.retired:
-            return
+            return ()
         self.retired.add(rank)
         if rank in self.idle:
             self.idle.remove(rank)
-        self._requeue_swept(self.tables.sweep(rank))
+        swept = self.tables.sweep(rank)
+        self._requeue_swept(swept)
         log.error("rank %d gets no more work: %s", rank, reason)
+        return tuple(rollback.token for rollback in swept.rollbacks)
 
     # -- round steps 2-4 -----------------------------------------------------------------
 
@@ -290,6 +311,9 @@ class DispatchCoordinator:
                                   + watchdog.ready_stale),
             "parked": self.parked(),
             "retired": sorted(self.retired),
+            "retired_for_invalid_results": sorted(
+                rank for rank in self.retired
+                if self.invalid_results[rank] >= self.max_invalid_results),
             "send_failures": self.counts["send_failures"],
             "unreadable_inputs": len(self.unreadable),
             "dispatched": tables.sent,

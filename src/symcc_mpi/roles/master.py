@@ -17,11 +17,11 @@ import signal
 import statistics
 import sys
 import time
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass, field
 
 from ..checkpoint import Checkpointer
-from ..commit import Committer, Unusable
+from ..commit import Committer, Refused, Unusable
 from ..config import CampaignConfig
 from ..corpus import CampaignDir
 from ..dispatch.coordinator import DispatchCoordinator
@@ -35,6 +35,7 @@ from ..protocol import (
     Fatal,
     Ready,
     Result,
+    ResultField,
     Stop,
     StopAck,
     Tag,
@@ -86,6 +87,7 @@ class MasterStats:
     queries_skipped: int = 0
     runs_without_counts: int = 0  # runs whose skipped queries are unknown
     malformed_messages: int = 0
+    invalid_results: Counter[str] = field(default_factory=Counter)  # per ResultField value
     staging_rejected: int = 0
     last_find: float = 0.0
     last_crash: float = 0.0
@@ -196,6 +198,12 @@ class Master:
         rank = incoming.source
         if message is None:
             self.stats.malformed_messages += 1
+            if incoming.tag == Tag.RESULT:
+                # Its token is unknown: the READY the worker sends next (echoing it) is joined
+                # with the dispatch, which is then recovered (F316).
+                self._refuse(rank, None, incoming.field or ResultField.UNDECODABLE,
+                             incoming.error)
+                return
             log.warning("malformed message from rank %d (tag %s): %s", rank, incoming.tag,
                         incoming.error)
             if incoming.tag == Tag.READY:
@@ -265,12 +273,17 @@ class Master:
             return
         try:
             accepted = self.committer.check(result, self.dispatch.work_of(rank))
+        except Refused as refused:
+            self._refuse(rank, result.token, refused.field, str(refused))
+            return
         except Unusable as problem:
+            self.dispatch.note_valid_result(rank)
             log.warning("rank %d did not analyse %s: %s", rank, result.input_hash[:12], problem)
             if result.outcome == INVALID_INPUT and self.pruning is not None:
                 self.pruning.forget(rank)  # it may have refused the map bits we sent
             self.dispatch.reject(rank, result.token)
             return  # the worker removes its staging (worker.py), here as after a commit
+        self.dispatch.note_valid_result(rank)
         with self.dispatch.boundary(rank):
             if self.dispatch.begin_commit(rank, result.token) is CommitStart.COMMITTING:
                 try:
@@ -289,6 +302,23 @@ class Master:
                     errno.errorcode.get(error.errno, "no errno") + f": {error.strerror or error}",
                     outcome.action.value if outcome is not None else "already recovered")
 
+    def _refuse(self, rank: int, token: str | None, field: ResultField, reason: str) -> None:
+        """An invalid RESULT (DESIGN §2): counted under its field; its dispatch is recovered at
+        the join (input requeued, staging discarded); the rank retired after too many."""
+        self.stats.invalid_results[field.value] += 1
+        log.warning("invalid RESULT from rank %d refused, field %s: %s", rank, field.value,
+                    reason)
+        if token is not None:
+            self.dispatch.reject(rank, token)
+        for taken_back in self.dispatch.note_invalid_result(rank, f"{field.value}: {reason}"):
+            self._discard_staging(taken_back)  # no join will recover it: its rank is retired
+        self._count_doorbells()
+        self._stop_if_no_worker_left(f"every worker retired, last rank {rank}: {reason}")
+
+    def _stop_if_no_worker_left(self, reason: str) -> None:
+        if self.phase is Phase.RUNNING and self.dispatch.retired.issuperset(self.workers):
+            self._begin_stop(f"no usable worker: {reason}")
+
     def _discard_staging(self, token: str) -> None:
         self.campaign.discard_staging(token)
 
@@ -298,13 +328,12 @@ class Master:
         log.error("rank %d on %s cannot work: %s", rank, fatal.host, fatal.reason)
         self.dispatch.retire(rank, fatal.reason)
         self._count_doorbells()
-        if all(self.stats.per_worker[r].fatal for r in self.workers):
-            self._begin_stop(f"no usable worker: {fatal.reason}")
+        self._stop_if_no_worker_left(fatal.reason)
 
     # -- stopping ------------------------------------------------------------------------
 
     def _count_doorbells(self) -> None:
-        self.naps.doorbell = all(rank in self.ringing or self.stats.per_worker[rank].fatal
+        self.naps.doorbell = all(rank in self.ringing or rank in self.dispatch.retired
                                  for rank in self.workers)
 
     def _on_signal(self, signum, frame) -> None:

@@ -14,6 +14,7 @@ import tempfile
 from collections import Counter
 from pathlib import Path
 
+import msgspec
 from mpi4py import MPI
 
 from ..config import CampaignConfig
@@ -21,7 +22,7 @@ from ..corpus import sha256_bytes
 from ..dispatch.objects import OBJECT_CACHE_CAPACITY
 from ..doorbell import Ringer
 from ..executors import ExecutorError, make_executor
-from ..faults import Faults
+from ..faults import HOSTILE_MARK, Faults
 from ..protocol import (
     INVALID_INPUT,
     WORKER_ERROR,
@@ -38,6 +39,7 @@ from ..protocol import (
 from ..pruning import MalformedDelta, WorkerMap
 from ..regular import NotRegularFile, open_regular
 from ..transport import Channel
+from ..triage import FileCoverage
 
 log = logging.getLogger("symcc_mpi.worker")
 MASTER = 0
@@ -101,6 +103,10 @@ def run_worker(channel: Channel, config: CampaignConfig) -> int:
                 _send_unowned_result(channel, config, result, previous_token)
             if faults.fire("stop", executions):
                 _stop_self(faults.stop_seconds(executions))
+            if hostile := faults.hostile_field(executions):
+                channel.comm.Send([_hostile_result(config, result, hostile), MPI.BYTE],
+                                  dest=MASTER, tag=int(Tag.RESULT))
+                continue
             if faults.fire("malformed-result", executions):
                 channel.comm.Send([b"\xc1 not msgpack", MPI.BYTE], dest=MASTER,
                                   tag=int(Tag.RESULT))
@@ -287,6 +293,54 @@ def _send_unowned_result(channel: Channel, config: CampaignConfig, real: Result,
                     wall_time=0.0, solver_time=0.0, staged=[StagedFile(digest, len(data))],
                     generated=1)
     channel.send(MASTER, Tag.RESULT, forged)
+
+
+def _hostile_result(config: CampaignConfig, real: Result, field: str) -> bytes:
+    """The RESULT of `real`'s dispatch with `field` made hostile (faults.py), as raw msgpack:
+    around a file planted in its staging directory, listed beside the real children."""
+    stage = config.out / ".staging" / real.token
+    stage.mkdir(parents=True, exist_ok=True)
+    data = HOSTILE_MARK + secrets.token_bytes(8)
+    digest = sha256_bytes(data)
+    (stage / digest).write_bytes(data)
+    planted = {"sha256": digest, "size": len(data), "coverage": None, "status": "ok"}
+    message = msgspec.to_builtins(real, builtin_types=(bytes,))
+    if config.afl_target:  # the campaign triages: an honest summary (no edge) to spoil
+        planted["coverage"] = FileCoverage.from_pairs([]).pack()
+    entries = [planted]
+    if field == "outcome":
+        message["outcome"] = "pwned"
+    elif field == "status":
+        planted["status"] = "pwned"
+    elif field == "coverage":
+        # Valid alone, but an edge one past the map: the master must not grow its maps.
+        planted["coverage"] = FileCoverage.from_pairs([(1 << 16, 1)], map_size=1 << 16).pack()
+    elif field == "manifest-length":
+        message["generated"] = len(real.staged)  # one entry more than it generated
+    elif field == "size":
+        planted["size"] = -1
+    elif field == "name":
+        (stage / digest).rename(stage / digest.upper())
+        planted["sha256"] = digest.upper()
+    elif field == "duplicate":
+        entries.append(dict(planted))
+    elif field == "missing-file":
+        (stage / digest).unlink()
+    elif field == "not-regular":
+        (stage / digest).unlink()
+        os.mkfifo(stage / digest)  # opening it for reading would block the master for ever
+    elif field == "staged-bytes":
+        (stage / digest).write_bytes(data[::-1])
+    elif field == "figures":
+        message["wall_time"] = -1.0
+    elif field == "input-hash":
+        message["input_hash"] = sha256_bytes(data)
+    elif field == "pruning":
+        message["pruning"] = b"\xc1 not a delta"
+    if field != "manifest-length":
+        message["generated"] += len(entries)
+    message["staged"] = entries + message["staged"]
+    return msgspec.msgpack.encode(message)
 
 
 def _stop_self(seconds: float) -> None:
