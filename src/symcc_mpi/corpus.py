@@ -386,8 +386,9 @@ class CampaignDir:
         if carries_records:
             self.group_commits += 1
             self._probe("before-children-sync")
+        synced: set[tuple[int, int]] = set()  # a queue/ entry is a hard link: one inode
         for path in self._unsynced_files:
-            _fsync_file(path)
+            _fsync_file(path, synced)
         for directory in self._unsynced_directories:
             fsync_directory(directory)
         self._unsynced_files.clear()
@@ -446,13 +447,17 @@ def _corrupt_done(damage: Damage) -> CampaignError:
                          f"{damage.reason}")
 
 
-def _fsync_file(path: str) -> None:
+def _fsync_file(path: str, synced: set[tuple[int, int]]) -> None:
+    """Make a file's data durable unless its inode was synced already in this commit."""
     try:
         fd = os.open(path, os.O_RDONLY)
     except FileNotFoundError:
         return  # quarantined since it was published: nothing left here to vouch for
     try:
-        os.fsync(fd)
+        info = os.fstat(fd)
+        if (info.st_dev, info.st_ino) not in synced:
+            os.fsync(fd)
+            synced.add((info.st_dev, info.st_ino))
     finally:
         os.close(fd)
 
