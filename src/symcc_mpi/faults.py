@@ -33,8 +33,10 @@ Master kinds (rank 0), counting the group commits of the done journal that carry
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
+import sys
 import time
 from pathlib import Path
 
@@ -47,6 +49,8 @@ MASTER_KINDS = ("send-fail", "send-ambiguous", "object-send-fail", "torn-done-ap
 DEFAULT_STOP_SECONDS = 5.0
 RELEASE_FILE = ".fault-release"
 RELEASE_WAIT = 3600.0
+
+log = logging.getLogger("symcc_mpi.faults")
 
 
 class Faults:
@@ -77,6 +81,9 @@ class Faults:
 
         def probe(step: str, commit_number: int) -> None:
             if self.fire(f"kill-{step}", commit_number):
+                log.warning("fault: SIGKILL of the master %s of group commit %d", step,
+                            commit_number)
+                sys.stderr.flush()
                 os.kill(os.getpid(), signal.SIGKILL)
 
         return probe

@@ -36,6 +36,7 @@ def test_a_master_killed_inside_a_group_commit_resumes_losing_and_repeating_noth
     output = killed.stdout + killed.stderr
     assert killed.returncode != 0, output
     assert "continue with --resume" in output
+    assert f"fault: SIGKILL of the master {step} of group commit 2" in output
     analysed_before = done_hashes(out)
     corpus_before = {p.name for p in (out / "corpus").iterdir()}
     # The first commit is whole; the second, killed at `step`, appended its records only if
