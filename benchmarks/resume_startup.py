@@ -21,6 +21,7 @@ from pathlib import Path
 from _campaign import print_table, run_campaign
 
 from symcc_mpi.corpus import CampaignDir
+from symcc_mpi.durable.journal import encode_line
 from symcc_mpi.report import afl_queue_name
 
 TARGET_SECONDS = 5.0
@@ -30,15 +31,15 @@ def build_campaign(out: Path, inputs: int) -> None:
     """What a campaign of `inputs` inputs leaves on disk, written directly (fast)."""
     campaign = CampaignDir(out)
     campaign.create({"synthetic": True})
-    done = open(campaign.done_journal, "w")
+    done = open(campaign.done_journal, "wb")
     for i in range(inputs):
         data = f"synthetic input {i}\n".encode() + os.urandom(16)
         digest = hashlib.sha256(data).hexdigest()
         (campaign.corpus / digest).write_bytes(data)
         os.link(campaign.corpus / digest, campaign.queue / afl_queue_name(i, (max(i - 1, 0),)))
         if i % 2:
-            done.write(json.dumps({"sha256": digest, "token": "0" * 32, "outcome": "ok",
-                                   "time": time.time()}) + "\n")
+            done.write(encode_line({"sha256": digest, "token": "0" * 32, "outcome": "ok",
+                                    "time": time.time()}))
     done.close()
 
 

@@ -17,6 +17,8 @@ from pathlib import Path
 
 from _campaign import ROOT, print_table, run_campaign
 
+from symcc_mpi.corpus import CampaignDir
+
 SEEDS = 100
 SPEEDUP_TARGET = 1.7
 MASTER_SHARE_TARGET = 5.0
@@ -37,8 +39,7 @@ def tlv_seed(rng: random.Random) -> bytes:
 
 
 def steady_rate(out: Path) -> float:
-    times = [json.loads(line)["time"]
-             for line in (out / "state" / "done.jsonl").read_text().splitlines()]
+    times = [record["time"] for record in CampaignDir(out).read_done()]
     return (len(times) - 1) / (times[-1] - times[0]) if len(times) > 1 else 0.0
 
 

@@ -39,6 +39,7 @@ from pathlib import Path
 
 from _campaign import ROOT, print_table, run_campaign_sampled
 
+from symcc_mpi.corpus import CampaignDir
 from symcc_mpi.executors.symcc import counters_library, solver_seconds
 from symcc_mpi.triage import CoverageMap, CoverageProbe, Status
 
@@ -213,8 +214,7 @@ def replayed_series(out: Path, afl: Path, stats: dict, launched: float,
     with afl-showmap and merged in that order, as the master merged it.
     """
     done = {}
-    for line in (out / "state" / "done.jsonl").read_text().splitlines():
-        record = json.loads(line)
+    for record in CampaignDir(out).read_done():
         done.setdefault(record["sha256"], record["time"])
     entries = sorted(p for p in (out / "queue").iterdir() if p.name.startswith("id:"))
     by_id = {p.name[3:9]: p for p in entries}

@@ -6,7 +6,14 @@ Layout (DESIGN §4):
     OUT/.staging/<token>/   one private directory per dispatch, written by the worker,
                             verified file by file and promoted only by the master
     OUT/queue/ crashes/ hangs/   AFL-style names (id:NNNNNN,...), hard links where possible
-    OUT/state/done.jsonl    one fsynced line per analysed input: the resume point
+    OUT/state/done.jsonl    one checksummed line per analysed input: the resume point
+                            (durable/journal.py's format; only the lock holder writes it)
+
+The done journal is group-committed (`sync_done`, paced by checkpoint.py): `record_done` only
+buffers a record; the commit fsyncs the data of every file published since the last one, then
+their directories, then appends the buffered records in one write and fsyncs the journal. A
+done line therefore never names an input whose children could still be lost to a crash of the
+machine; a crash before the append loses only those lines, and their inputs are analysed again.
 """
 
 from __future__ import annotations
@@ -15,12 +22,15 @@ import errno
 import fcntl
 import hashlib
 import json
+import logging
 import os
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from .durable.atomic import fsync_directory
+from .durable.journal import Damage, DamageKind, JournalCorrupt, LineLog, Writer, inspect
 from .frontier import Frontier
 from .protocol import SHA256_PATTERN, TOKEN_PATTERN
 from .regular import DIRECTORY_FLAGS, read_regular
@@ -29,6 +39,13 @@ from .report import afl_queue_name, parse_afl_queue_id
 MARKER = ".symcc-mpi"
 STOP_REQUEST = ".stop-request"
 LAYOUT_VERSION = 1
+DONE_JOURNAL = "done.jsonl"
+
+log = logging.getLogger("symcc_mpi.corpus")
+
+CommitProbe = Callable[[str, int], None]
+"""Called at each step of the N-th group commit that carries done records (fault injection):
+"before-children-sync", "before-done-append", "after-done-fsync"."""
 
 
 class CampaignError(Exception):
@@ -113,11 +130,14 @@ class CampaignDir:
         self.quarantine = out / "quarantine"
         self._corpus, self._staging, self._queue = map(str, (self.corpus, self.staging,
                                                              self.queue))
-        self.done_journal = self.state / "done.jsonl"
+        self.done_journal = self.state / DONE_JOURNAL
         self._lock_handle = None
-        self._done_handle = None
-        self._done_unsynced = False
-        self._published_in: set[Path] = set()  # directories written since the last sync
+        self._done_log: LineLog | None = None  # open only in the lock holder
+        self._done_pending: list[dict] = []  # recorded, not yet appended (next group commit)
+        self._unsynced_files: list[str] = []  # published since the last group commit
+        self._unsynced_directories: set[str] = set()
+        self.group_commits = 0  # those that carried done records
+        self.commit_probe: CommitProbe | None = None
         self.crash_hashes: set[str] = set()
         self.hang_hashes: set[str] = set()
         self._next_ids = {"queue": 0, "crashes": 0, "hangs": 0}
@@ -149,10 +169,18 @@ class CampaignDir:
         self._lock_handle = handle
 
     def close(self) -> None:
-        if self._done_handle is not None:
-            self.sync_done()
-            self._done_handle.close()
-            self._done_handle = None
+        self.sync_done()
+        if self._done_log is not None:
+            changed = self._done_log.changed_behind_our_back()
+            if changed:
+                log.error("%s changed under the campaign holding its lock: %s",
+                          self.done_journal, changed)
+            else:
+                log.info("%s: %d records, %d bytes, sha256 %s, as this campaign wrote it",
+                         self.done_journal, self._done_log.lines, self._done_log.size,
+                         self._done_log.content_digest)
+            self._done_log.close()
+            self._done_log = None
         if self._lock_handle is not None:
             self._lock_handle.close()
             self._lock_handle = None
@@ -178,36 +206,46 @@ class CampaignDir:
         return hashes
 
     def read_done(self) -> list[dict]:
-        """Replay the done journal; a torn last line (killed mid-append) is not a record."""
-        if not self.done_journal.exists():
-            return []
-        raw = self.done_journal.read_bytes()
-        lines = raw.split(b"\n")
-        records = []
-        for number, line in enumerate(lines, start=1):
-            if not line:
-                continue
-            is_last = number == len(lines)  # no newline after it: the append never finished
-            try:
-                record = json.loads(line)
-                if not SHA256_PATTERN.match(record["sha256"]):
-                    raise ValueError("bad sha256")
-            except (ValueError, KeyError, TypeError):
-                if is_last:
-                    self._truncate_torn_tail(len(raw) - len(line))
-                    break
-                raise CampaignError(
-                    f"corrupt state file {self.done_journal}, line {number}: not a done record"
-                ) from None
-            records.append(record)
+        """Replay the done journal read-only (any process, live campaign or not); a torn last
+        line is reported and left in place: only the lock holder repairs it (`open_done`)."""
+        records, torn = self.inspect_done()
+        if torn is not None:
+            log.warning("%s", torn)
         return records
 
-    def _truncate_torn_tail(self, keep: int) -> None:
-        torn = self.done_journal.read_bytes()[keep:]
-        self.quarantine.mkdir(exist_ok=True)
-        (self.quarantine / f"done.jsonl.torn-{int(time.time())}").write_bytes(torn)
-        with open(self.done_journal, "r+b") as handle:
-            handle.truncate(keep)
+    def inspect_done(self) -> tuple[list[dict], Damage | None]:
+        """The done records and the torn last line, if any; writes nothing. A bad record
+        before the last line is a CampaignError naming the file and line."""
+        records: list[dict] = []
+        damage = inspect(self.done_journal, lambda record: records.append(
+            _checked_done_record(record)))
+        torn = None
+        for item in damage:  # only the last line can be torn
+            if item.kind is not DamageKind.TORN_TAIL:
+                raise _corrupt_done(item)
+            torn = item
+        return records, torn
+
+    def open_done(self, *, writer: Writer | None = None) -> list[dict]:
+        """The lock holder's replay: cut a torn last line (kept in quarantine/ under the
+        journal's name and line number, with a REASONS line) and open the journal to append.
+        `writer` replaces the journal's write step (fault injection)."""
+        if self._lock_handle is None:
+            # A reader that repaired would cut a live campaign's append in progress.
+            raise CampaignError(f"{self.done_journal}: only the process holding the "
+                                "campaign lock may repair or append to the done journal")
+        records: list[dict] = []
+        done_log = LineLog(self.done_journal, writer=writer, quarantine_dir=self.quarantine,
+                           strict=True)
+        try:
+            done_log.load(lambda record: records.append(_checked_done_record(record)))
+        except JournalCorrupt as error:
+            raise _corrupt_done(error.damage) from None
+        done_log.open_for_append()
+        if self._done_log is not None:
+            self._done_log.close()
+        self._done_log = done_log
+        return records
 
     def read_queues(self) -> None:
         """Rebuild hash -> AFL id maps and next ids from queue/, crashes/, hangs/.
@@ -262,6 +300,7 @@ class CampaignDir:
         path = self.corpus / digest
         if not path.exists():
             write_atomic(path, data)
+            self._published(str(path))
         if self.inputs.queue_id(digest) is None:
             self._add_to_queue(digest, orig=name)
         return digest
@@ -320,7 +359,7 @@ class CampaignDir:
         if os.path.exists(target):
             return False
         write_atomic(Path(target), data)
-        self._published_in.add(self.corpus)
+        self._published(target)
         return True
 
     def add_to_queue(self, digest: str, parent: str) -> None:
@@ -330,9 +369,10 @@ class CampaignDir:
                       orig: str | None = None) -> None:
         entry_id = self._next_ids["queue"]
         name = afl_queue_name(entry_id, sources, orig=orig)
-        _publish_link(os.path.join(self._corpus, digest), os.path.join(self._queue, name))
+        target = os.path.join(self._queue, name)
+        _publish_link(os.path.join(self._corpus, digest), target)
         self._take_id("queue")  # only once published: a failed link leaves no gap in the ids
-        self._published_in.add(self.queue)
+        self._published(target)
         self.inputs.set_queue_id(digest, entry_id)
 
     def save_finding(self, kind: str, digest: str, parent: str | None,
@@ -350,7 +390,7 @@ class CampaignDir:
         else:
             write_atomic(Path(target), data)
         self._take_id(kind)
-        self._published_in.add(directory)
+        self._published(target)
         known.add(digest)
         return True
 
@@ -359,25 +399,46 @@ class CampaignDir:
         return () if source is None else (source,)
 
     def record_done(self, digest: str, token: str, outcome: str) -> None:
-        """The input is analysed and its results are published; durable at `sync_done`."""
-        if self._done_handle is None:
-            self._done_handle = open(self.done_journal, "ab")
-        line = json.dumps({"sha256": digest, "token": token, "outcome": outcome,
-                           "time": round(time.time(), 3)})
-        self._done_handle.write(line.encode() + b"\n")
-        self._done_unsynced = True
+        """The input is analysed and its results are published: its done record is appended
+        at the next group commit (`sync_done`), after those results are durable."""
+        self._done_pending.append({"sha256": digest, "token": token, "outcome": outcome,
+                                   "time": round(time.time(), 3)})
+
+    def _published(self, path: str) -> None:
+        """A file just appeared under its final name: its bytes and its directory entry are
+        made durable at the next group commit, before any done record that vouches for it."""
+        self._unsynced_files.append(path)
+        self._unsynced_directories.add(os.path.dirname(path))
 
     def sync_done(self) -> None:
-        """Group commit (paced by checkpoint.py): one fsync for every record since the last
-        one. A crash before it loses those records, never their children: those inputs are
-        analysed again. The directories the children went to are made durable first."""
-        if self._done_unsynced:
-            for directory in self._published_in:
-                fsync_directory(directory)
-            self._published_in.clear()
-            self._done_handle.flush()
-            os.fsync(self._done_handle.fileno())
-            self._done_unsynced = False
+        """Group commit: the published files' data, then their directories, then the done
+        records since the last commit in one append and one fsync. A crash before the append
+        loses those records, never their children: those inputs are analysed again."""
+        if not self._done_pending and not self._unsynced_files:
+            return
+        carries_records = bool(self._done_pending)
+        if carries_records:
+            self.group_commits += 1
+            self._probe("before-children-sync")
+        synced: set[tuple[int, int]] = set()  # a queue/ entry is a hard link: one inode
+        for path in self._unsynced_files:
+            _fsync_file(path, synced)
+        for directory in self._unsynced_directories:
+            fsync_directory(directory)
+        self._unsynced_files.clear()
+        self._unsynced_directories.clear()
+        if not carries_records:
+            return
+        self._probe("before-done-append")
+        if self._done_log is None:
+            self.open_done()
+        self._done_log.extend(self._done_pending)  # raises with the journal as it was
+        self._done_pending.clear()
+        self._probe("after-done-fsync")
+
+    def _probe(self, step: str) -> None:
+        if self.commit_probe is not None:
+            self.commit_probe(step, self.group_commits)
 
     def discard_staging(self, token: str) -> None:
         shutil.rmtree(self._staging_dir(token), ignore_errors=True)
@@ -403,6 +464,36 @@ class CampaignDir:
         entry_id = self._next_ids[kind]
         self._next_ids[kind] = entry_id + 1
         return entry_id
+
+
+def _checked_done_record(record: dict) -> dict:
+    """A done record as `record_done` writes it, or ValueError."""
+    if not isinstance(record.get("sha256"), str) or not SHA256_PATTERN.match(record["sha256"]):
+        raise ValueError("no sha256 of an input")
+    if not isinstance(record.get("token"), str) or not isinstance(record.get("outcome"), str) \
+            or not isinstance(record.get("time"), (int, float)):
+        raise ValueError("token, outcome or time missing or of the wrong type")
+    return record
+
+
+def _corrupt_done(damage: Damage) -> CampaignError:
+    return CampaignError(f"corrupt state file {damage.path}, line {damage.line}: "
+                         f"{damage.reason}")
+
+
+def _fsync_file(path: str, synced: set[tuple[int, int]]) -> None:
+    """Make a file's data durable unless its inode was synced already in this commit."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return  # quarantined since it was published: nothing left here to vouch for
+    try:
+        info = os.fstat(fd)
+        if (info.st_dev, info.st_ino) not in synced:
+            os.fsync(fd)
+            synced.add((info.st_dev, info.st_ino))
+    finally:
+        os.close(fd)
 
 
 def _publish_link(source: Path | str, target: str) -> None:

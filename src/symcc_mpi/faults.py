@@ -28,20 +28,43 @@ Master kinds (rank 0), counting WORK sends:
 - `send-ambiguous`: the N-th WORK send delivers, then raises (F313 §4: the master cannot
   tell, undoes the dispatch as unsent, and the worker's RESULT must then be refused);
 - `object-send-fail`: the N-th WORK that carries object content raises instead of sending.
+
+Master kinds (rank 0), counting the group commits of the done journal that carry records
+(`CampaignDir.sync_done`); each `kill-*` SIGKILLs the master itself at its step of the N-th:
+
+- `kill-before-children-sync`: before the files published since the last commit are fsynced;
+- `kill-before-done-append`: after they (and their directories) are durable, before the done
+  records are appended;
+- `kill-after-done-fsync`: right after the journal's fsync;
+- `torn-done-append`: write the first half of the N-th commit's records, then wait until
+  OUT/.fault-release exists (for at most an hour) before writing the rest: the journal has a
+  torn tail meanwhile, which readers must leave alone.
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import signal
+import sys
+import time
+from pathlib import Path
 
+from .durable.journal import Writer, write_all
 from .protocol import ResultField
 
 WORKER_KINDS = ("foreign-result", "stale-result", "malformed-result", "stop", "hostile")
 # What `malformed-result` already covers (garbage bytes) is not a hostile field.
 HOSTILE_FIELDS = tuple(f.value for f in ResultField if f is not ResultField.UNDECODABLE)
 HOSTILE_MARK = b"hostile result: must never reach the corpus "
-MASTER_KINDS = ("send-fail", "send-ambiguous", "object-send-fail")
+COMMIT_KILL_STEPS = ("before-children-sync", "before-done-append", "after-done-fsync")
+MASTER_KINDS = ("send-fail", "send-ambiguous", "object-send-fail", "torn-done-append",
+                *(f"kill-{step}" for step in COMMIT_KILL_STEPS))
 DEFAULT_STOP_SECONDS = 5.0
+RELEASE_FILE = ".fault-release"
+RELEASE_WAIT = 3600.0
+
+log = logging.getLogger("symcc_mpi.faults")
 
 
 class Faults:
@@ -68,6 +91,42 @@ class Faults:
     def hostile_field(self, number: int) -> str | None:
         """The field to make hostile in the RESULT of dispatch `number`, if any."""
         return self.planned.get(("hostile", number))
+
+    def commit_probe(self):
+        """What `CampaignDir.commit_probe` calls, or None when no commit kill is planned."""
+        if not any(kind.startswith("kill-") for kind, _ in self.planned):
+            return None
+
+        def probe(step: str, commit_number: int) -> None:
+            if self.fire(f"kill-{step}", commit_number):
+                log.warning("fault: SIGKILL of the master %s of group commit %d", step,
+                            commit_number)
+                sys.stderr.flush()
+                os.kill(os.getpid(), signal.SIGKILL)
+
+        return probe
+
+    def done_writer(self, out: Path) -> Writer | None:
+        """The done journal's write step, or None when no torn append is planned."""
+        torn = [number for kind, number in self.planned if kind == "torn-done-append"]
+        if not torn:
+            return None
+        writes = 0
+
+        def write(fd: int, data: bytes) -> None:
+            nonlocal writes
+            writes += 1
+            if writes not in torn:
+                write_all(fd, data)
+                return
+            half = max(1, len(data) // 2)
+            write_all(fd, data[:half])
+            deadline = time.monotonic() + RELEASE_WAIT
+            while not (out / RELEASE_FILE).exists() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            write_all(fd, data[half:])
+
+        return write
 
 
 def _argument_fits(kind: str, argument: str) -> bool:

@@ -65,7 +65,9 @@ def check_config(config: CampaignConfig) -> None:
         check_afl_target(list(config.afl_target))
     check_out_dir(config.out, resume=config.resume)  # it may create the directory
     if config.resume:
-        CampaignDir(config.out).read_done()  # a corrupt journal is refused before launch
+        # A corrupt journal is refused before launch. Read-only: the campaign lock is not
+        # held yet (another campaign may be running there), so a torn tail is not cut here.
+        CampaignDir(config.out).read_done()
 
 
 def check_fault_plan() -> None:
@@ -89,7 +91,8 @@ def open_master(channel, config: CampaignConfig):
             campaign.create(config.to_json())
         campaign.read_queues()
         coverage, covered_entries = _coverage_map(config, campaign)
-        deferrals = DeferredWorkJournal(campaign.state / DEFERRED_JOURNAL_NAME)
+        deferrals = DeferredWorkJournal(campaign.state / DEFERRED_JOURNAL_NAME,
+                                        quarantine_dir=campaign.quarantine)
         for damage in deferrals.damage:
             log.warning("deferred-work journal: %s", damage)
         master = Master(channel, config, campaign, triage=coverage,
@@ -132,7 +135,10 @@ def _load_state(master, config: CampaignConfig, campaign: CampaignDir,
     if config.seeds.is_dir():
         for path in check_seeds(config.seeds):
             campaign.add_seed(path.read_bytes(), path.name)
-    done = {record["sha256"] for record in campaign.read_done()}
+    campaign.sync_done()  # the new seeds are durable before any done line vouches for one
+    # The lock is held: a torn last line is cut (and quarantined) here, and only here.
+    done = {record["sha256"] for record in
+            campaign.open_done(writer=master.faults.done_writer(config.out))}
     corpus = campaign.corpus_hashes()
     for digest in corpus:
         if campaign.inputs.queue_id(digest) is None:  # promoted, then killed before queueing

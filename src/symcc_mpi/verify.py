@@ -7,11 +7,18 @@ from collections import Counter
 from pathlib import Path
 
 from .corpus import MARKER, CampaignDir, CampaignError, sha256_file
-from .durable.journal import DEFERRED_JOURNAL_NAME, LineError, decode_line
+from .durable.journal import DEFERRED_JOURNAL_NAME, inspect
 
 
 def verify_campaign(out: Path) -> tuple[list[str], dict]:
-    """Return (problems, facts); no problem means every oracle holds."""
+    """Return (problems, facts); no problem means every oracle holds.
+
+    Read-only: nothing in OUT is written, so it may run against a live campaign. A torn last
+    line of the done journal (an append in progress, or a crash inside one) is reported as a
+    fact, not cut; its input counts as not analysed. An input named by two done lines is a
+    problem: the master appends a done line only in a group commit, after which the input is
+    never dispatched again, so a crash can lose a line (the input is then analysed again and
+    gets its only line) but never leaves two."""
     if not (out / MARKER).is_file():
         raise CampaignError(f"{out} holds no symcc-mpi campaign")
     campaign = CampaignDir(out)
@@ -22,7 +29,8 @@ def verify_campaign(out: Path) -> tuple[list[str], dict]:
         corpus[path.name] = digest
         if digest != path.name:
             problems.append(f"corpus/{path.name} holds bytes whose SHA-256 is {digest}")
-    done = [record["sha256"] for record in campaign.read_done()]
+    records, torn = campaign.inspect_done()
+    done = [record["sha256"] for record in records]
     observations = Counter(done)
     twice = sorted(d for d, n in observations.items() if n > 1)
     if twice:
@@ -61,23 +69,21 @@ def verify_campaign(out: Path) -> tuple[list[str], dict]:
         "crashes": sum(1 for p in campaign.crashes.iterdir() if p.name.startswith("id:")),
         "hangs": sum(1 for p in campaign.hangs.iterdir() if p.name.startswith("id:")),
         "stop reason": stop_reason,
+        "done journal": f"torn last line {torn.line}, left in place" if torn else "intact",
     }
     return problems, facts
 
 
 def _read_deferred(path: Path) -> tuple[set[str], int]:
     """The inputs set aside after protocol failures, and how many lines could not be read."""
-    try:
-        lines = path.read_bytes().splitlines()
-    except FileNotFoundError:
-        return set(), 0
-    deferred, damaged = set(), 0
-    for line in lines:
-        try:
-            deferred.add(decode_line(line)["work"])
-        except (LineError, KeyError, TypeError):
-            damaged += 1
-    return deferred, damaged
+    deferred: set[str] = set()
+
+    def take(record: dict) -> None:
+        if not isinstance(record.get("work"), str):
+            raise ValueError("no work id")
+        deferred.add(record["work"])
+
+    return deferred, len(inspect(path, take))
 
 
 def _read_stats(out: Path) -> dict:

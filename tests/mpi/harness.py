@@ -10,6 +10,8 @@ import sys
 import time
 from pathlib import Path
 
+from symcc_mpi.corpus import CampaignDir
+
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
 
@@ -62,9 +64,8 @@ def stats(out: Path) -> dict:
 
 
 def done_hashes(out: Path) -> list[str]:
-    journal = out / "state" / "done.jsonl"
-    lines = journal.read_text().splitlines() if journal.exists() else []
-    return [json.loads(line)["sha256"] for line in lines]
+    """The inputs the done journal names, read-only (a torn last line is left alone)."""
+    return [record["sha256"] for record in CampaignDir(out).read_done()]
 
 
 def crash_files(out: Path) -> list[Path]:

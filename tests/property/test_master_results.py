@@ -88,6 +88,7 @@ class Rig:
         self.campaign = CampaignDir(out)
         check_out_dir(out, resume=False)
         self.campaign.create({"test": True})
+        self.campaign.lock()  # the master's: it alone appends to the done journal
         config = CampaignConfig(target=("t", "@@"), seeds=out, out=out, workers=2)
         self.channel = FakeChannel()
         self.master = Master(self.channel, config, self.campaign,

@@ -51,6 +51,7 @@ def sha(data: bytes) -> str:
 def campaign(tmp_path):
     campaign = CampaignDir(tmp_path / "out")
     campaign.create({})
+    campaign.lock()  # the master's: it alone appends to the done journal
     yield campaign
     campaign.close()
 
@@ -200,6 +201,8 @@ def fsyncs(monkeypatch):
 
 
 def test_done_records_are_group_committed(campaign, fsyncs):
+    campaign.open_done()  # as the master does at start (creating the file syncs state/)
+    fsyncs[0] = 0
     campaign.sync_done()  # nothing recorded yet: nothing to do
     assert fsyncs[0] == 0
     digests = [sha(f"input {i}".encode()) for i in range(5)]
@@ -221,6 +224,8 @@ def test_done_records_are_group_committed(campaign, fsyncs):
 
 
 def test_close_syncs_the_done_records(campaign, fsyncs):
+    campaign.open_done()
+    fsyncs[0] = 0
     digest = sha(b"last")
     campaign.record_done(digest, "a" * 32, "ok")
     campaign.close()
@@ -247,3 +252,85 @@ def test_the_done_journal_is_synced_at_most_every_sync_interval(campaign, calls)
     assert calls == ["sync", "sync", "sync", "save"]  # a map only right after a sync
     keeper.after_round(final=True)  # the end syncs whatever the window
     assert calls[-1] == "sync" and calls.count("sync") == 4
+
+
+def test_a_group_commit_makes_children_durable_before_their_done_line(campaign, monkeypatch):
+    """Data of every published file, then the directories, then one append, then one fsync
+    of the journal: a done line never names an input whose children a crash could lose."""
+    campaign.open_done()
+    steps: list[tuple[str, str]] = []
+    real_fsync, real_write = corpus_module.os.fsync, corpus_module.os.write
+
+    def name_of(fd: int) -> str:
+        return corpus_module.os.readlink(f"/proc/self/fd/{fd}")
+
+    def spy_fsync(fd):
+        steps.append(("fsync", name_of(fd)))
+        real_fsync(fd)
+
+    def spy_write(fd, data):
+        steps.append(("write", name_of(fd)))
+        return real_write(fd, data)
+
+    token = "ab" * 16
+    children = [b"child one", b"child two"]
+    monkeypatch.setattr(corpus_module.os, "fsync", spy_fsync)
+    monkeypatch.setattr(corpus_module.os, "write", spy_write)
+    parent = sha(b"parent")
+    for data in children:
+        campaign.promote(sha(data), data)  # the verified bytes (corpus.verify_staged)
+        campaign.add_to_queue(sha(data), parent="")
+    campaign.save_finding("crashes", sha(children[0]), None)
+    campaign.record_done(parent, token, "crash")
+    assert steps == []  # nothing is synced or written while results are recorded
+    campaign.sync_done()
+
+    journal = str(campaign.done_journal)
+    kinds = [(kind, "journal" if path == journal else path) for kind, path in steps]
+    assert kinds[-2:] == [("write", "journal"), ("fsync", "journal")]
+    synced = [path for kind, path in steps[:-2]]
+    assert all(kind == "fsync" for kind, _ in steps[:-2])
+    for data in children:
+        assert str(campaign.corpus / sha(data)) in synced
+    directories = {str(campaign.corpus), str(campaign.queue), str(campaign.crashes)}
+    assert directories <= set(synced)
+    first_directory = min(synced.index(d) for d in directories)
+    assert all(synced.index(str(campaign.corpus / sha(d))) < first_directory for d in children)
+    steps.clear()
+    campaign.sync_done()  # nothing new: no sync at all
+    assert steps == []
+
+
+def test_a_failed_append_keeps_the_records_for_the_next_commit(campaign, monkeypatch):
+    campaign.open_done()
+    digest = sha(b"input")
+    campaign.record_done(digest, "a" * 32, "ok")
+    real_fsync = corpus_module.os.fsync
+    failures = [OSError(28, "No space left on device")]
+
+    def fsync_failing_once(fd):
+        if failures:
+            raise failures.pop()
+        real_fsync(fd)
+
+    monkeypatch.setattr(corpus_module.os, "fsync", fsync_failing_once)
+    with pytest.raises(OSError):
+        campaign.sync_done()
+    assert CampaignDir(campaign.out).read_done() == []  # cut back off the file
+    campaign.sync_done()
+    assert [r["sha256"] for r in CampaignDir(campaign.out).read_done()] == [digest]
+
+
+def test_the_commit_probe_sees_each_step_of_commits_that_carry_records(campaign):
+    campaign.open_done()
+    seen: list[tuple[str, int]] = []
+    campaign.commit_probe = lambda step, number: seen.append((step, number))
+    campaign.add_seed(b"seed", "s")
+    campaign.sync_done()  # a seed is synced, but no record: no numbered commit
+    assert seen == []
+    campaign.record_done(sha(b"seed"), "a" * 32, "ok")
+    campaign.sync_done()
+    campaign.record_done(sha(b"other"), "b" * 32, "ok")
+    campaign.sync_done()
+    steps = ["before-children-sync", "before-done-append", "after-done-fsync"]
+    assert seen == [(step, 1) for step in steps] + [(step, 2) for step in steps]

@@ -29,6 +29,7 @@ class Setup:
         self.campaign = CampaignDir(tmp_path / "out")
         check_out_dir(self.campaign.out, resume=False)
         self.campaign.create({"test": True})
+        self.campaign.lock()  # the master's: it alone appends to the done journal
         self.frontier = self.campaign.inputs
         self.stats = MasterStats(per_worker={RANK: WorkerStats()})
         self.triage = CoverageMap(MAP_SIZE) if triage else None

@@ -51,6 +51,7 @@ def master(tmp_path):
     check_out_dir(out, resume=False)
     campaign = CampaignDir(out)
     campaign.create({"test": True})
+    campaign.lock()  # the master's: it alone appends to the done journal
     config = CampaignConfig(target=("t",), seeds=tmp_path, out=out, executor="noop")
     deferrals = DeferredWorkJournal(out / "state" / "deferred.jsonl", fsync=False)
     m = Master(FakeChannel(), config, campaign, deferrals=deferrals,

@@ -97,11 +97,29 @@ def test_done_journal_replays_and_drops_a_torn_tail(campaign):
     campaign.record_done("b" * 64, TOKEN, "crash")
     campaign.close()
     with open(campaign.done_journal, "ab") as handle:
-        handle.write(b'{"sha256": "cccc')  # killed mid-append
-    records = campaign.read_done()
+        handle.write(b'5f3a09c1 {"outcome":"ok","sha256":"cccc')  # killed mid-append
+    torn = campaign.done_journal.read_bytes()
+
+    # A reader (no lock) sees the records, reports the torn line and leaves it in place.
+    records, damage = campaign.inspect_done()
     assert [r["sha256"] for r in records] == ["a" * 64, "b" * 64]
-    assert campaign.done_journal.read_bytes().endswith(b"\n")
-    assert any(p.name.startswith("done.jsonl.torn") for p in campaign.quarantine.iterdir())
+    assert damage.line == 3 and damage.kept_at is None
+    assert [r["sha256"] for r in campaign.read_done()] == ["a" * 64, "b" * 64]
+    assert campaign.done_journal.read_bytes() == torn
+    assert not campaign.quarantine.exists()
+
+    # The lock holder cuts it, and keeps it in quarantine/ under the journal's name and line.
+    campaign.lock()
+    records = campaign.open_done()
+    assert [r["sha256"] for r in records] == ["a" * 64, "b" * 64]
+    assert campaign.done_journal.read_bytes() == torn[:torn.rindex(b"\n") + 1]
+    kept = [p for p in campaign.quarantine.iterdir() if p.name.startswith("done.jsonl.line3.")]
+    assert len(kept) == 1 and kept[0].read_bytes() == torn[torn.rindex(b"\n") + 1:]
+    reasons = (campaign.quarantine / "REASONS").read_text()
+    assert f"{kept[0].name}: {campaign.done_journal}, line 3: torn-tail" in reasons
+    campaign.record_done("c" * 64, TOKEN, "ok")
+    campaign.close()
+    assert [r["sha256"] for r in campaign.read_done()] == ["a" * 64, "b" * 64, "c" * 64]
 
 
 def test_corrupt_done_journal_names_file_and_line(campaign):

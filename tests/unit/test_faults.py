@@ -29,3 +29,26 @@ def test_a_stop_lasts_its_seconds_or_the_default():
 def test_bad_fault_spec_is_refused(spec):
     with pytest.raises(ValueError, match="SYMCC_MPI_FAULTS"):
         Faults(1, spec)
+
+
+def test_commit_faults_are_master_kinds_and_absent_plans_cost_nothing(tmp_path):
+    faults = Faults(0, "0:kill-before-done-append@2,0:torn-done-append@3")
+    assert faults.commit_probe() is not None and faults.done_writer(tmp_path) is not None
+    faults.commit_probe()("before-done-append", 1)  # not the 2nd commit: nothing happens
+    faults.commit_probe()("after-done-fsync", 2)  # not the planned step: nothing happens
+    assert Faults(0, "0:send-fail@1").commit_probe() is None
+    assert Faults(0, "0:send-fail@1").done_writer(tmp_path) is None
+    with pytest.raises(ValueError, match="SYMCC_MPI_FAULTS"):
+        Faults(0, "1:kill-after-done-fsync@1")  # a worker has no group commit
+
+
+def test_a_torn_append_writes_half_then_the_rest_once_released(tmp_path):
+    from symcc_mpi.faults import RELEASE_FILE
+
+    (tmp_path / RELEASE_FILE).touch()  # released already: the write completes at once
+    writer = Faults(0, "0:torn-done-append@2").done_writer(tmp_path)
+    path = tmp_path / "j"
+    with open(path, "wb") as handle:
+        for data in (b"first\n", b"second\n"):
+            writer(handle.fileno(), data)
+    assert path.read_bytes() == b"first\nsecond\n"

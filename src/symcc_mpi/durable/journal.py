@@ -7,8 +7,15 @@ JSON alone would accept a line cut exactly at a closing brace.
 Damage on open is never fatal and never silent. A bad LAST line is an interrupted append: its
 bytes are kept in the quarantine directory and the file is truncated before them. A bad line
 elsewhere is kept the same way, reported with path and line number, and the journal is rewritten
-without it; every other record survives. The quarantine copy is made durable before the live
-file changes, so a crash during repair cannot lose the bad bytes (nothing is dropped silently).
+without it; every other record survives (a `strict` log, whose records may not be dropped,
+refuses to open instead, naming the line, and changes nothing). The quarantine copy is made
+durable before the live file changes, so a crash during repair cannot lose the bad bytes
+(nothing is dropped silently). Only the process that owns the journal (holds its campaign's
+lock) opens it this way: anyone else reads it with `inspect`, which reports damage and never
+writes, so a reader that sees an append in progress cannot cut it.
+
+Appends may come in groups (`extend`): the records are encoded into one write and one fsync,
+which is how a group commit pays one fsync per round instead of one per record.
 
 Writes go through an injectable `writer(fd, data)` so tests can make the write step raise. A
 failed append is cut back off the file (ftruncate to the last good size) before the error
@@ -19,6 +26,7 @@ propagates, so memory and file both stay as they were; if even that fails, the j
 from __future__ import annotations
 
 import enum
+import hashlib
 import json
 import logging
 import os
@@ -54,6 +62,10 @@ class LineError(ValueError):
     """A journal line is not a well-formed, checksummed record."""
 
 
+class UnchecksummedLine(LineError):
+    """A whole line of bare JSON: written by a version that wrote no checksums, not torn."""
+
+
 def encode_line(record: Mapping[str, Any]) -> bytes:
     payload = json.dumps(record, sort_keys=True, separators=(",", ":"),
                          ensure_ascii=True, allow_nan=False).encode("ascii")
@@ -62,6 +74,9 @@ def encode_line(record: Mapping[str, Any]) -> bytes:
 
 def decode_line(line: bytes) -> dict[str, Any]:
     """Decode one line (its trailing newline already removed)."""
+    if line[:1] == b"{":
+        # A line of this format opens with hex digits, so this is no torn append of it.
+        raise UnchecksummedLine("a record without a checksum (written by an older symcc-mpi)")
     if len(line) < 10 or line[8:9] != b" ":
         raise LineError("no checksum field")
     try:
@@ -94,10 +109,11 @@ class Damage:
     line: int
     kind: DamageKind
     reason: str
-    kept_at: Path
+    kept_at: Path | None  # None: found by a read-only `inspect`, left in place
 
     def __str__(self) -> str:
-        return f"{self.path}:{self.line}: {self.kind.value}: {self.reason}; kept at {self.kept_at}"
+        where = f"kept at {self.kept_at}" if self.kept_at else "left in place (read-only)"
+        return f"{self.path}:{self.line}: {self.kind.value}: {self.reason}; {where}"
 
 
 class JournalError(Exception):
@@ -116,6 +132,14 @@ class JournalClosed(JournalError):
     """The journal was closed."""
 
 
+class JournalCorrupt(JournalError):
+    """A strict journal holds a bad record before its last line: nothing was changed."""
+
+    def __init__(self, damage: Damage):
+        super().__init__(f"{damage.path}, line {damage.line}: {damage.reason}")
+        self.damage = damage
+
+
 def _check_id(kind: str, value: str) -> None:
     if not isinstance(value, str) or not value or len(value) > MAX_ID_LENGTH:
         raise ValueError(f"{kind} must be a non-empty string of at most {MAX_ID_LENGTH} characters")
@@ -123,68 +147,115 @@ def _check_id(kind: str, value: str) -> None:
 
 # -- the shared file engine ------------------------------------------------------------------
 
+Apply = Callable[[dict[str, Any]], None]
+"""Take one decoded record in; raise ValueError if it does not apply."""
 
-class _LineLog:
-    """One append-only checksummed JSONL file: load with repair, append, rewrite."""
 
-    def __init__(self, path: Path, *, clock: Clock, fsync: bool, writer: Writer | None,
-                 quarantine_dir: Path | None):
+@dataclass(frozen=True)
+class _BadLine:
+    number: int
+    offset: int
+    data: bytes
+    reason: str
+    torn: bool  # the last line, cut short: an append interrupted by a crash (or in progress)
+
+
+def _scan(raw: bytes, apply: Apply) -> tuple[list[bytes], list[_BadLine]]:
+    """Replay every good line of `raw` through `apply`; return the good lines and the bad."""
+    good: list[bytes] = []
+    bad: list[_BadLine] = []
+    offset = number = 0
+    while offset < len(raw):
+        number += 1
+        end = raw.find(b"\n", offset)
+        if end == -1:
+            # An append writes its line and newline in one call: no newline, no record,
+            # even if the bytes before the cut happen to decode.
+            bad.append(_BadLine(number, offset, raw[offset:], "interrupted append (no newline)",
+                                True))
+            break
+        line = raw[offset:end + 1]
+        try:
+            apply(decode_line(line[:-1]))
+        except UnchecksummedLine as error:
+            bad.append(_BadLine(number, offset, line, str(error), False))
+        except LineError as error:
+            bad.append(_BadLine(number, offset, line, str(error), end == len(raw) - 1))
+        except ValueError as error:
+            # Checksummed, so written whole: corruption or a bug, never a torn append.
+            bad.append(_BadLine(number, offset, line, f"record does not apply: {error}", False))
+        else:
+            good.append(line)
+        offset = end + 1
+    return good, bad
+
+
+def _kind(bad: _BadLine) -> DamageKind:
+    return DamageKind.TORN_TAIL if bad.torn else DamageKind.CORRUPT_LINE
+
+
+def inspect(path: Path, apply: Apply) -> tuple[Damage, ...]:
+    """Read-only replay, for processes that do not own the journal: every good record goes
+    through `apply`, every bad line is reported (never cut, never quarantined: the file and
+    its directory are not written, so a live owner's append in progress stays whole)."""
+    try:
+        raw = Path(path).read_bytes()
+    except FileNotFoundError:
+        return ()
+    _, bad = _scan(raw, apply)
+    return tuple(Damage(Path(path), item.number, _kind(item), item.reason, None) for item in bad)
+
+
+class LineLog:
+    """One append-only checksummed JSONL file, for its owner: load with repair, append (one
+    record or a group), rewrite."""
+
+    def __init__(self, path: Path, *, clock: Clock = SYSTEM_CLOCK, fsync: bool = True,
+                 writer: Writer | None = None, quarantine_dir: Path | None = None,
+                 strict: bool = False):
         self.path = Path(path)
         self.clock = clock
         self.fsync = fsync
         self.writer = writer or write_all
         self.quarantine_dir = quarantine_dir or self.path.parent / "quarantine"
+        self.strict = strict  # a corrupt record is refused, never dropped
         self.lines = 0
         self.size = 0
         self.broken: OSError | None = None
         self._fd: int | None = None
         self._closed = False
+        # SHA-256 of the bytes this owner believes the file holds: what it loaded, then
+        # every append. Compared at close, it shows nobody else wrote (or cut) the file.
+        self._content = hashlib.sha256()
 
     # loading
 
-    def load(self, apply: Callable[[dict[str, Any]], None]) -> tuple[Damage, ...]:
+    def load(self, apply: Apply) -> tuple[Damage, ...]:
         """Replay every good line through `apply` (ValueError = the record does not apply),
-        quarantine the bad ones and repair the file. Call `open_for_append` next."""
+        quarantine the bad ones and repair the file. Call `open_for_append` next.
+
+        Strict: a bad line before the last raises JournalCorrupt and nothing is written."""
         self._sweep_temporaries()
         try:
             raw = self.path.read_bytes()
         except FileNotFoundError:
             raw = b""
-        good: list[bytes] = []
-        bad: list[tuple[int, bytes, str, bool]] = []  # line number, bytes, reason, torn tail
-        torn_at: int | None = None
-        offset = number = 0
-        while offset < len(raw):
-            number += 1
-            end = raw.find(b"\n", offset)
-            if end == -1:
-                # An append writes its line and newline in one call: no newline, no record,
-                # even if the bytes before the cut happen to decode.
-                bad.append((number, raw[offset:], "interrupted append (no newline)", True))
-                torn_at = offset
-                break
-            line = raw[offset:end + 1]
-            try:
-                apply(decode_line(line[:-1]))
-            except LineError as error:
-                last = end == len(raw) - 1
-                bad.append((number, line, str(error), last))
-                if last:
-                    torn_at = offset
-            except ValueError as error:
-                # Checksummed, so written whole: corruption or a bug, never a torn append.
-                bad.append((number, line, f"record does not apply: {error}", False))
-            else:
-                good.append(line)
-            offset = end + 1
-        damage = tuple(self._quarantine(n, data, reason, torn) for n, data, reason, torn in bad)
-        for item in damage:
-            log.warning("journal damage: %s", item)
-        if any(item.kind is DamageKind.CORRUPT_LINE for item in damage):
-            self._replace(b"".join(good))
-        elif torn_at is not None:
-            self._truncate(torn_at)
+        good, bad = _scan(raw, apply)
+        if self.strict:
+            for item in bad:
+                if not item.torn:
+                    raise JournalCorrupt(Damage(self.path, item.number, DamageKind.CORRUPT_LINE,
+                                                item.reason, None))
+        damage = tuple(self._quarantine(item) for item in bad)
+        for report in damage:
+            log.warning("journal damage: %s", report)
+        kept = b"".join(good)
+        if any(report.kind is DamageKind.CORRUPT_LINE for report in damage):
+            self._replace(kept)
+        elif bad:
+            self._truncate(bad[-1].offset)
         self.lines = len(good)
+        self._content = hashlib.sha256(kept)
         return damage
 
     def _sweep_temporaries(self) -> None:
@@ -196,19 +267,22 @@ class _LineLog:
             if is_temporary(candidate):
                 candidate.unlink(missing_ok=True)
 
-    def _quarantine(self, number: int, data: bytes, reason: str, last: bool) -> Damage:
-        kind = DamageKind.TORN_TAIL if last else DamageKind.CORRUPT_LINE
+    def _quarantine(self, bad: _BadLine) -> Damage:
         self.quarantine_dir.mkdir(parents=True, exist_ok=True)
         stamp = f"{self.clock.time():.6f}"
         serial = 0
         while True:
-            target = self.quarantine_dir / f"{self.path.name}.line{number}.{stamp}.{serial}"
+            target = self.quarantine_dir / f"{self.path.name}.line{bad.number}.{stamp}.{serial}"
             if not target.exists():
                 break
             serial += 1
         # Durable before the live file is repaired: the bad bytes must outlive the repair.
-        write_durable(target, data, fsync=self.fsync)
-        return Damage(self.path, number, kind, reason, target)
+        write_durable(target, bad.data, fsync=self.fsync)
+        damage = Damage(self.path, bad.number, _kind(bad), bad.reason, target)
+        with open(self.quarantine_dir / "REASONS", "a") as reasons:
+            reasons.write(f"{target.name}: {self.path}, line {bad.number}: "
+                          f"{damage.kind.value}: {bad.reason}\n")
+        return damage
 
     def _truncate(self, keep: int) -> None:
         with open(self.path, "r+b") as handle:
@@ -234,11 +308,17 @@ class _LineLog:
 
     def append(self, record: Mapping[str, Any]) -> None:
         """Durably append one record, or raise with the file as it was."""
+        self.extend((record,))
+
+    def extend(self, records: Iterable[Mapping[str, Any]]) -> None:
+        """Durably append a group of records with one write and one fsync, or raise with the
+        file as it was (none of them in it)."""
         self._check_writable()
         if self._fd is None:
             self.open_for_append()  # an earlier open failed (F317: retry on the next write)
         assert self._fd is not None
-        data = encode_line(record)
+        lines = [encode_line(record) for record in records]
+        data = b"".join(lines)
         try:
             self.writer(self._fd, data)
             if self.fsync:
@@ -247,7 +327,24 @@ class _LineLog:
             self._cut_back()
             raise
         self.size += len(data)
-        self.lines += 1
+        self.lines += len(lines)
+        self._content.update(data)
+
+    def changed_behind_our_back(self) -> str | None:
+        """Why the file is not exactly what this owner wrote, or None if it is."""
+        try:
+            on_disk = self.path.read_bytes()
+        except OSError as error:
+            return f"cannot read it back: {error.strerror}"
+        if len(on_disk) != self.size:
+            return f"it holds {len(on_disk)} bytes, this campaign wrote {self.size}"
+        if hashlib.sha256(on_disk).hexdigest() != self.content_digest:
+            return "its bytes differ from those this campaign wrote"
+        return None
+
+    @property
+    def content_digest(self) -> str:
+        return self._content.hexdigest()
 
     def _cut_back(self) -> None:
         # F313 §3.4: an append failure must leave no trace a later open would replay. A torn
@@ -264,13 +361,15 @@ class _LineLog:
         """Replace the whole file atomically (compaction)."""
         self._check_writable()
         lines = [encode_line(record) for record in records]
+        data = b"".join(lines)
         try:
-            write_durable(self.path, b"".join(lines), fsync=self.fsync)
+            write_durable(self.path, data, fsync=self.fsync)
         finally:
             # Even a failure may come after the rename (in the directory fsync): the old
             # descriptor may then name an unlinked file, and appends to it would be lost.
             self.open_for_append()
         self.lines = len(lines)
+        self._content = hashlib.sha256(data)
 
     def _check_writable(self) -> None:
         if self._closed:
@@ -337,7 +436,7 @@ class WorkLeaseJournal:
                  quarantine_dir: Path | None = None):
         if compact_after < 1:
             raise ValueError("compact_after must be at least 1")
-        self._log = _LineLog(path, clock=clock, fsync=fsync, writer=writer,
+        self._log = LineLog(path, clock=clock, fsync=fsync, writer=writer,
                              quarantine_dir=quarantine_dir)
         self._clock = clock
         self._compact_after = compact_after
@@ -531,7 +630,7 @@ class DeferredWorkJournal:
         self._memory_only: dict[str, DeferredWork] = {}
         self._write_failures = 0
         self._last_error: str | None = None
-        self._log = _LineLog(path, clock=clock, fsync=fsync, writer=writer,
+        self._log = LineLog(path, clock=clock, fsync=fsync, writer=writer,
                              quarantine_dir=quarantine_dir)
         self.damage: tuple[Damage, ...] = self._log.load(self._replay)
         try:

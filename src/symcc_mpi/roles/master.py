@@ -114,6 +114,7 @@ class Master:
                                             pruning=pruning)
         self.checkpoint = Checkpointer(campaign, pruning=pruning, triage=triage)
         self.faults = Faults(0)
+        campaign.commit_probe = self.faults.commit_probe()
         self.work_sends = 0
         self.object_sends = 0
         self.stats = MasterStats()
