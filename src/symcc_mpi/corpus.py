@@ -11,6 +11,7 @@ Layout (DESIGN §4):
 
 from __future__ import annotations
 
+import enum
 import errno
 import fcntl
 import hashlib
@@ -27,7 +28,25 @@ from .report import afl_queue_name, parse_afl_queue_id
 
 MARKER = ".symcc-mpi"
 STOP_REQUEST = ".stop-request"
+# The run id the launcher gives a job (and writes into the stop requests it makes for it).
+RUN_ID_ENV = "SYMCC_MPI_RUN_ID"
 LAYOUT_VERSION = 1
+
+
+class StopRequest(enum.Enum):
+    NONE = "none"
+    THIS_RUN = "this-run"
+    STALE = "stale"  # left by a run that is gone: never stops the next one
+
+
+def stop_request_verdict(text: str, made: float, run_id: str, run_started: float) -> StopRequest:
+    """Whom a stop request is for. The launcher writes the run id it gave the job; a user
+    under their own launcher may `touch` an empty one (README), which counts only if it was
+    made after this run started. Anything else was left by an earlier run."""
+    named = text.strip()
+    if named == run_id or (not named and made >= run_started):
+        return StopRequest.THIS_RUN
+    return StopRequest.STALE
 
 
 class CampaignError(Exception):
@@ -68,6 +87,8 @@ def check_out_dir(out: Path, *, resume: bool) -> None:
     if resume:
         if not (out / MARKER).is_file():
             raise CampaignError(f"--resume: {out} holds no symcc-mpi campaign to resume")
+        CampaignDir(out).check_not_running()
+        _probe_writable(out)
         return
     if out.exists():
         if (out / MARKER).exists():
@@ -81,6 +102,13 @@ def check_out_dir(out: Path, *, resume: bool) -> None:
             )
     try:
         out.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise CampaignError(f"output directory {out} is not writable: {error.strerror}") from None
+    _probe_writable(out)
+
+
+def _probe_writable(out: Path) -> None:
+    try:
         probe = out / f".write-probe-{os.getpid()}"
         probe.write_bytes(b"")
         probe.unlink()
@@ -139,14 +167,38 @@ class CampaignDir:
         handle.flush()
         self._lock_handle = handle
 
+    def check_not_running(self) -> None:
+        """Refuse, before any rank is started, a directory whose master holds the lock (the
+        master still takes it for real). Takes and drops the flock; writes nothing."""
+        try:
+            handle = open(self.state / "master.lock", "rb")
+        except FileNotFoundError:
+            return  # no master ever locked it
+        except OSError as error:
+            raise CampaignError(f"cannot read {self.state / 'master.lock'}: "
+                                f"{error.strerror}") from None
+        with handle:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as error:
+                if error.errno in (errno.EWOULDBLOCK, errno.EACCES):
+                    raise CampaignError(f"another campaign is running in {self.out}") from None
+                raise
+
     def close(self) -> None:
-        if self._done_handle is not None:
-            self.sync_done()
-            self._done_handle.close()
-            self._done_handle = None
-        if self._lock_handle is not None:
-            self._lock_handle.close()
-            self._lock_handle = None
+        # Closed even when the last sync fails (a full disk): a handle left open would try
+        # its flush again at exit and print the error a second time.
+        try:
+            if self._done_handle is not None:
+                try:
+                    self.sync_done()
+                finally:
+                    handle, self._done_handle = self._done_handle, None
+                    handle.close()
+        finally:
+            if self._lock_handle is not None:
+                self._lock_handle.close()
+                self._lock_handle = None
 
     # -- reading state back ------------------------------------------------------------
 
@@ -350,14 +402,25 @@ class CampaignDir:
     def leftover_staging(self) -> list[Path]:
         return sorted(self.staging.iterdir()) if self.staging.exists() else []
 
-    def request_stop(self) -> None:
-        (self.out / STOP_REQUEST).write_text(f"{os.getpid()}\n")
+    def request_stop(self, run_id: str) -> None:
+        """Ask the master of run `run_id` to stop; the request names the run it is for."""
+        (self.out / STOP_REQUEST).write_text(f"{run_id}\n")
 
-    def stop_requested(self) -> bool:
-        return (self.out / STOP_REQUEST).exists()
+    @property
+    def stop_request(self) -> Path:
+        return self.out / STOP_REQUEST
 
-    def clear_stop_request(self) -> None:
-        (self.out / STOP_REQUEST).unlink(missing_ok=True)
+    def take_stop_request(self, run_id: str, run_started: float) -> StopRequest:
+        """Whether a stop was asked of run `run_id`, which started at `run_started` (wall
+        clock); a request is removed once read, whichever run it was for."""
+        try:
+            text = self.stop_request.read_text(errors="replace")
+            made = self.stop_request.stat().st_mtime
+        except FileNotFoundError:
+            return StopRequest.NONE
+        verdict = stop_request_verdict(text, made, run_id, run_started)
+        self.stop_request.unlink(missing_ok=True)
+        return verdict
 
     @property
     def queue_entries(self) -> int:

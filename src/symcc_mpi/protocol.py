@@ -27,7 +27,10 @@ class Tag(enum.IntEnum):
 # Result outcomes besides executors.base.Outcome: the input was not analysed at all.
 INVALID_INPUT = "invalid-input"  # the worker could not read the bytes it was sent, intact
 WORKER_ERROR = "worker-error"  # the worker failed around the executor (disk, triage, ...)
-NOT_ANALYSED = (INVALID_INPUT, WORKER_ERROR)
+# The worker could not write into OUT (full, over quota, read-only): not the input's fault;
+# the master stops the campaign instead of requeueing or deferring (storage.py).
+STORAGE_REFUSED = "storage-refused"
+NOT_ANALYSED = (INVALID_INPUT, WORKER_ERROR, STORAGE_REFUSED)
 
 TOKEN_PATTERN = re.compile(r"^[0-9a-f]{8,64}$")
 SHA256_PATTERN = re.compile(r"^[0-9a-f]{64}$")

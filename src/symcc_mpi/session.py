@@ -11,6 +11,7 @@ from .corpus import CampaignDir, CampaignError, check_out_dir
 from .executors import check_available
 from .faults import Faults
 from .protocol import ConfigVerdict, Tag
+from .storage import STOP_ADVICE, STORAGE_EXIT, describe, storage_refused
 
 log = logging.getLogger("symcc_mpi.session")
 SEND_FLUSH_TIMEOUT = 10.0
@@ -41,15 +42,20 @@ def _run_role(channel, config: CampaignConfig) -> int:
         if channel.size < 2:
             raise UsageError("a campaign needs at least 2 MPI ranks (1 master + 1 worker)")
         master = open_master(channel, config)
-    except (UsageError, CampaignError) as error:
-        print(f"symcc-mpi: error: {error}", flush=True)
+    except (UsageError, CampaignError, OSError) as error:
+        if isinstance(error, OSError) and not storage_refused(error):
+            raise
+        refused = isinstance(error, OSError)
+        problem = f"{describe(error, config.out)}: {STOP_ADVICE}" if refused else str(error)
+        print(f"symcc-mpi: error: {problem}", flush=True)
         for rank in range(1, channel.size):
-            channel.send(rank, Tag.CONFIG, ConfigVerdict(ok=False, error=str(error)))
-        return 2
+            channel.send(rank, Tag.CONFIG, ConfigVerdict(ok=False, error=problem))
+        return STORAGE_EXIT if refused else 2
     try:
-        return master.run()
+        status = master.run()
     finally:
         master.close()
+    return STORAGE_EXIT if master.storage_problem else status  # the last sync may fail too
 
 
 def check_config(config: CampaignConfig) -> None:
