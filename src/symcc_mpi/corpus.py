@@ -87,7 +87,6 @@ def check_out_dir(out: Path, *, resume: bool) -> None:
     if resume:
         if not (out / MARKER).is_file():
             raise CampaignError(f"--resume: {out} holds no symcc-mpi campaign to resume")
-        CampaignDir(out).check_not_running()
         _probe_writable(out)
         return
     if out.exists():

@@ -71,7 +71,9 @@ def check_config(config: CampaignConfig) -> None:
         check_afl_target(list(config.afl_target))
     check_out_dir(config.out, resume=config.resume)  # it may create the directory
     if config.resume:
-        CampaignDir(config.out).read_done()  # a corrupt journal is refused before launch
+        campaign = CampaignDir(config.out)
+        campaign.check_not_running()  # before mpiexec, and before anything reads its state
+        campaign.read_done()  # a corrupt journal is refused before launch
 
 
 def check_fault_plan() -> None:
