@@ -168,11 +168,12 @@ class Job:
         while self.steps < self.signals:
             self.steps += 1
             if self.steps == 1:
+                campaign = CampaignDir(self.out)
                 try:
-                    CampaignDir(self.out).request_stop(self.run_id)
+                    campaign.request_stop(self.run_id)
                 except OSError as error:
-                    self._say(f"cannot write the stop request ({describe(error, self.out)}): "
-                              "terminating the job")
+                    where = describe(error, campaign.stop_request)
+                    self._say(f"cannot write the stop request ({where}): terminating the job")
                     self.steps = 2
                 else:
                     self._say("stopping: finishing the executions in flight (Ctrl-C again to "
