@@ -206,3 +206,25 @@ def test_resume_of_a_live_campaign_is_refused_before_mpiexec(setup, monkeypatch)
     finally:
         live.close()
     assert live.done_journal.read_bytes() == before
+
+
+def test_resume_on_a_read_only_filesystem_is_refused_before_mpiexec(setup, monkeypatch):
+    import symcc_mpi.launch as launch
+    from symcc_mpi.corpus import CampaignDir
+
+    monkeypatch.setattr(launch, "launch", lambda *a, **k: pytest.fail("mpiexec was started"))
+    tmp, seeds, target = setup
+    disk = tmp / "disk"
+    disk.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(disk)],
+                             capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"mounting a tmpfs is not permitted here (it needs root): "
+                    f"{mounted.stderr.strip()}")
+    try:
+        CampaignDir(disk / "o").create({})
+        subprocess.run(["mount", "-o", "remount,ro", str(disk)], check=True)
+        one_line_error(run("--target", f"{target} @@", "--out", disk / "o", "--resume",
+                           "--executor", "noop"), "not writable: Read-only file system")
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], capture_output=True)
