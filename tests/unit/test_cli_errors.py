@@ -189,8 +189,8 @@ def test_worker_bound_is_what_the_available_memory_holds():
 
 
 def test_resume_of_a_live_campaign_is_refused_before_mpiexec(setup, monkeypatch):
-    from symcc_mpi.corpus import CampaignDir
     import symcc_mpi.launch as launch
+    from symcc_mpi.corpus import CampaignDir
 
     monkeypatch.setattr(launch, "launch", lambda *a, **k: pytest.fail("mpiexec was started"))
     tmp, seeds, target = setup
