@@ -15,6 +15,7 @@ from .storage import STOP_ADVICE, STORAGE_EXIT, describe, storage_refused
 
 log = logging.getLogger("symcc_mpi.session")
 SEND_FLUSH_TIMEOUT = 10.0
+ABORT_STATUS = 1  # MPI_Abort's status when a rank fails with an unexpected error
 
 
 def run_rank(config: CampaignConfig) -> int:
@@ -27,6 +28,12 @@ def run_rank(config: CampaignConfig) -> int:
     configure_logging(channel.rank)
     try:
         return _run_role(channel, config)
+    except Exception:
+        # Left to unwind, the error would end this rank in MPI_Finalize, which waits for
+        # every other rank, and they for it: the job would hang. Say it, then end the job.
+        log.exception("rank %d failed; ending the job", channel.rank)
+        channel.comm.Abort(ABORT_STATUS)
+        raise
     finally:
         if not channel.flush(timeout=SEND_FLUSH_TIMEOUT):
             log.warning("rank %d: messages still unsent after %g s at exit", channel.rank,

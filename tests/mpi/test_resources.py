@@ -252,3 +252,17 @@ def test_a_second_campaign_on_a_live_directory_is_refused_before_mpi(tmp_path):
         output, _ = launcher.communicate(timeout=300)
     assert launcher.returncode == 0, output[-3000:]
     assert_nothing_left(out)
+
+
+def test_an_unexpected_error_in_the_master_ends_the_job_instead_of_hanging_it(tmp_path):
+    out = tmp_path / "out"
+    args = slow_campaign(tmp_path, inputs=12)
+    first = explore(out, *args, "--wall-timeout", 2)
+    assert first.returncode == 0, first.stdout[-2000:]
+    (out / "stats.json").unlink()
+    (out / "stats.json").mkdir()  # the master's first report fails: EISDIR, not storage
+    resumed = explore(out, *without_seeds(args), "--resume", timeout=300)
+    output = resumed.stdout + resumed.stderr
+    assert resumed.returncode != 0, output[-3000:]
+    assert "rank 0 failed; ending the job" in output, output[-3000:]
+    assert_nothing_left(out)
