@@ -53,7 +53,7 @@ def cli() -> None:
 def explore(target, seeds, out, workers, executor, afl_target, timeout, memory_limit,
             wall_timeout, max_idle, pruning, resume, no_live) -> None:
     """Explore a target from seed inputs with N workers until the frontier is exhausted."""
-    from .launch import launch, under_mpi
+    from .launch import check_workers, launch, under_mpi
     from .session import check_config, run_rank
 
     try:
@@ -76,6 +76,7 @@ def explore(target, seeds, out, workers, executor, afl_target, timeout, memory_l
         if under_mpi():
             sys.exit(run_rank(config))
         check_config(config)
+        check_workers(config.workers)
         sys.exit(launch(config, sys.argv[1:], live=not no_live and sys.stdout.isatty()))
     except (UsageError, CampaignError) as error:
         raise _Fail(str(error)) from None

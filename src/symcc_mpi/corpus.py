@@ -18,6 +18,7 @@ machine; a crash before the append loses only those lines, and their inputs are 
 
 from __future__ import annotations
 
+import enum
 import errno
 import fcntl
 import hashlib
@@ -38,6 +39,8 @@ from .report import afl_queue_name, parse_afl_queue_id
 
 MARKER = ".symcc-mpi"
 STOP_REQUEST = ".stop-request"
+# The run id the launcher gives a job (and writes into the stop requests it makes for it).
+RUN_ID_ENV = "SYMCC_MPI_RUN_ID"
 LAYOUT_VERSION = 1
 DONE_JOURNAL = "done.jsonl"
 
@@ -46,6 +49,22 @@ log = logging.getLogger("symcc_mpi.corpus")
 CommitProbe = Callable[[str, int], None]
 """Called at each step of the N-th group commit that carries done records (fault injection):
 "before-children-sync", "before-done-append", "after-done-fsync"."""
+
+
+class StopRequest(enum.Enum):
+    NONE = "none"
+    THIS_RUN = "this-run"
+    STALE = "stale"  # left by a run that is gone: never stops the next one
+
+
+def stop_request_verdict(text: str, made: float, run_id: str, run_started: float) -> StopRequest:
+    """Whom a stop request is for. The launcher writes the run id it gave the job; a user
+    under their own launcher may `touch` an empty one (README), which counts only if it was
+    made after this run started. Anything else was left by an earlier run."""
+    named = text.strip()
+    if named == run_id or (not named and made >= run_started):
+        return StopRequest.THIS_RUN
+    return StopRequest.STALE
 
 
 class CampaignError(Exception):
@@ -94,6 +113,7 @@ def check_out_dir(out: Path, *, resume: bool) -> None:
     if resume:
         if not (out / MARKER).is_file():
             raise CampaignError(f"--resume: {out} holds no symcc-mpi campaign to resume")
+        _probe_writable(out)
         return
     if out.exists():
         if (out / MARKER).exists():
@@ -107,6 +127,13 @@ def check_out_dir(out: Path, *, resume: bool) -> None:
             )
     try:
         out.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise CampaignError(f"output directory {out} is not writable: {error.strerror}") from None
+    _probe_writable(out)
+
+
+def _probe_writable(out: Path) -> None:
+    try:
         probe = out / f".write-probe-{os.getpid()}"
         probe.write_bytes(b"")
         probe.unlink()
@@ -168,22 +195,44 @@ class CampaignDir:
         handle.flush()
         self._lock_handle = handle
 
+    def check_not_running(self) -> None:
+        """Refuse, before any rank is started, a directory whose master holds the lock (the
+        master still takes it for real). Takes and drops the flock; writes nothing."""
+        try:
+            handle = open(self.state / "master.lock", "rb")
+        except FileNotFoundError:
+            return  # no master ever locked it
+        except OSError as error:
+            raise CampaignError(f"cannot read {self.state / 'master.lock'}: "
+                                f"{error.strerror}") from None
+        with handle:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as error:
+                if error.errno in (errno.EWOULDBLOCK, errno.EACCES):
+                    raise CampaignError(f"another campaign is running in {self.out}") from None
+                raise
+
     def close(self) -> None:
-        self.sync_done()
-        if self._done_log is not None:
-            changed = self._done_log.changed_behind_our_back()
-            if changed:
-                log.error("%s changed under the campaign holding its lock: %s",
-                          self.done_journal, changed)
-            else:
-                log.info("%s: %d records, %d bytes, sha256 %s, as this campaign wrote it",
-                         self.done_journal, self._done_log.lines, self._done_log.size,
-                         self._done_log.content_digest)
-            self._done_log.close()
-            self._done_log = None
-        if self._lock_handle is not None:
-            self._lock_handle.close()
-            self._lock_handle = None
+        # Closed even when the last sync fails (a full disk): a handle left open would be
+        # flushed again at exit and the error reported a second time.
+        try:
+            self.sync_done()
+        finally:
+            done_log, self._done_log = self._done_log, None
+            if done_log is not None:
+                changed = done_log.changed_behind_our_back()
+                if changed:
+                    log.error("%s changed under the campaign holding its lock: %s",
+                              self.done_journal, changed)
+                else:
+                    log.info("%s: %d records, %d bytes, sha256 %s, as this campaign wrote it",
+                             self.done_journal, done_log.lines, done_log.size,
+                             done_log.content_digest)
+                done_log.close()
+            if self._lock_handle is not None:
+                self._lock_handle.close()
+                self._lock_handle = None
 
     # -- reading state back ------------------------------------------------------------
 
@@ -446,14 +495,25 @@ class CampaignDir:
     def leftover_staging(self) -> list[Path]:
         return sorted(self.staging.iterdir()) if self.staging.exists() else []
 
-    def request_stop(self) -> None:
-        (self.out / STOP_REQUEST).write_text(f"{os.getpid()}\n")
+    def request_stop(self, run_id: str) -> None:
+        """Ask the master of run `run_id` to stop; the request names the run it is for."""
+        (self.out / STOP_REQUEST).write_text(f"{run_id}\n")
 
-    def stop_requested(self) -> bool:
-        return (self.out / STOP_REQUEST).exists()
+    @property
+    def stop_request(self) -> Path:
+        return self.out / STOP_REQUEST
 
-    def clear_stop_request(self) -> None:
-        (self.out / STOP_REQUEST).unlink(missing_ok=True)
+    def take_stop_request(self, run_id: str, run_started: float) -> StopRequest:
+        """Whether a stop was asked of run `run_id`, which started at `run_started` (wall
+        clock); a request is removed once read, whichever run it was for."""
+        try:
+            text = self.stop_request.read_text(errors="replace")
+            made = self.stop_request.stat().st_mtime
+        except FileNotFoundError:
+            return StopRequest.NONE
+        verdict = stop_request_verdict(text, made, run_id, run_started)
+        self.stop_request.unlink(missing_ok=True)
+        return verdict
 
     @property
     def queue_entries(self) -> int:

@@ -29,7 +29,7 @@ class Tag(enum.IntEnum):
 
 class ResultOutcome(str, enum.Enum):
     """What a RESULT says of its input: a closed set on the wire (a value outside it does not
-    decode). Every executors.base.Outcome, plus two for an input that was not analysed."""
+    decode). Every executors.base.Outcome, plus three for an input that was not analysed."""
 
     OK = Outcome.OK.value
     CRASH = Outcome.CRASH.value
@@ -38,11 +38,15 @@ class ResultOutcome(str, enum.Enum):
     ERROR = Outcome.ERROR.value
     INVALID_INPUT = "invalid-input"  # the worker could not read the bytes it was sent, intact
     WORKER_ERROR = "worker-error"  # the worker failed around the executor (disk, triage, ...)
+    # The worker could not write into OUT (full, over quota, read-only): not the input's
+    # fault; the master stops the campaign instead of requeueing or deferring (storage.py).
+    STORAGE_REFUSED = "storage-refused"
 
 
 INVALID_INPUT = ResultOutcome.INVALID_INPUT
 WORKER_ERROR = ResultOutcome.WORKER_ERROR
-NOT_ANALYSED = (INVALID_INPUT, WORKER_ERROR)
+STORAGE_REFUSED = ResultOutcome.STORAGE_REFUSED
+NOT_ANALYSED = (INVALID_INPUT, WORKER_ERROR, STORAGE_REFUSED)
 
 TOKEN_PATTERN = re.compile(r"^[0-9a-f]{8,64}$")
 SHA256_PATTERN = re.compile(r"^[0-9a-f]{64}$")

@@ -11,9 +11,11 @@ from .corpus import CampaignDir, CampaignError, check_out_dir
 from .executors import check_available
 from .faults import Faults
 from .protocol import ConfigVerdict, Tag
+from .storage import STOP_ADVICE, STORAGE_EXIT, describe, storage_refused
 
 log = logging.getLogger("symcc_mpi.session")
 SEND_FLUSH_TIMEOUT = 10.0
+ABORT_STATUS = 1  # MPI_Abort's status when a rank fails with an unexpected error
 
 
 def run_rank(config: CampaignConfig) -> int:
@@ -26,6 +28,12 @@ def run_rank(config: CampaignConfig) -> int:
     configure_logging(channel.rank)
     try:
         return _run_role(channel, config)
+    except Exception:
+        # Left to unwind, the error would end this rank in MPI_Finalize, which waits for
+        # every other rank, and they for it: the job would hang. Say it, then end the job.
+        log.exception("rank %d failed; ending the job", channel.rank)
+        channel.comm.Abort(ABORT_STATUS)
+        raise
     finally:
         if not channel.flush(timeout=SEND_FLUSH_TIMEOUT):
             log.warning("rank %d: messages still unsent after %g s at exit", channel.rank,
@@ -41,15 +49,20 @@ def _run_role(channel, config: CampaignConfig) -> int:
         if channel.size < 2:
             raise UsageError("a campaign needs at least 2 MPI ranks (1 master + 1 worker)")
         master = open_master(channel, config)
-    except (UsageError, CampaignError) as error:
-        print(f"symcc-mpi: error: {error}", flush=True)
+    except (UsageError, CampaignError, OSError) as error:
+        if isinstance(error, OSError) and not storage_refused(error):
+            raise
+        refused = isinstance(error, OSError)
+        problem = f"{describe(error, config.out)}: {STOP_ADVICE}" if refused else str(error)
+        print(f"symcc-mpi: error: {problem}", flush=True)
         for rank in range(1, channel.size):
-            channel.send(rank, Tag.CONFIG, ConfigVerdict(ok=False, error=str(error)))
-        return 2
+            channel.send(rank, Tag.CONFIG, ConfigVerdict(ok=False, error=problem))
+        return STORAGE_EXIT if refused else 2
     try:
-        return master.run()
+        status = master.run()
     finally:
         master.close()
+    return STORAGE_EXIT if master.storage_problem else status  # the last sync may fail too
 
 
 def check_config(config: CampaignConfig) -> None:
@@ -65,9 +78,11 @@ def check_config(config: CampaignConfig) -> None:
         check_afl_target(list(config.afl_target))
     check_out_dir(config.out, resume=config.resume)  # it may create the directory
     if config.resume:
+        campaign = CampaignDir(config.out)
+        campaign.check_not_running()  # before mpiexec, and before anything reads its state
         # A corrupt journal is refused before launch. Read-only: the campaign lock is not
-        # held yet (another campaign may be running there), so a torn tail is not cut here.
-        CampaignDir(config.out).read_done()
+        # held here (the master takes it), so a torn tail is not cut here.
+        campaign.read_done()
 
 
 def check_fault_plan() -> None:

@@ -160,3 +160,71 @@ def test_unparsable_fault_plan(setup, monkeypatch):
     one_line_error(run("--target", f"{target} @@", "--seeds", seeds, "--out", tmp / "o"),
                    "SYMCC_MPI_FAULTS: cannot parse '1:stop@2=forever'")
     assert not (tmp / "o").exists()
+
+
+def test_negative_workers(setup):
+    tmp, seeds, target = setup
+    one_line_error(run("--target", target, "--seeds", seeds, "--out", tmp / "o",
+                       "--workers", -3), "--workers must be at least 1")
+
+
+def test_more_workers_than_memory_holds_is_refused_before_mpiexec(setup, monkeypatch):
+    import symcc_mpi.launch as launch
+
+    monkeypatch.setattr(launch, "launch", lambda *a, **k: pytest.fail("mpiexec was started"))
+    tmp, seeds, target = setup
+    one_line_error(run("--target", f"{target} @@", "--seeds", seeds, "--out", tmp / "o",
+                       "--executor", "noop", "--workers", 100000), "at most")
+
+
+def test_worker_bound_is_what_the_available_memory_holds():
+    from symcc_mpi.config import UsageError
+    from symcc_mpi.launch import RANK_MEMORY, check_workers
+
+    check_workers(3, available=4 * RANK_MEMORY)  # 3 workers + the master
+    with pytest.raises(UsageError, match="at most 3 workers fit"):
+        check_workers(4, available=4 * RANK_MEMORY)
+    with pytest.raises(UsageError, match="at most 0 workers fit"):
+        check_workers(1, available=RANK_MEMORY)
+
+
+def test_resume_of_a_live_campaign_is_refused_before_mpiexec(setup, monkeypatch):
+    import symcc_mpi.launch as launch
+    from symcc_mpi.corpus import CampaignDir
+
+    monkeypatch.setattr(launch, "launch", lambda *a, **k: pytest.fail("mpiexec was started"))
+    tmp, seeds, target = setup
+    live = CampaignDir(tmp / "o")
+    live.create({})
+    live.lock()  # the running master
+    # Its journal ends in a line being appended: nothing but its master may touch it.
+    live.done_journal.write_bytes(b'{"sha256": "' + b"a" * 64 + b'"}\n{"sha2')
+    before = live.done_journal.read_bytes()
+    try:
+        one_line_error(run("--target", f"{target} @@", "--out", tmp / "o", "--resume",
+                           "--executor", "noop"), "another campaign is running in")
+    finally:
+        live.close()
+    assert live.done_journal.read_bytes() == before
+
+
+def test_resume_on_a_read_only_filesystem_is_refused_before_mpiexec(setup, monkeypatch):
+    import symcc_mpi.launch as launch
+    from symcc_mpi.corpus import CampaignDir
+
+    monkeypatch.setattr(launch, "launch", lambda *a, **k: pytest.fail("mpiexec was started"))
+    tmp, seeds, target = setup
+    disk = tmp / "disk"
+    disk.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(disk)],
+                             capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"mounting a tmpfs is not permitted here (it needs root): "
+                    f"{mounted.stderr.strip()}")
+    try:
+        CampaignDir(disk / "o").create({})
+        subprocess.run(["mount", "-o", "remount,ro", str(disk)], check=True)
+        one_line_error(run("--target", f"{target} @@", "--out", disk / "o", "--resume",
+                           "--executor", "noop"), "not writable: Read-only file system")
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], capture_output=True)

@@ -33,7 +33,8 @@ class FakeChannel:
 
 
 class FailingPromotions:
-    """campaign.promote raising ENOSPC on the chosen calls (1-based)."""
+    """campaign.promote raising EIO on the chosen calls (1-based). (ENOSPC, EDQUOT and EROFS
+    stop the campaign instead: tests/unit/test_storage_stop.py.)"""
 
     def __init__(self, promote, failing_calls):
         self.promote, self.failing, self.calls = promote, set(failing_calls), 0
@@ -41,7 +42,7 @@ class FailingPromotions:
     def __call__(self, digest, data):
         self.calls += 1
         if self.calls in self.failing:
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
         return self.promote(digest, data)
 
 
@@ -118,7 +119,7 @@ def test_an_input_whose_commit_keeps_failing_is_deferred_not_lost(master, caplog
     with caplog.at_level("WARNING"):
         answer(m, work)
         answer(m, run_once(m, work.token))
-    assert any("ENOSPC" in r.getMessage() for r in caplog.records)
+    assert any("EIO" in r.getMessage() for r in caplog.records)
     figures = m.dispatch.statistics()
     assert (figures["commit_failures"], figures["protocol_requeued"],
             figures["protocol_deferred"]) == (2, 1, 1)

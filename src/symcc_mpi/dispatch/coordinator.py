@@ -187,6 +187,11 @@ class DispatchCoordinator:
             self._requeue_swept(self.tables.sweep(rank))
             raise
 
+    def give_back(self, rank: int) -> None:
+        """`rank`'s dispatch failed for a reason that is not its input's (OUT refuses
+        writes): compensated, and its input requeued with no failure counted against it."""
+        self._requeue_swept(self.tables.sweep(rank))
+
     def retire(self, rank: int, reason: str) -> tuple[str, ...]:
         """No more work to `rank`; what it held goes back to the frontier. Returns the tokens
         of the dispatches taken back."""

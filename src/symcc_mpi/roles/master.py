@@ -12,18 +12,20 @@ import enum
 import errno
 import logging
 import os
+import secrets
 import shutil
 import signal
 import statistics
 import sys
 import time
 from collections import Counter, deque
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from ..checkpoint import Checkpointer
 from ..commit import Committer, Refused, Unusable
 from ..config import CampaignConfig
-from ..corpus import CampaignDir
+from ..corpus import RUN_ID_ENV, CampaignDir, StopRequest
 from ..dispatch.coordinator import DispatchCoordinator
 from ..dispatch.tables import CommitStart, ResultClass
 from ..dispatch.watchdog import WatchdogConfig
@@ -31,6 +33,7 @@ from ..doorbell import Doorbell
 from ..faults import Faults
 from ..protocol import (
     INVALID_INPUT,
+    STORAGE_REFUSED,
     ConfigVerdict,
     Fatal,
     Ready,
@@ -42,6 +45,7 @@ from ..protocol import (
     Work,
 )
 from ..pruning import PruningLedger
+from ..storage import STOP_ADVICE, STORAGE_EXIT, describe, storage_refused
 from ..transport import Channel, Naps
 
 log = logging.getLogger("symcc_mpi.master")
@@ -122,6 +126,10 @@ class Master:
                                    pruning=pruning, checkpoint=self.checkpoint)
         self.phase = Phase.RUNNING
         self.stop_requested_by_signal = False
+        self.storage_problem = ""  # set once OUT refused a write: the campaign is stopping
+        # A stop request counts only for the run it was made for (corpus.stop_request_verdict).
+        self.run_id = os.environ.get(RUN_ID_ENV) or secrets.token_hex(8)
+        self.run_started = _command_time()
         self.started = time.monotonic()
         self.drain_deadline = 0.0
         self.next_stop_file_check = 0.0
@@ -180,18 +188,24 @@ class Master:
                 next_sweep = now + SWEEP_INTERVAL
                 for recovery in self.dispatch.sweep():
                     self.sends.pop(recovery.token, None)  # its staging may still grow
-                self.checkpoint.after_round()
+                with self._stopping_if_storage_refuses():
+                    self.checkpoint.after_round()
                 self._advance_phase()
             if now >= next_report:
-                self.report()
+                with self._stopping_if_storage_refuses():
+                    self.report()
                 next_report = now + REPORT_INTERVAL
             if nap := self.naps.after(active=handled > 0, rang=rang):
                 rang = self.doorbell.wait(nap)
                 self.wakeups += 1
             else:
                 rang = False
-        self.checkpoint.after_round(final=True)
-        self.report(final=True)
+        with self._stopping_if_storage_refuses():
+            self.checkpoint.after_round(final=True)
+        with self._stopping_if_storage_refuses():
+            self.report(final=True)
+        if self.storage_problem:
+            return STORAGE_EXIT
         return 1 if self.stats.stop_reason.startswith("no usable worker") else 0
 
     def _handle(self, incoming) -> None:
@@ -272,6 +286,13 @@ class Master:
             if not self.dispatch.holds_token(result.token):
                 self._discard_staging(result.token)  # never another rank's live staging
             return
+        if result.outcome == STORAGE_REFUSED or self.storage_problem:
+            # Not the input's fault: it goes back to the frontier with no failure counted, and
+            # nothing more is committed once OUT refused a write.
+            self.dispatch.give_back(rank)
+            if result.outcome == STORAGE_REFUSED:
+                self._stop_for_resources(f"rank {rank}: {result.message[:500]}")
+            return
         try:
             accepted = self.committer.check(result, self.dispatch.work_of(rank))
         except Refused as refused:
@@ -285,11 +306,13 @@ class Master:
             self.dispatch.reject(rank, result.token)
             return  # the worker removes its staging (worker.py), here as after a commit
         self.dispatch.note_valid_result(rank)
-        with self.dispatch.boundary(rank):
+        with self._stopping_if_storage_refuses(), self.dispatch.boundary(rank):
             if self.dispatch.begin_commit(rank, result.token) is CommitStart.COMMITTING:
                 try:
                     self.committer.commit(rank, result, accepted)
                 except OSError as error:
+                    if storage_refused(error):
+                        raise  # not this input's fault: the campaign stops (storage.py)
                     self._on_commit_failure(rank, result, error)
                     return
                 self.dispatch.finish(rank, result.token)
@@ -371,7 +394,8 @@ class Master:
                           "job, what was committed is kept", missing, SHUTDOWN_GRACE,
                           " (parked: silent since the watchdog took back their work)"
                           if parked.keys() & set(missing) else "")
-                self.report(final=True)
+                with self._stopping_if_storage_refuses():
+                    self.report(final=True)
                 self.channel.comm.Abort(70)
 
     def _stop_reason(self, now: float) -> str:
@@ -379,8 +403,7 @@ class Master:
             return "interrupted"
         if now >= self.next_stop_file_check:  # a stat per round would cost the master ~3% CPU
             self.next_stop_file_check = now + STOP_FILE_CHECK_INTERVAL
-            if self.campaign.stop_requested():
-                self.campaign.clear_stop_request()
+            if self._stop_requested():
                 return "stop requested"
         if self.dispatch.exhausted:
             return "frontier exhausted"
@@ -393,16 +416,52 @@ class Master:
                 return f"no new finding for {self.config.max_idle:g} s"
         return ""
 
+    def _stop_requested(self) -> bool:
+        verdict = StopRequest.NONE
+        with self._stopping_if_storage_refuses():
+            verdict = self.campaign.take_stop_request(self.run_id, self.run_started)
+        if verdict is StopRequest.STALE:
+            log.warning("removed %s: a stop request left by an earlier run, not this one",
+                        self.campaign.stop_request)
+        return verdict is StopRequest.THIS_RUN
+
     def _begin_stop(self, reason: str) -> None:
-        self.stats.stop_reason = reason
         log.info("stopping: %s", reason)
+        self._drain(reason)
+
+    def _drain(self, reason: str) -> None:
+        self.stats.stop_reason = reason
         self.phase = Phase.DRAINING
         self.drain_deadline = time.monotonic() + self.config.timeout + SHUTDOWN_GRACE
 
+    @contextmanager
+    def _stopping_if_storage_refuses(self):
+        """Around the master's own writes into OUT (commit, journals, checkpoints, reports):
+        a full, over-quota or read-only filesystem stops the campaign; anything else raises."""
+        try:
+            yield
+        except OSError as error:
+            if not storage_refused(error):
+                raise
+            self._stop_for_resources(describe(error, self.config.out))
+
+    def _stop_for_resources(self, problem: str) -> None:
+        """OUT refuses writes: say so once, dispatch nothing more, give back every result
+        still coming (no input is requeued against its retries or deferred for it) and end
+        with what was committed intact. Later failures are the same fault: not said again."""
+        if self.storage_problem:
+            return
+        self.storage_problem = problem
+        log.error("%s: %s", problem, STOP_ADVICE)
+        if self.phase is Phase.RUNNING:
+            self._drain(problem)
+
     def close(self) -> None:
-        if self.dispatch.deferrals is not None:
-            self.dispatch.deferrals.close()
-        self.campaign.close()
+        with self._stopping_if_storage_refuses():
+            if self.dispatch.deferrals is not None:
+                self.dispatch.deferrals.close()
+        with self._stopping_if_storage_refuses():
+            self.campaign.close()
         self.doorbell.close()
 
     # -- reporting -----------------------------------------------------------------------

@@ -25,6 +25,7 @@ from ..executors import ExecutorError, make_executor
 from ..faults import HOSTILE_MARK, Faults
 from ..protocol import (
     INVALID_INPUT,
+    STORAGE_REFUSED,
     WORKER_ERROR,
     ConfigVerdict,
     Fatal,
@@ -38,6 +39,7 @@ from ..protocol import (
 )
 from ..pruning import MalformedDelta, WorkerMap
 from ..regular import NotRegularFile, open_regular
+from ..storage import describe, storage_refused
 from ..transport import Channel
 from ..triage import FileCoverage
 
@@ -91,10 +93,7 @@ def run_worker(channel: Channel, config: CampaignConfig) -> int:
                 result = execute(message, config, executor, probe, scratch, objects, skipped,
                                  qsym_map)
             except Exception as error:  # noqa: BLE001 - reported to the master as data
-                log.exception("rank %d: executing %s failed", channel.rank,
-                              message.input_hash[:12])
-                result = _failed(message, message.input_hash, WORKER_ERROR,
-                                 f"{type(error).__name__}: {error}")
+                result = _failed_around(channel.rank, message, config, error)
             executions += 1
             previous_token, last_token = last_token, message.token
             if faults.fire("foreign-result", executions):
@@ -279,6 +278,16 @@ def _failed(work: Work, actual: str, outcome: str, reason: str) -> Result:
     """A RESULT saying the input was not analysed: the master gives it to someone again."""
     return Result(token=work.token, input_hash=actual, outcome=outcome, exit_status=None,
                   wall_time=0.0, solver_time=0.0, staged=[], generated=0, message=reason)
+
+
+def _failed_around(rank: int, work: Work, config: CampaignConfig, error: Exception) -> Result:
+    """The RESULT for a run that raised around the executor. A filesystem that refuses
+    writes is said once, by the master, for the whole campaign: no traceback per run here."""
+    if storage_refused(error):
+        where = describe(error, config.out / ".staging" / work.token)
+        return _failed(work, work.input_hash, STORAGE_REFUSED, where)
+    log.exception("rank %d: executing %s failed", rank, work.input_hash[:12])
+    return _failed(work, work.input_hash, WORKER_ERROR, f"{type(error).__name__}: {error}")
 
 
 def _send_unowned_result(channel: Channel, config: CampaignConfig, real: Result,
