@@ -10,8 +10,11 @@ them, from 1. Worker kinds:
   previous dispatch (already answered), carrying a new staged file;
 - `malformed-result`: send garbage instead of the RESULT of its N-th dispatch (its next READY
   then echoes the token);
-- `stop`: after running its N-th dispatch, stop itself (SIGSTOP) for SECONDS (default 5),
-  then send its RESULT as if nothing happened;
+- `stop`: after running its N-th dispatch, stop itself (SIGSTOP) until SECONDS (default 5)
+  after that dispatch's WORK arrived, then send its RESULT as if nothing happened. The hold
+  is counted from the arrival, not from the end of the execution, so a test knows when the
+  RESULT comes however slowly the execution ran (a busy machine); if the execution alone
+  took longer, there is no stop. A worker killed while stopped leaves no helper behind;
 - `hostile`: instead of the RESULT of its N-th dispatch, send one whose FIELD is made hostile,
   around a file it plants in its staging directory (the bytes start with HOSTILE_MARK and
   must never reach the corpus). FIELD is a `protocol.ResultField` value: `outcome`, `status`

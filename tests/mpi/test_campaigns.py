@@ -127,19 +127,26 @@ def test_symcc_backend_with_a_real_concolic_engine_behind_it(build, tmp_path):
         assert stats(out)["solver_time"] > 0
 
 
-@pytest.mark.parametrize("option, reason", [("--max-idle", "no new finding for 2 s"),
-                                            ("--wall-timeout", "wall-clock budget spent")])
+# The budget must outlast the worker's start-up on a busy machine (a campaign that spent it
+# before its first execution has nothing to show), and the 30 seeds, a second each at
+# least, must outlast the budget.
+BUDGET_SECONDS = 8
+
+
+@pytest.mark.parametrize("option, reason",
+                         [("--max-idle", f"no new finding for {BUDGET_SECONDS} s"),
+                          ("--wall-timeout", "wall-clock budget spent")])
 def test_budgets_stop_the_campaign_and_keep_the_rest_for_resume(tmp_path, option, reason):
     seeds = tmp_path / "seeds"
     seeds.mkdir()
     for i in range(30):
         (seeds / f"s{i}").write_bytes(b"%d" % i)
     slow = tmp_path / "slow-target"
-    slow.write_text("#!/bin/sh\nsleep 0.5\n")  # finds nothing, takes its time
+    slow.write_text("#!/bin/sh\nsleep 1\n")  # finds nothing, takes its time
     slow.chmod(0o755)
     out = tmp_path / "out"
     process = explore(out, "--executor", "symcc", "--target", slow, "--seeds", seeds,
-                      "--workers", 1, option, 2)
+                      "--workers", 1, option, BUDGET_SECONDS)
     assert_oracles(out, process)
     figures = stats(out)
     assert figures["extra"]["stop_reason"] == reason

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import time
@@ -19,28 +20,25 @@ JSON_SEED = SEEDS / "json" / "escaped-key"
 # The json example's planted bug: a surrogate pair right after "x-" in an item's key.
 JSON_CRASHER = b'{"version":1,"items":[{"id":1,"x-\\ud83d\\ude00":"red"}]}'
 
-# Forks a child that marks it started, then would mark itself late after 3 s; the parent
-# sleeps forever. A per-run timeout must kill both (the whole process group).
+# Forks a child that writes its pid into "started" and sleeps forever; the parent waits for
+# that mark, then sleeps forever too. A per-run timeout must kill both (the whole group).
 FORKER = r"""
 #include <stdio.h>
 #include <unistd.h>
-static void touch(const char *dir, const char *name) {
-    char path[4096];
-    snprintf(path, sizeof path, "%s/%s", dir, name);
-    FILE *f = fopen(path, "w");
-    if (f) fclose(f);
-}
 int main(int argc, char **argv) {
     char buf[16];
     FILE *f = fopen(argv[1], "rb");
     size_t n = f ? fread(buf, 1, sizeof buf, f) : 0;
     if (n > 0 && buf[0] == 'Z') return 3; /* one symbolic branch */
+    char mark[4096], tmp[4096];
+    snprintf(mark, sizeof mark, "%s/started", argv[2]);
+    snprintf(tmp, sizeof tmp, "%s/started.tmp", argv[2]);
     if (fork() == 0) {
-        touch(argv[2], "started");
-        sleep(3);
-        touch(argv[2], "late");
-        return 0;
+        FILE *pid = fopen(tmp, "w");
+        if (pid) { fprintf(pid, "%d", (int)getpid()); fclose(pid); rename(tmp, mark); }
+        for (;;) sleep(1);
     }
+    while (access(mark, F_OK) != 0) usleep(10000);
     for (;;) sleep(1);
 }
 """
@@ -123,15 +121,28 @@ def test_timeout_kills_the_whole_process_group(tmp_path, out):
     seed = tmp_path / "seed"
     seed.write_bytes(b"A")
     started = time.monotonic()
-    result = SymccExecutor([str(forker), "@@", str(marks)], timeout=1).run(seed, out)
+    # Far longer than starting the target and its child takes on a busy machine.
+    result = SymccExecutor([str(forker), "@@", str(marks)], timeout=3).run(seed, out)
     assert result.outcome is Outcome.TIMEOUT, result
-    assert time.monotonic() - started < 2.5
-    deadline = time.monotonic() + 10
-    while not (marks / "started").exists() and time.monotonic() < deadline:
+    assert time.monotonic() - started < 60  # the target would never end
+    child = int((marks / "started").read_text())
+    deadline = time.monotonic() + 30
+    while _running(child) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert (marks / "started").exists(), "the child never ran"
-    time.sleep(4)  # past the child's 3 s: it would have marked itself late
-    assert not (marks / "late").exists(), "a child of the timed-out target survived"
+    try:
+        assert not _running(child), "a child of the timed-out target survived"
+    finally:
+        if _running(child):
+            os.kill(child, signal.SIGKILL)
+
+
+def _running(pid: int) -> bool:
+    """Whether `pid` still runs (a zombie does not: in a container nobody may reap it)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
 
 
 def test_memory_limit_caps_the_address_space(tmp_path, out):

@@ -70,14 +70,38 @@ def test_exit_code_is_not_a_crash(tmp_path, dirs):
 
 
 def test_timeout_kills_the_whole_process_group(tmp_path, dirs):
-    marker = tmp_path / "grandchild-alive"
-    target = script(tmp_path, "t", f'(sleep 3; touch "{marker}") &\nsleep 30\n')
+    # The target starts a grandchild and waits until it wrote its pid; both would then sleep
+    # far longer than the timeout, which is far longer than starting them takes on a busy
+    # machine.
+    pid_file = tmp_path / "grandchild.pid"
+    target = script(tmp_path, "t", f"sh -c 'echo $$ > \"{pid_file}.tmp\"; "
+                    f"mv \"{pid_file}.tmp\" \"{pid_file}\"; exec sleep 120' &\n"
+                    f'while [ ! -s "{pid_file}" ]; do sleep 0.01; done\nsleep 120\n')
     started = time.monotonic()
-    result = SymccExecutor([target], timeout=0.5).run(*dirs)
+    result = SymccExecutor([target], timeout=2).run(*dirs)
     assert result.outcome is Outcome.TIMEOUT
-    assert time.monotonic() - started < 3
-    time.sleep(3.5)
-    assert not marker.exists(), "a descendant of the timed-out target survived"
+    assert time.monotonic() - started < 60  # the target would have slept 120 s
+    grandchild = int(pid_file.read_text())
+    try:
+        assert gone_within(grandchild, 30), "a descendant of the timed-out target survived"
+    finally:
+        if not gone_within(grandchild, 0):
+            os.kill(grandchild, 9)
+
+
+def gone_within(pid: int, seconds: float) -> bool:
+    """Whether `pid` has exited (a zombie counts: it runs no more) within `seconds`."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            with open(f"/proc/{pid}/stat") as stat:
+                if stat.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    return True
+        except FileNotFoundError:
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
 
 
 def test_memory_limit_applies(tmp_path, dirs):

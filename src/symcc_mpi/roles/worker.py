@@ -10,7 +10,9 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -87,6 +89,7 @@ def run_worker(channel: Channel, config: CampaignConfig) -> int:
             message = _wait_for(channel, Tag.WORK, Tag.STOP)
             if isinstance(message, Stop):
                 break
+            received = time.monotonic()
             if last_token is not None:
                 finished_staging.append(config.out / ".staging" / last_token)
             try:
@@ -101,7 +104,7 @@ def run_worker(channel: Channel, config: CampaignConfig) -> int:
             if faults.fire("stale-result", executions) and previous_token is not None:
                 _send_unowned_result(channel, config, result, previous_token)
             if faults.fire("stop", executions):
-                _stop_self(faults.stop_seconds(executions))
+                _stop_self(until=received + faults.stop_seconds(executions))
             if hostile := faults.hostile_field(executions):
                 channel.comm.Send([_hostile_result(config, result, hostile), MPI.BYTE],
                                   dest=MASTER, tag=int(Tag.RESULT))
@@ -352,9 +355,32 @@ def _hostile_result(config: CampaignConfig, real: Result, field: str) -> bytes:
     return msgspec.msgpack.encode(message)
 
 
-def _stop_self(seconds: float) -> None:
-    """Hang, as a worker stuck in a syscall would, until a helper process continues us."""
-    subprocess.Popen(["sh", "-c", f"sleep {seconds}; kill -CONT {os.getpid()}"],
+# Runs in a process of its own: continues the stopped worker at `until` (the system-wide
+# monotonic clock), once it is really stopped, and gives up if the worker is gone first, so
+# that a worker killed while stopped leaves nothing behind.
+_CONTINUE_AT = """
+import os, signal, sys, time
+pid, until = int(sys.argv[1]), float(sys.argv[2])
+def state():
+    with open(f"/proc/{pid}/stat") as stat:
+        return stat.read().rsplit(")", 1)[1].split()[0]
+try:
+    while (now := time.monotonic()) < until or state() != "T":
+        if state() == "Z":
+            sys.exit()
+        time.sleep(min(0.5, max(0.01, until - now)))
+    os.kill(pid, signal.SIGCONT)
+except (ProcessLookupError, FileNotFoundError):
+    pass
+"""
+
+
+def _stop_self(until: float) -> None:
+    """Hang, as a worker stuck in a syscall would, until `until` (time.monotonic()): the
+    hold ends at a time the test chose, however long the execution before it took."""
+    if until <= time.monotonic():
+        return
+    subprocess.Popen([sys.executable, "-c", _CONTINUE_AT, str(os.getpid()), repr(until)],
                      start_new_session=True)
     os.kill(os.getpid(), signal.SIGSTOP)
 
