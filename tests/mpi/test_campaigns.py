@@ -20,7 +20,10 @@ from harness import (
     stats,
 )
 
-pytestmark = [pytest.mark.mpi, pytest.mark.timeout(600)]
+# A campaign must exhaust its frontier within its budget; on a loaded machine that takes
+# several times what it takes on a quiet one, so the budgets are far from both.
+CAMPAIGN_BUDGET = 600
+pytestmark = [pytest.mark.mpi, pytest.mark.timeout(1200)]
 
 EXAMPLES = ["magic", "checksum", "tlv"]
 
@@ -32,7 +35,8 @@ def test_triton_campaign_with_afl_triage_finds_the_planted_bug(build, tmp_path, 
     out = tmp_path / "out"
     process = explore(out, "--target", f"{build / example} @@", "--afl-target",
                       f"{build / example}.afl @@", "--seeds", build.parent / "seeds" / example,
-                      "--workers", workers, "--timeout", 20, "--wall-timeout", 240)
+                      "--workers", workers, "--timeout", 20, "--wall-timeout", CAMPAIGN_BUDGET,
+                      timeout=CAMPAIGN_BUDGET + 300)
     assert_oracles(out, process)
     crashes = crash_files(out)
     assert crashes, f"no crash found for {example}: {process.stdout[-2000:]}"
@@ -62,7 +66,7 @@ def test_without_triage_every_new_input_is_explored(build, tmp_path, example):
     out = tmp_path / "out"
     process = explore(out, "--target", f"{build / example} @@", "--seeds",
                       build.parent / "seeds" / example, "--workers", 3, "--timeout", 20,
-                      "--wall-timeout", 240)
+                      "--wall-timeout", CAMPAIGN_BUDGET, timeout=CAMPAIGN_BUDGET + 300)
     assert_oracles(out, process)
     assert crash_files(out)
     figures = stats(out)
@@ -87,10 +91,23 @@ def test_runs_under_the_users_own_mpiexec(build, tmp_path):
     assert "execs" in process.stderr  # rank 0's progress lines stand in for the live view
 
 
+def checksum_seeds(build, tmp_path, extra: int = 20):
+    """The example's seed and `extra` more valid frames: enough work that a campaign stopped
+    (or killed) after its third input cannot have finished first, however fast it runs."""
+    seeds = tmp_path / "seeds"
+    seeds.mkdir()
+    (seeds / "ping").write_bytes((build.parent / "seeds" / "checksum" / "ping").read_bytes())
+    for i in range(extra):
+        payload = b"p%03d" % i
+        frame = b"CK" + len(payload).to_bytes(2, "little") + payload + bytes([sum(payload) & 0xFF])
+        (seeds / f"frame{i:02d}").write_bytes(frame)
+    return seeds
+
+
 def test_interrupt_then_resume_loses_and_repeats_nothing(build, tmp_path):
     out = tmp_path / "out"
-    args = ["--target", f"{build / 'checksum'} @@", "--seeds",
-            build.parent / "seeds" / "checksum", "--workers", 2, "--timeout", 20]
+    args = ["--target", f"{build / 'checksum'} @@", "--seeds", checksum_seeds(build, tmp_path),
+            "--workers", 2, "--timeout", 20]
     launcher = start_explore(out, *args, analysed=3)
     launcher.send_signal(signal.SIGINT)
     output, _ = launcher.communicate(timeout=120)
@@ -155,8 +172,8 @@ def test_budgets_stop_the_campaign_and_keep_the_rest_for_resume(tmp_path, option
 
 def test_a_killed_rank_ends_the_job_and_resume_loses_and_repeats_nothing(build, tmp_path):
     out = tmp_path / "out"
-    args = ["--target", f"{build / 'checksum'} @@", "--seeds",
-            build.parent / "seeds" / "checksum", "--workers", 2, "--timeout", 20]
+    args = ["--target", f"{build / 'checksum'} @@", "--seeds", checksum_seeds(build, tmp_path),
+            "--workers", 2, "--timeout", 20]
     launcher = start_explore(out, *args, analysed=3)
     os.kill(rank_pid(out, 2), signal.SIGKILL)
     output, _ = launcher.communicate(timeout=120)
