@@ -552,6 +552,9 @@ def _fsync_file(path: str, synced: set[tuple[int, int]]) -> None:
         if (info.st_dev, info.st_ino) not in synced:
             os.fsync(fd)
             synced.add((info.st_dev, info.st_ino))
+    except OSError as error:
+        error.filename = path  # fsync names no file: the stop line must say which
+        raise
     finally:
         os.close(fd)
 

@@ -39,9 +39,9 @@ Master kinds (rank 0), counting the group commits of the done journal that carry
 - `kill-before-done-append`: after they (and their directories) are durable, before the done
   records are appended;
 - `kill-after-done-fsync`: right after the journal's fsync;
-- `torn-done-append`: write the first half of the N-th commit's records, then wait until
-  OUT/.fault-release exists (for at most an hour) before writing the rest: the journal has a
-  torn tail meanwhile, which readers must leave alone.
+- `torn-done-append`: write the N-th commit's records up to the middle of the last, then
+  wait until OUT/.fault-release exists (for at most an hour) before writing the rest: the
+  journal has a torn tail meanwhile, which readers must leave alone.
 """
 
 from __future__ import annotations
@@ -122,12 +122,15 @@ class Faults:
             if writes not in torn:
                 write_all(fd, data)
                 return
-            half = max(1, len(data) // 2)
-            write_all(fd, data[:half])
+            # Cut inside the last line: half of several records of equal length would be a
+            # whole number of lines, not a torn one.
+            last_line = data.rfind(b"\n", 0, len(data) - 1) + 1
+            cut = last_line + max(1, (len(data) - last_line) // 2)
+            write_all(fd, data[:cut])
             deadline = time.monotonic() + RELEASE_WAIT
             while not (out / RELEASE_FILE).exists() and time.monotonic() < deadline:
                 time.sleep(0.05)
-            write_all(fd, data[half:])
+            write_all(fd, data[cut:])
 
         return write
 

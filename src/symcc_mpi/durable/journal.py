@@ -323,8 +323,10 @@ class LineLog:
             self.writer(self._fd, data)
             if self.fsync:
                 os.fsync(self._fd)
-        except OSError:
+        except OSError as error:
             self._cut_back()
+            if error.filename is None:  # os.write/fsync name no file: say which (one line)
+                error.filename = str(self.path)
             raise
         self.size += len(data)
         self.lines += len(lines)
