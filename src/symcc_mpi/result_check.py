@@ -17,9 +17,9 @@ import stat
 
 from .protocol import (
     MAX_GENERATED,
+    Result,
     ResultField,
     ResultOutcome,
-    Result,
     staged_entry_problem,
 )
 from .triage import DEFAULT_MAP_SIZE, FileCoverage
@@ -65,8 +65,9 @@ def check_fields(result: Result, *, map_size: int | None) -> list[FileCoverage |
         try:
             status = ProbeStatus(entry.status)
         except ValueError:
-            raise InvalidResult(ResultField.STATUS,
-                                f"staged {entry.sha256[:12]}: status {entry.status!r:.40}") from None
+            raise InvalidResult(
+                ResultField.STATUS,
+                f"staged {entry.sha256[:12]}: status {entry.status!r:.40}") from None
         coverages.append(None if map_size is None or entry.coverage is None
                          else _coverage(entry.sha256, entry.coverage, status, map_size))
     return coverages

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from symcc_mpi.config import CampaignConfig
 from symcc_mpi.corpus import CampaignDir, check_out_dir, sha256_bytes
 from symcc_mpi.dispatch.watchdog import WatchdogConfig
-from symcc_mpi.protocol import MalformedMessage, Result, Tag, decode
+from symcc_mpi.protocol import MalformedMessage, Tag, decode
 from symcc_mpi.roles.master import Master
 from symcc_mpi.transport import Incoming
 from symcc_mpi.triage import CoverageMap, FileCoverage, Status
@@ -163,7 +163,7 @@ def quiet_master_log():
     for logger in loggers:
         logger.setLevel(logging.CRITICAL)
     yield
-    for logger, level in zip(loggers, levels):
+    for logger, level in zip(loggers, levels, strict=True):
         logger.setLevel(level)
 
 

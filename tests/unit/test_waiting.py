@@ -28,7 +28,7 @@ def test_without_round_trips_naps_grow_from_the_minimum_to_the_default_cap():
     series = idle_naps(naps, 60)
     assert series[0] == MIN_NAP
     assert series[1] == pytest.approx(MIN_NAP * NAP_GROWTH)
-    assert all(b >= a for a, b in zip(series, series[1:]))
+    assert all(b >= a for a, b in zip(series, series[1:], strict=False))
     assert series[-1] == MAX_NAP
 
 

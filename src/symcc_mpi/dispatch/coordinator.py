@@ -18,7 +18,8 @@ workers, built from the parts of this package:
 
 A worker rank is always in exactly one of these states: waiting for its first READY, idle,
 holding one transaction, parked, or retired (FATAL, `max_send_failures` sends in a row
-raised, or `max_invalid_results` RESULTs in a row were invalid). Only an idle rank gets work, and `DispatchTables.begin` refuses a parked one anyway.
+raised, or `max_invalid_results` RESULTs in a row were invalid). Only an idle rank gets
+work, and `DispatchTables.begin` refuses a parked one anyway.
 
 The master's round (F317 §4.2): handle every message in arrival order (`ready`, `classify`,
 `reject`, `begin_commit` … `finish`), then `join`, then `dispatch`, then `sweep`. MPI keeps
