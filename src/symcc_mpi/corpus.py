@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from .durable.atomic import fsync_directory
+from .durable.atomic import fsync_directory, write_durable
 from .durable.journal import Damage, DamageKind, JournalCorrupt, LineLog, Writer, inspect
 from .frontier import Frontier
 from .protocol import SHA256_PATTERN, TOKEN_PATTERN
@@ -89,21 +89,6 @@ def sha256_file(path: Path) -> str:
         for block in iter(lambda: handle.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
-
-
-def write_atomic(path: Path, data: bytes, *, fsync: bool = False) -> None:
-    """Write through a temporary file in the same directory, then rename over `path`."""
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(temporary, "wb") as handle:
-            handle.write(data)
-            if fsync:
-                handle.flush()
-                os.fsync(handle.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        temporary.unlink(missing_ok=True)  # a full disk must not leave half a file behind
-        raise
 
 
 def check_out_dir(out: Path, *, resume: bool) -> None:
@@ -176,7 +161,7 @@ class CampaignDir:
                           self.state):
             directory.mkdir(parents=True, exist_ok=True)
         marker = {"layout": LAYOUT_VERSION, "created": time.time(), "config": config_json}
-        write_atomic(self.out / MARKER, json.dumps(marker, indent=1).encode(), fsync=True)
+        write_durable(self.out / MARKER, json.dumps(marker, indent=1).encode())
 
     def lock(self) -> None:
         """One master per campaign directory, machine-wide (flock on a state file)."""
@@ -348,7 +333,7 @@ class CampaignDir:
         digest = sha256_bytes(data)
         path = self.corpus / digest
         if not path.exists():
-            write_atomic(path, data)
+            write_durable(path, data, fsync=False)
             self._published(str(path))
         if self.inputs.queue_id(digest) is None:
             self._add_to_queue(digest, orig=name)
@@ -407,7 +392,7 @@ class CampaignDir:
         target = os.path.join(self._corpus, digest)
         if os.path.exists(target):
             return False
-        write_atomic(Path(target), data)
+        write_durable(Path(target), data, fsync=False)  # synced at the group commit
         self._published(target)
         return True
 
@@ -437,7 +422,7 @@ class CampaignDir:
         if data is None:
             _publish_link(os.path.join(self._corpus, digest), target)
         else:
-            write_atomic(Path(target), data)
+            write_durable(Path(target), data, fsync=False)  # synced at the group commit
         self._take_id(kind)
         self._published(target)
         known.add(digest)
