@@ -30,8 +30,10 @@ def write_durable(path: Path, data: bytes, *, fsync: bool = True) -> None:
                 handle.flush()
                 os.fsync(handle.fileno())
         os.replace(temporary, path)
-    except BaseException:
-        temporary.unlink(missing_ok=True)
+    except BaseException as error:
+        temporary.unlink(missing_ok=True)  # a full disk must not leave half a file behind
+        if isinstance(error, OSError) and error.filename is None:
+            error.filename = str(path)  # a failed flush names no file: say which
         raise
     if fsync:
         fsync_directory(path.parent)
