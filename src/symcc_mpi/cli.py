@@ -7,7 +7,14 @@ from pathlib import Path
 
 import click
 
-from .config import EXECUTORS, PRUNING_MODES, CampaignConfig, UsageError, parse_command
+from .config import (
+    EXECUTORS,
+    FAULT_TOLERANCE_MODES,
+    PRUNING_MODES,
+    CampaignConfig,
+    UsageError,
+    parse_command,
+)
 from .corpus import CampaignError
 
 
@@ -48,12 +55,15 @@ def cli() -> None:
 @click.option("--pruning", type=click.Choice(PRUNING_MODES), default="shared", show_default=True,
               help="SymCC: QSYM's coverage map and linearization; shared = one campaign map "
                    "merged from every worker, local = one per worker, off = solve everything.")
+@click.option("--fault-tolerance", type=click.Choice(FAULT_TOLERANCE_MODES), default=None,
+              help="Survive the death of ranks with ULFM (F443). Default: on when symcc-mpi "
+                   "starts mpiexec itself, auto under your own mpirun/srun.")
 @click.option("--resume", is_flag=True, help="Continue the campaign in --out.")
 @click.option("--no-live", is_flag=True, help="Progress lines instead of the live view.")
 def explore(target, seeds, out, workers, executor, afl_target, timeout, memory_limit,
-            wall_timeout, max_idle, pruning, resume, no_live) -> None:
+            wall_timeout, max_idle, pruning, fault_tolerance, resume, no_live) -> None:
     """Explore a target from seed inputs with N workers until the frontier is exhausted."""
-    from .launch import check_workers, launch, under_mpi
+    from .launch import check_workers, launch, launched_by_us, under_mpi
     from .session import check_config, run_rank
 
     try:
@@ -72,6 +82,7 @@ def explore(target, seeds, out, workers, executor, afl_target, timeout, memory_l
             max_idle=max_idle,
             pruning=pruning,
             resume=resume,
+            fault_tolerance=fault_tolerance or ("on" if launched_by_us() else "auto"),
         )
         if under_mpi():
             sys.exit(run_rank(config))

@@ -10,13 +10,26 @@ child already promoted.
 
 from __future__ import annotations
 
+import base64
 import logging
 import time
 from dataclasses import dataclass
 
+import msgspec
+
 from .corpus import StagingRejected
 from .executors import Outcome
-from .protocol import NOT_ANALYSED, Result, ResultField, ResultOutcome, StagedFile
+from .protocol import (
+    NOT_ANALYSED,
+    MalformedMessage,
+    Result,
+    ResultField,
+    ResultOutcome,
+    StagedFile,
+    Tag,
+    decode,
+    encode,
+)
 from .pruning import Delta, MalformedDelta
 from .pruning import decode as decode_delta
 from .result_check import InvalidResult, check_fields, check_staged_files
@@ -53,6 +66,24 @@ class Accepted:
     children: list[Child]
     map_bits: Delta
     verified: dict[str, bytes]  # the bytes of each child that may be kept, as hashed
+
+
+def encode_manifest(result: Result, accepted: Accepted) -> str:
+    """The commit manifest of F443 §3 step 6, as the journal keeps it (corpus.py): the RESULT
+    cut down to the children `accepted` found new, so that a master taking over can redo the
+    commit (`Committer.check` and `commit` again) from it and the staged files."""
+    new = {child.staged.sha256 for child in accepted.children}
+    kept = msgspec.structs.replace(result, staged=[s for s in result.staged if s.sha256 in new])
+    return base64.b64encode(encode(kept)).decode("ascii")
+
+
+def decode_manifest(text: str) -> Result:
+    """Raises MalformedMessage (a ValueError) if the manifest is not a RESULT."""
+    try:
+        payload = base64.b64decode(text, validate=True)
+    except ValueError as error:
+        raise MalformedMessage(f"manifest is not base64: {error}") from None
+    return decode(Tag.RESULT, payload)
 
 
 class Committer:
@@ -126,7 +157,7 @@ class Committer:
         elif outcome is Outcome.ERROR:
             self.stats.executor_errors += 1
             log.warning("executor error on %s (rank %d): %s", parent[:12], rank, result.message)
-        self.campaign.record_done(parent, result.token, outcome.value)
+        self.campaign.record_done(parent, result.token, outcome.value, result.generation)
         self.stats.executions += 1
         self.stats.generated += result.generated
         self.stats.executor_time += result.wall_time
@@ -136,9 +167,10 @@ class Committer:
             self.stats.runs_without_counts += 1
         else:
             self.stats.queries_skipped += result.queries_skipped
-        worker = self.stats.per_worker[rank]
-        worker.executions += 1
-        worker.executor_time += result.wall_time
+        worker = self.stats.per_worker.get(rank)
+        if worker is not None:  # None: a dead master's commit, redone (session.py)
+            worker.executions += 1
+            worker.executor_time += result.wall_time
 
     def _triage_child(self, child: Child, data: bytes | None, parent: str, now: float) -> None:
         """`data`: the child's verified bytes (None when it may not be kept).

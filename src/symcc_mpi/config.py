@@ -10,6 +10,7 @@ from pathlib import Path
 
 EXECUTORS = ("triton", "symcc", "noop")
 PRUNING_MODES = ("shared", "local", "off")  # QSYM map sharing (SymCC executor only)
+FAULT_TOLERANCE_MODES = ("on", "off", "auto")
 
 
 class UsageError(Exception):
@@ -31,6 +32,8 @@ class CampaignConfig:
     resume: bool = False
     pruning: str = "shared"
     live: bool = True  # show the live view (rank 0, on a terminal)
+    # Survive the death of ranks (ulfm/): "on", "off", or "auto" (on where the launch allows)
+    fault_tolerance: str = "auto"
 
     @property
     def prunes(self) -> bool:
@@ -51,6 +54,7 @@ class CampaignConfig:
             "max_idle": self.max_idle,
             "resume": self.resume,
             "pruning": self.pruning,
+            "fault_tolerance": self.fault_tolerance,
         }
 
 

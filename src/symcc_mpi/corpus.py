@@ -7,13 +7,23 @@ Layout (DESIGN §4):
                             verified file by file and promoted only by the master
     OUT/queue/ crashes/ hangs/   AFL-style names (id:NNNNNN,...), hard links where possible
     OUT/state/done.jsonl    one checksummed line per analysed input: the resume point
-                            (durable/journal.py's format; only the lock holder writes it)
+                            (durable/journal.py's format; only the lock holder writes it);
+                            under ULFM also the work records of F443's WAL (below)
+    OUT/state/generations.jsonl  the communicator generations and recoveries (ulfm/)
 
 The done journal is group-committed (`sync_done`, paced by checkpoint.py): `record_done` only
 buffers a record; the commit fsyncs the data of every file published since the last one, then
 their directories, then appends the buffered records in one write and fsyncs the journal. A
 done line therefore never names an input whose children could still be lost to a crash of the
 machine; a crash before the append loses only those lines, and their inputs are analysed again.
+
+Under ULFM the same journal is the work WAL of F443 §3: a `dispatch` record (input, token,
+generation) is written before its WORK is sent, and a `commit` record (the result's manifest:
+what of it is to be published) before anything of it is published; the done record follows
+as above. Those two are written at once but not fsynced on their own (the group commit's
+fsync covers them): they exist for a master that dies, whose page cache survives it. The
+master that takes over redoes every commit without a done record, from the manifest and the
+staged files, and counts every dispatch without either as work in flight at the failure.
 """
 
 from __future__ import annotations
@@ -250,9 +260,14 @@ class CampaignDir:
     def inspect_done(self) -> tuple[list[dict], Damage | None]:
         """The done records and the torn last line, if any; writes nothing. A bad record
         before the last line is a CampaignError naming the file and line."""
+        records, torn = self.inspect_journal()
+        return [r for r in records if "kind" not in r], torn
+
+    def inspect_journal(self) -> tuple[list[dict], Damage | None]:
+        """Every record of the journal (done records and work records), read-only."""
         records: list[dict] = []
         damage = inspect(self.done_journal, lambda record: records.append(
-            _checked_done_record(record)))
+            _checked_record(record)))
         torn = None
         for item in damage:  # only the last line can be torn
             if item.kind is not DamageKind.TORN_TAIL:
@@ -261,6 +276,10 @@ class CampaignDir:
         return records, torn
 
     def open_done(self, *, writer: Writer | None = None) -> list[dict]:
+        """The done records, as `open_journal` (the work records are left out)."""
+        return [r for r in self.open_journal(writer=writer) if "kind" not in r]
+
+    def open_journal(self, *, writer: Writer | None = None) -> list[dict]:
         """The lock holder's replay: cut a torn last line (kept in quarantine/ under the
         journal's name and line number, with a REASONS line) and open the journal to append.
         `writer` replaces the journal's write step (fault injection)."""
@@ -272,7 +291,7 @@ class CampaignDir:
         done_log = LineLog(self.done_journal, writer=writer, quarantine_dir=self.quarantine,
                            strict=True)
         try:
-            done_log.load(lambda record: records.append(_checked_done_record(record)))
+            done_log.load(lambda record: records.append(_checked_record(record)))
         except JournalCorrupt as error:
             raise _corrupt_done(error.damage) from None
         done_log.open_for_append()
@@ -280,6 +299,11 @@ class CampaignDir:
             self._done_log.close()
         self._done_log = done_log
         return records
+
+    def done_since(self, moment: float) -> int:
+        """How many done records were written at or after `moment` (Unix time)."""
+        records, _ = self.inspect_done()
+        return sum(1 for record in records if record["time"] >= moment)
 
     def read_queues(self) -> None:
         """Rebuild hash -> AFL id maps and next ids from queue/, crashes/, hangs/.
@@ -432,11 +456,21 @@ class CampaignDir:
         source = self.inputs.queue_id(parent) if parent else None
         return () if source is None else (source,)
 
-    def record_done(self, digest: str, token: str, outcome: str) -> None:
+    def record_done(self, digest: str, token: str, outcome: str, generation: int = 0) -> None:
         """The input is analysed and its results are published: its done record is appended
         at the next group commit (`sync_done`), after those results are durable."""
-        self._done_pending.append({"sha256": digest, "token": token, "outcome": outcome,
-                                   "time": round(time.time(), 3)})
+        record = {"sha256": digest, "token": token, "outcome": outcome,
+                  "time": round(time.time(), 3)}
+        if generation:
+            record["generation"] = generation
+        self._done_pending.append(record)
+
+    def record_work(self, kind: str, **fields) -> None:
+        """Write a work record (`dispatch`, `commit`, `recovered`) into the journal now,
+        unsynced: it precedes the action it announces for any process that reads it later."""
+        if self._done_log is None:
+            self.open_done()
+        self._done_log.extend(({"kind": kind, **fields},), sync=False)
 
     def _published(self, path: str) -> None:
         """A file just appeared under its final name: its bytes and its directory entry are
@@ -511,8 +545,24 @@ class CampaignDir:
         return entry_id
 
 
-def _checked_done_record(record: dict) -> dict:
-    """A done record as `record_done` writes it, or ValueError."""
+WORK_RECORD_FIELDS = {
+    "dispatch": {"sha256": str, "token": str, "generation": int},
+    "commit": {"sha256": str, "token": str, "generation": int, "result": str},
+    "recovered": {"generation": int, "failed": list, "requeued": list},
+}
+
+
+def _checked_record(record: dict) -> dict:
+    """A done record as `record_done` writes it, or a work record, or ValueError."""
+    kind = record.get("kind")
+    if kind is not None:
+        fields = WORK_RECORD_FIELDS.get(kind)
+        if fields is None:
+            raise ValueError(f"unknown record kind {kind!r}")
+        for name, kind_of in fields.items():
+            if not isinstance(record.get(name), kind_of):
+                raise ValueError(f"{kind} record: {name} missing or of the wrong type")
+        return record
     if not isinstance(record.get("sha256"), str) or not SHA256_PATTERN.match(record["sha256"]):
         raise ValueError("no sha256 of an input")
     if not isinstance(record.get("token"), str) or not isinstance(record.get("outcome"), str) \

@@ -25,6 +25,17 @@ them, from 1. Worker kinds:
   `figures` (a negative wall time), `input-hash` (other bytes than sent), `pruning` (garbage
   map bits).
 
+Any rank, under ULFM (ulfm/); RANK is the rank in MPI_COMM_WORLD, and a worker that takes
+over as master fires the master's points:
+
+- `die@N`: SIGKILL itself; a worker during its N-th execution, the master right after its
+  N-th WORK send;
+- `die@N=recovery`: SIGKILL itself inside its N-th recovery, after the durable prepare and
+  before the shrink (a failure during the recovery itself);
+- `die@N=after-manifest`, `die@N=after-publish` (master): SIGKILL itself inside its N-th
+  commit, after the manifest is written and before anything is published, or after the
+  publication and before the done record.
+
 Master kinds (rank 0), counting WORK sends:
 
 - `send-fail`: the N-th WORK send raises instead of sending;
@@ -56,12 +67,13 @@ from pathlib import Path
 from .durable.journal import Writer, write_all
 from .protocol import ResultField
 
-WORKER_KINDS = ("foreign-result", "stale-result", "malformed-result", "stop", "hostile")
+WORKER_KINDS = ("foreign-result", "stale-result", "malformed-result", "stop", "hostile", "die")
+DIE_POINTS = ("", "recovery", "after-manifest", "after-publish")
 # What `malformed-result` already covers (garbage bytes) is not a hostile field.
 HOSTILE_FIELDS = tuple(f.value for f in ResultField if f is not ResultField.UNDECODABLE)
 HOSTILE_MARK = b"hostile result: must never reach the corpus "
 COMMIT_KILL_STEPS = ("before-children-sync", "before-done-append", "after-done-fsync")
-MASTER_KINDS = ("send-fail", "send-ambiguous", "object-send-fail", "torn-done-append",
+MASTER_KINDS = ("send-fail", "send-ambiguous", "object-send-fail", "torn-done-append", "die",
                 *(f"kill-{step}" for step in COMMIT_KILL_STEPS))
 DEFAULT_STOP_SECONDS = 5.0
 RELEASE_FILE = ".fault-release"
@@ -86,7 +98,13 @@ class Faults:
                 self.planned[(kind, int(number))] = argument
 
     def fire(self, kind: str, number: int) -> bool:
-        return (kind, number) in self.planned
+        """Whether `kind` is planned at `number` (with no argument, for `die`)."""
+        return self.planned.get((kind, number)) == "" if kind == "die" \
+            else (kind, number) in self.planned
+
+    def fire_at(self, kind: str, point: str, number: int) -> bool:
+        """Whether `kind@number=point` is planned."""
+        return self.planned.get((kind, number)) == point
 
     def stop_seconds(self, number: int) -> float:
         return float(self.planned.get(("stop", number)) or DEFAULT_STOP_SECONDS)
@@ -135,9 +153,18 @@ class Faults:
         return write
 
 
+def die(reason: str) -> None:
+    """SIGKILL this process, as a crash would, after saying why in the log."""
+    log.warning("%s", reason)
+    sys.stderr.flush()
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
 def _argument_fits(kind: str, argument: str) -> bool:
     if kind == "hostile":
         return argument in HOSTILE_FIELDS
+    if kind == "die":  # any rank: a worker may become the master (ulfm/)
+        return argument in DIE_POINTS
     return not argument or (kind == "stop" and _is_seconds(argument))
 
 

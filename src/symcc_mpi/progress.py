@@ -79,8 +79,44 @@ def master_snapshot(master) -> CampaignSnapshot:
             "master_loop_cpu_seconds": time.process_time() - master.loop_cpu_start,
             "master_wakeups": master.wakeups,
             "doorbell_workers": len(master.ringing),
+            "run_id": master.run_id,
+            "fault_tolerance": master.fault_tolerant,
+            "generation": master.generation,
+            "failures": stats.failures,
+            "redone_commits": stats.redone_commits,
         },
     )
+
+
+# The figures a master that takes over carries on from the one that died (its last report,
+# at most REPORT_INTERVAL old; executions are counted again from the done journal).
+CARRIED = ("start_time", "generated", "unique", "interesting", "crashes", "hangs",
+           "crashing_runs", "hanging_runs", "executor_time", "solver_time")
+CARRIED_EXTRA = ("first_crash_seconds", "startup_seconds", "executor_errors",
+                 "malformed_messages", "staging_rejected", "failures")
+
+
+def carry_stats(master, out: Path) -> None:
+    """Continue this run's figures from stats.json, if the last report is of this run."""
+    try:
+        document = json.loads((out / STATS_FILE).read_text())
+    except (OSError, ValueError):
+        return
+    extra = document.get("extra", {})
+    if extra.get("run_id") != master.run_id:
+        return
+    stats = master.stats
+    for name in CARRIED:
+        if isinstance(document.get(name), (int, float)):
+            setattr(stats, name, document[name])
+    for name in CARRIED_EXTRA:
+        if extra.get(name) is not None:
+            setattr(stats, name, extra[name])
+    for name in ("last_find", "last_crash", "last_hang"):
+        setattr(stats, name, document.get(name) or 0.0)
+    stats.max_depth = max(stats.max_depth, document.get("max_depth") or 1)
+    # The commits just redone are in the journal at the next group commit, not yet.
+    stats.executions = master.campaign.done_since(stats.start_time) + stats.redone_commits
 
 
 class CampaignReporter:

@@ -75,6 +75,7 @@ class ResultField(str, enum.Enum):
     FIGURES = "figures"  # exit status, times, solver counts
     INPUT_HASH = "input-hash"  # it says it analysed other bytes than it was sent
     PRUNING = "pruning"  # its QSYM map bits
+    GENERATION = "generation"  # not the generation of the WORK it answers (ulfm/)
 
 
 class Ready(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
@@ -91,6 +92,7 @@ class Work(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     # input itself is one (F313 §3.5).
     objects: dict[str, bytes] = msgspec.field(default_factory=dict)
     pruning: bytes = b""  # pruning.Delta of the QSYM map bits the worker was not sent yet
+    generation: int = 0  # of the communicator it was sent on (ulfm/), echoed in RESULT
 
 
 class StagedFile(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
@@ -115,6 +117,7 @@ class Result(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     pruning: bytes = b""  # pruning.Delta: what this run added to the worker's QSYM map
     solver_queries: int = 0  # solver checks QSYM made
     queries_skipped: int | None = None  # symbolic branches it did not solve; None: unknown
+    generation: int = 0  # the WORK's, echoed: a RESULT of another generation is stale
 
 
 class Stop(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
@@ -135,6 +138,7 @@ class ConfigVerdict(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     ok: bool
     error: str = ""
     doorbell: str = ""  # the master's doorbell address (doorbell.py), for workers on its host
+    generation: int = 0  # the communicator generation this CONFIG opens (ulfm/)
 
 
 ENVELOPES: dict[Tag, type[msgspec.Struct]] = {

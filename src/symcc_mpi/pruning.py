@@ -295,6 +295,10 @@ class PruningLedger:
         """The worker may have lost its map: the next WORK ships it whole."""
         self._cursors.pop(rank, None)
 
+    def forget_all(self) -> None:
+        """Ranks are numbered anew (ulfm/): every worker gets its map whole again."""
+        self._cursors.clear()
+
     def maps(self) -> dict[str, bytes]:
         return {name: bytes(scope.map) for name, scope in self._scopes.items()}
 

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import logging
 import shutil
+import signal
+import time
+from dataclasses import replace
 
 from .config import CampaignConfig, UsageError, check_numbers, check_seeds
 from .corpus import CampaignDir, CampaignError, check_out_dir
@@ -23,21 +26,153 @@ def run_rank(config: CampaignConfig) -> int:
 
     from .roles.master import configure_logging
     from .transport import Channel
+    from .ulfm.capability import FaultTolerance, decide
 
-    channel = Channel(MPI.COMM_WORLD)
-    configure_logging(channel.rank)
+    world = Channel(MPI.COMM_WORLD)
+    configure_logging(world.rank)
+    if world.rank != 0:
+        # Ctrl-C on a terminal reaches every rank; only the master decides when work stops.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    decision = decide(MPI.COMM_WORLD, FaultTolerance(config.fault_tolerance))
+    if world.rank == 0:
+        log.info("fault tolerance %s", decision.reason)
+    job = Generations(config) if decision.enabled else None
     try:
-        return _run_role(channel, config)
+        return job.run() if job is not None else _run_role(world, config)
     except Exception:
         # Left to unwind, the error would end this rank in MPI_Finalize, which waits for
         # every other rank, and they for it: the job would hang. Say it, then end the job.
-        log.exception("rank %d failed; ending the job", channel.rank)
-        channel.comm.Abort(ABORT_STATUS)
+        log.exception("rank %d failed; ending the job", world.rank)
+        MPI.COMM_WORLD.Abort(ABORT_STATUS)
         raise
     finally:
-        if not channel.flush(timeout=SEND_FLUSH_TIMEOUT):
-            log.warning("rank %d: messages still unsent after %g s at exit", channel.rank,
+        channel = job.channel if job is not None else world
+        if channel is not None and not channel.flush(timeout=SEND_FLUSH_TIMEOUT):
+            log.warning("rank %d: messages still unsent after %g s at exit", world.rank,
                         SEND_FLUSH_TIMEOUT)
+
+
+class Generations:
+    """One rank's life under ULFM: its role on each generation of the communicator, and the
+    recovery between two (ulfm/runtime.py). Rank 0 of each generation is the master; a
+    worker that becomes rank 0 after the master died takes the campaign over from OUT."""
+
+    def __init__(self, config: CampaignConfig):
+        from mpi4py import MPI
+
+        from .durable.generations import GENERATIONS_JOURNAL, GenerationLog
+
+        self.config = config
+        self.errhandler = MPI.ERRORS_RETURN
+        self.log = GenerationLog(config.out / "state" / GENERATIONS_JOURNAL,
+                                 quarantine_dir=config.out / "quarantine")
+        self.channel = None
+        self.master = None
+        self.worker = None
+        self.recoveries = 0
+        self.world_rank = MPI.COMM_WORLD.Get_rank()
+
+    def run(self) -> int:
+        from mpi4py import MPI
+
+        from .transport import Channel, RankFailure, failures_raised
+        from .ulfm.runtime import Generation, endpoint
+
+        comm = MPI.COMM_WORLD.Dup()
+        comm.Set_errhandler(self.errhandler)
+        with failures_raised():  # a rank lost before the campaign began ends the job
+            members = tuple(comm.allgather(endpoint()))
+        generation = Generation(-1, comm, members)
+        self.channel = Channel(comm)
+        if comm.Get_rank() == 0:
+            status = self._open(members)
+            if status is not None:
+                return status
+        else:
+            from .roles.worker import Worker
+
+            self.worker = Worker(comm.Get_rank(), self.config)
+        while True:
+            try:
+                return self._serve()
+            except RankFailure as failure:
+                detected = time.time()
+                log.warning("rank %d: %s: recovering", generation.rank, failure)
+                generation = self._recover(generation, detected)
+
+    def _open(self, members: tuple[str, ...]) -> int | None:
+        """Rank 0 of the first generation: the master, and the run's first generation."""
+        status, master = _open_or_refuse(self.channel, self.config, fault_tolerant=True)
+        if master is None:
+            return status
+        try:
+            record = self.log.start(list(members), {"began": master.budget_start,
+                                                    "run": master.run_id})
+        except BaseException:
+            master.close()
+            raise
+        master.generation, master.members = record.generation, members
+        self.master = master
+        return None
+
+    def _serve(self) -> int:
+        if self.master is not None:
+            status = self.master.run()  # a RankFailure leaves the campaign open
+            self.master.close()
+            return STORAGE_EXIT if self.master.storage_problem else status
+        status = self.worker.serve(self.channel, watch_during_runs=True)
+        self.worker.close()
+        return status
+
+    def _recover(self, generation, detected: float):
+        from .durable.generations import GenerationLogError
+        from .faults import die
+        from .transport import Channel
+        from .ulfm.runtime import Generation, recover
+
+        # The log, not this rank's memory, says which generation ends: a worker may have
+        # lost its master before the CONFIG that names it.
+        current = self.log.current()
+        if current is None or current.body.get("members") != list(generation.members):
+            raise GenerationLogError("a rank died before the campaign's first generation "
+                                     "began: nothing to recover, continue with --resume")
+        generation = Generation(current.generation, generation.comm, generation.members)
+        self.recoveries += 1
+        if (self.master or self.worker).faults.fire_at("die", "recovery", self.recoveries):
+            die(f"fault: SIGKILL of rank {generation.rank} inside recovery #{self.recoveries}")
+        repaired, repair = recover(generation, self.log, errhandler=self.errhandler)
+        self.channel = Channel(repaired.comm)
+        if self.master is not None:
+            self.master.begin_generation(self.channel, repaired.number, repaired.members,
+                                         repair, detected=detected)
+        elif repaired.rank == 0:
+            self._take_over(repaired, repair, detected)
+        return repaired
+
+    def _take_over(self, generation, repair, detected: float) -> None:
+        """This worker is rank 0 now: the master died. It rebuilds the campaign from OUT
+        alone (open_master, as --resume does: the commits with a manifest and no done
+        record are redone, what was in flight is in the frontier again) and carries on."""
+        from .progress import carry_stats
+
+        log.warning("rank 0 of generation %d: the master is gone, taking the campaign over",
+                    generation.number)
+        self.worker.close()
+        self.worker = None
+        master = open_master(self.channel, replace(self.config, resume=True),
+                             fault_tolerant=True, world_rank=self.world_rank)
+        master.generation, master.members = generation.number, generation.members
+        first = self.log.first_of_run(generation.number)
+        if first is not None:
+            master.budget_start = first.body.get("began", master.budget_start)
+        carry_stats(master, self.config.out)
+        failed = [f"{e} (generation {repair.previous})" for e in repair.failed]
+        master.note_recovery(generation.number, failed, master.in_flight_at_takeover,
+                             repair.seconds, detected=detected, shrinks=repair.shrinks,
+                             master="new")
+        if not master.workers:
+            master._begin_stop("no usable worker: every worker rank died")
+        self.master = master
 
 
 def _run_role(channel, config: CampaignConfig) -> int:
@@ -45,10 +180,22 @@ def _run_role(channel, config: CampaignConfig) -> int:
         from .roles.worker import run_worker
 
         return run_worker(channel, config)
+    status, master = _open_or_refuse(channel, config)
+    if master is None:
+        return status
+    try:
+        status = master.run()
+    finally:
+        master.close()
+    return STORAGE_EXIT if master.storage_problem else status  # the last sync may fail too
+
+
+def _open_or_refuse(channel, config: CampaignConfig, *, fault_tolerant: bool = False):
+    """(None, the master), or (exit status, None) once every worker was told why not."""
     try:
         if channel.size < 2:
             raise UsageError("a campaign needs at least 2 MPI ranks (1 master + 1 worker)")
-        master = open_master(channel, config)
+        return None, open_master(channel, config, fault_tolerant=fault_tolerant)
     except (UsageError, CampaignError, OSError) as error:
         if isinstance(error, OSError) and not storage_refused(error):
             raise
@@ -57,12 +204,7 @@ def _run_role(channel, config: CampaignConfig) -> int:
         print(f"symcc-mpi: error: {problem}", flush=True)
         for rank in range(1, channel.size):
             channel.send(rank, Tag.CONFIG, ConfigVerdict(ok=False, error=problem))
-        return STORAGE_EXIT if refused else 2
-    try:
-        status = master.run()
-    finally:
-        master.close()
-    return STORAGE_EXIT if master.storage_problem else status  # the last sync may fail too
+        return STORAGE_EXIT if refused else 2, None
 
 
 def check_config(config: CampaignConfig) -> None:
@@ -92,7 +234,8 @@ def check_fault_plan() -> None:
         raise UsageError(str(error)) from None
 
 
-def open_master(channel, config: CampaignConfig):
+def open_master(channel, config: CampaignConfig, *, fault_tolerant: bool = False,
+                world_rank: int = 0):
     from .dispatch.watchdog import WatchdogConfig
     from .durable.journal import DEFERRED_JOURNAL_NAME, DeferredWorkJournal
     from .progress import CampaignReporter
@@ -113,7 +256,8 @@ def open_master(channel, config: CampaignConfig):
         master = Master(channel, config, campaign, triage=coverage,
                         pruning=_pruning_ledger(config, campaign),
                         reporter=CampaignReporter(config), deferrals=deferrals,
-                        watchdog=WatchdogConfig.from_env(execution_timeout=config.timeout))
+                        watchdog=WatchdogConfig.from_env(execution_timeout=config.timeout),
+                        fault_tolerant=fault_tolerant, world_rank=world_rank)
         _load_state(master, config, campaign, covered_entries)
     except BaseException:
         campaign.close()
@@ -144,23 +288,23 @@ def _pruning_ledger(config: CampaignConfig, campaign: CampaignDir):
 
 def _load_state(master, config: CampaignConfig, campaign: CampaignDir,
                 covered_entries: int) -> None:
-    """Seeds in, then the frontier: every corpus input not yet in the done journal."""
-    for leftover in campaign.leftover_staging():
-        shutil.rmtree(leftover, ignore_errors=True)  # nothing is in flight before we start
+    """Seeds in, then the frontier: every corpus input not yet in the done journal; the
+    commits a dead master left half done are finished first (F443 §4 step 7)."""
     if config.seeds.is_dir():
         for path in check_seeds(config.seeds):
             campaign.add_seed(path.read_bytes(), path.name)
     campaign.sync_done()  # the new seeds are durable before any done line vouches for one
     # The lock is held: a torn last line is cut (and quarantined) here, and only here.
-    done = {record["sha256"] for record in
-            campaign.open_done(writer=master.faults.done_writer(config.out))}
+    journal = campaign.open_journal(writer=master.faults.done_writer(config.out))
+    done = {record["sha256"] for record in journal if "kind" not in record}
     corpus = campaign.corpus_hashes()
     for digest in corpus:
         if campaign.inputs.queue_id(digest) is None:  # promoted, then killed before queueing
             campaign.add_to_queue(digest, parent="")
     ordered = sorted(corpus, key=campaign.inputs.queue_id)
-    for digest in ordered:
-        master.frontier.add(digest, done=digest in done)
+    committing = {r["sha256"] for r in journal if r.get("kind") == "commit"} - done
+    for digest in ordered:  # a commit left half done is finished below, not analysed again
+        master.frontier.add(digest, done=digest in done or digest in committing)
     master.stats.resumed_done = len(done & corpus)
     if master.triage is not None:
         uncovered = [d for d in ordered if campaign.inputs.queue_id(d) >= covered_entries]
@@ -168,8 +312,46 @@ def _load_state(master, config: CampaignConfig, campaign: CampaignDir,
             log.info("triage map saved over %d queue entries: replaying %d through "
                      "afl-showmap", covered_entries, len(uncovered))
         _replay_coverage(master, config, campaign, uncovered)
+    done |= _redo_commits(master, journal, done)
+    # Work dispatched by this campaign's last master and never committed: in the frontier
+    # again, and counted as in flight at its death (the journal's dispatch records).
+    last_generation = max((r["generation"] for r in journal if r.get("kind") == "dispatch"),
+                          default=None)
+    master.in_flight_at_takeover = sorted(
+        {r["sha256"] for r in journal if r.get("kind") == "dispatch"
+         and r["generation"] == last_generation} - done)
+    for leftover in campaign.leftover_staging():
+        shutil.rmtree(leftover, ignore_errors=True)  # nothing is in flight before we start
     log.info("campaign %s: %d inputs, %d already analysed, %d in the frontier", config.out,
              len(corpus), master.stats.resumed_done, len(master.frontier))
+
+
+def _redo_commits(master, journal: list[dict], done: set[str]) -> set[str]:
+    """Finish every commit whose manifest is in the journal without its done record: check
+    the manifest's staged files again and commit them as the dead master would have. One
+    that cannot be finished (its staging is gone or refused) leaves its input in the
+    frontier, to be analysed again. Returns the inputs committed."""
+    from .commit import Unusable, decode_manifest
+    from .protocol import MalformedMessage
+
+    redone: set[str] = set()
+    pending = {r["sha256"]: r for r in journal if r.get("kind") == "commit"
+               and r["sha256"] not in done}
+    for digest, record in pending.items():
+        try:
+            result = decode_manifest(record["result"])
+            accepted = master.committer.check(result, digest)
+        except (MalformedMessage, Unusable) as problem:
+            log.warning("the commit of %s left by the last master cannot be finished (%s): "
+                        "it is analysed again", digest[:12], problem)
+            master.frontier.reopen(digest)
+            continue
+        master.committer.commit(None, result, accepted)
+        redone.add(digest)
+    if redone:
+        master.stats.redone_commits += len(redone)
+        log.info("finished %d commits the last master left half done", len(redone))
+    return redone
 
 
 def _replay_coverage(master, config, campaign: CampaignDir, ordered: list[str]) -> None:

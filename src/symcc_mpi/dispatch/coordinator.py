@@ -33,7 +33,7 @@ from __future__ import annotations
 import logging
 import secrets
 from collections import Counter, deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 
 from ..durable.clock import SYSTEM_CLOCK, Clock
@@ -92,6 +92,7 @@ class DispatchCoordinator:
         self.send_failures: Counter[int] = Counter()  # in a row, per rank
         self.invalid_results: Counter[int] = Counter()  # in a row, per rank
         self.counts: Counter[str] = Counter()
+        self.generation = 0  # of the communicator WORK goes out on (ulfm/)
 
     # -- reading -------------------------------------------------------------------------
 
@@ -234,6 +235,32 @@ class DispatchCoordinator:
             self._requeue_swept(report)
         return reports
 
+    def begin_generation(self, generation: int, failed: Collection[int],
+                         retired: Collection[int]) -> list[str]:
+        """The communicator was repaired (ulfm/): every dispatch in flight is taken back (F443
+        §4 step 4, conservative replay: the old generation's RESULTs can no longer arrive),
+        the inputs of the `failed` ranks first in line, then the others. Rank-keyed state is
+        dropped: the new generation numbers its ranks anew, `retired` (in the new numbering)
+        stay retired. Returns the inputs requeued, in the order they go out again."""
+        requeued: list[str] = []
+        # The frontier's front is a stack: what is requeued last goes out first.
+        for report in sorted(self.tables.sweep_all(), key=lambda r: r.worker in failed):
+            for rollback in report.rollbacks:
+                if rollback.phase is SendPhase.AFTER_SEND:
+                    self.frontier.requeue(rollback.work_id)
+                    requeued.insert(0, rollback.work_id)
+        self.generation = generation
+        self.watchdog.forget_ranks()
+        self.objects.forget_all()
+        if self.pruning is not None:
+            self.pruning.forget_all()
+        self.idle.clear()
+        self.retired = set(retired)
+        self.send_failures.clear()
+        self.invalid_results.clear()
+        self.counts["generation_requeued"] += len(requeued)
+        return requeued
+
     # -- machinery -----------------------------------------------------------------------
 
     def _dispatch_one(self, rank: int, send: Send) -> bool:
@@ -254,7 +281,8 @@ class DispatchCoordinator:
                 tx.register(FRONTIER_ENTRY, before_send=lambda: self.frontier.put_back(digest),
                             after_send=lambda: None)  # after the send, recovery decides
                 send(rank, Work(token, digest, dict(plan.contents),
-                                pruning=shipment.payload if shipment else b""))
+                                pruning=shipment.payload if shipment else b"",
+                                generation=self.generation))
                 self.tables.sent(rank, token)
                 self.objects.confirm(plan)
                 if shipment is not None:

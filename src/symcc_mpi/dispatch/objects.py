@@ -104,6 +104,10 @@ class ObjectTransferCache:
         """The worker may have lost its cache (restarted, replaced): ship everything again."""
         self._held.pop(worker, None)
 
+    def forget_all(self) -> None:
+        """Ranks are numbered anew (ulfm/): nobody is known to hold anything."""
+        self._held.clear()
+
     def statistics(self) -> ObjectCacheStatistics:
         return ObjectCacheStatistics(len(self._held), self._plans, self._confirmed,
                                      self._shipped_objects, self._shipped_bytes, self._hits)

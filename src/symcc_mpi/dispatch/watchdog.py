@@ -147,6 +147,10 @@ class RetiredDispatchGate:
         self._parked: dict[int, str] = {}
         self._counts: Counter[str] = Counter()
 
+    def clear(self) -> None:
+        """A new communicator generation: its ranks are numbered anew, none is parked."""
+        self._parked.clear()
+
     def park(self, rank: int, token: str) -> None:
         self._parked[rank] = token
         self._counts["parks"] += 1
@@ -368,6 +372,12 @@ class DispatchWatchdog:
         self._ready_seen: dict[int, str] = {}  # rank → token of a held-back READY
         self._invalid: dict[int, str] = {}  # rank → current token of a bad RESULT
         self._counts: Counter[str] = Counter()
+
+    def forget_ranks(self) -> None:
+        """A new communicator generation: what was held back per rank is of the old one."""
+        self._ready_seen.clear()
+        self._invalid.clear()
+        self.gate.clear()
 
     # -- round step 1
 

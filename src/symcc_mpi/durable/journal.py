@@ -310,9 +310,11 @@ class LineLog:
         """Durably append one record, or raise with the file as it was."""
         self.extend((record,))
 
-    def extend(self, records: Iterable[Mapping[str, Any]]) -> None:
+    def extend(self, records: Iterable[Mapping[str, Any]], *, sync: bool = True) -> None:
         """Durably append a group of records with one write and one fsync, or raise with the
-        file as it was (none of them in it)."""
+        file as it was (none of them in it). `sync=False`: one write, no fsync; the next
+        synced append makes these durable too (a process's death never loses them, a
+        machine's may)."""
         self._check_writable()
         if self._fd is None:
             self.open_for_append()  # an earlier open failed (F317: retry on the next write)
@@ -321,7 +323,7 @@ class LineLog:
         data = b"".join(lines)
         try:
             self.writer(self._fd, data)
-            if self.fsync:
+            if self.fsync and sync:
                 os.fsync(self._fd)
         except OSError as error:
             self._cut_back()

@@ -50,4 +50,7 @@ class Executor(Protocol):
 
     def run(self, input_path: Path, output_dir: Path) -> ExecutionResult: ...
 
+    def cancel(self) -> None:
+        """From another thread: end the run in progress now (its result will be ignored)."""
+
     def close(self) -> None: ...

@@ -13,5 +13,8 @@ class NoopExecutor:
     def run(self, input_path: Path, output_dir: Path) -> ExecutionResult:
         return ExecutionResult(Outcome.OK, 0, 0.0)
 
+    def cancel(self) -> None:
+        pass
+
     def close(self) -> None:
         pass

@@ -93,6 +93,7 @@ class SymccExecutor:
         self.counters = counters
         self.counters_file = (scratch or Path(tempfile.gettempdir())) / \
             f"symcc-counters-{os.getpid()}" if counters else None
+        self._running: int | None = None  # the process group of the run in progress
 
     def _environment(self, input_path: Path, output_dir: Path, uses_file: bool) -> dict:
         env = dict(os.environ, SYMCC_OUTPUT_DIR=str(output_dir))
@@ -131,6 +132,7 @@ class SymccExecutor:
             if stdin is not subprocess.DEVNULL:
                 stdin.close()
         timed_out = False
+        self._running = process.pid
         try:
             _, stderr = process.communicate(timeout=self.timeout)
         except subprocess.TimeoutExpired:
@@ -147,6 +149,7 @@ class SymccExecutor:
             outcome = Outcome.CRASH
         else:
             outcome = Outcome.OK
+        self._running = None
         _kill_group(process.pid)  # descendants the target left behind
         # A dot-file is a test case still being written when the run was killed.
         listing = list_regular(output_dir, skip_hidden=True)
@@ -170,6 +173,11 @@ class SymccExecutor:
             limit = self.memory_limit_mb * 1024 * 1024
             resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+
+    def cancel(self) -> None:
+        running = self._running
+        if running is not None:
+            _kill_group(running)
 
     def close(self) -> None:
         if self.counters_file is not None:

@@ -131,6 +131,11 @@ class TritonExecutor:
             srv.wait()
         self._discard_server()
 
+    def cancel(self) -> None:
+        server = self._server
+        if server is not None:
+            server.kill()  # the run's read sees the end of its output: a dead server
+
     def __enter__(self) -> TritonExecutor:
         return self
 

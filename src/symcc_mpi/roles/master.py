@@ -23,14 +23,14 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from ..checkpoint import Checkpointer
-from ..commit import Committer, Refused, Unusable
+from ..commit import Committer, Refused, Unusable, encode_manifest
 from ..config import CampaignConfig
 from ..corpus import RUN_ID_ENV, CampaignDir, StopRequest
 from ..dispatch.coordinator import DispatchCoordinator
 from ..dispatch.tables import CommitStart, ResultClass
 from ..dispatch.watchdog import WatchdogConfig
 from ..doorbell import Doorbell
-from ..faults import Faults
+from ..faults import Faults, die
 from ..protocol import (
     INVALID_INPUT,
     STORAGE_REFUSED,
@@ -54,6 +54,7 @@ REPORT_INTERVAL = 1.0
 SWEEP_INTERVAL = 0.02
 STOP_FILE_CHECK_INTERVAL = 0.25
 SHUTDOWN_GRACE = 10.0
+FAILURE_POLL = 0.1  # under ULFM: seconds between asking MPI for dead ranks (Get_failed)
 
 
 class Phase(enum.Enum):
@@ -100,12 +101,15 @@ class MasterStats:
     max_depth: int = 1
     stop_reason: str = ""
     per_worker: dict[int, WorkerStats] = field(default_factory=dict)
+    failures: list[dict] = field(default_factory=list)  # one per recovery (ulfm/)
+    redone_commits: int = 0  # commits of a dead master finished from their manifests
 
 
 class Master:
     def __init__(self, channel: Channel, config: CampaignConfig, campaign: CampaignDir,
                  *, triage=None, pruning: PruningLedger | None = None, reporter=None,
-                 deferrals=None, watchdog: WatchdogConfig):
+                 deferrals=None, watchdog: WatchdogConfig, fault_tolerant: bool = False,
+                 world_rank: int = 0):
         self.channel = channel
         self.config = config
         self.campaign = campaign
@@ -117,11 +121,18 @@ class Master:
                                             deferrals=deferrals, load=self._load_input,
                                             pruning=pruning)
         self.checkpoint = Checkpointer(campaign, pruning=pruning, triage=triage)
-        self.faults = Faults(0)
+        self.faults = Faults(world_rank)  # a worker that took over keeps its own plan
         campaign.commit_probe = self.faults.commit_probe()
         self.work_sends = 0
+        self.commits_seen: Counter[str] = Counter()  # per point of the commit (faults)
         self.object_sends = 0
         self.stats = MasterStats()
+        # Under ULFM (ulfm/): the generation of `channel`'s communicator, the endpoint of each
+        # of its ranks, and the work records of F443's WAL in the done journal (corpus.py).
+        self.fault_tolerant = fault_tolerant
+        self.members: tuple[str, ...] = ()
+        self.next_failure_check = 0.0
+        self.in_flight_at_takeover: list[str] = []  # set by open_master (session.py)
         self.committer = Committer(campaign, self.frontier, self.stats, triage=triage,
                                    pruning=pruning, checkpoint=self.checkpoint)
         self.phase = Phase.RUNNING
@@ -130,7 +141,9 @@ class Master:
         # A stop request counts only for the run it was made for (corpus.stop_request_verdict).
         self.run_id = os.environ.get(RUN_ID_ENV) or secrets.token_hex(8)
         self.run_started = _command_time()
-        self.started = time.monotonic()
+        # The campaign's clock for --wall-timeout: from the run's first master on, across
+        # generations and masters (F443 §4 step 8); open_master sets it from the log.
+        self.budget_start = time.time()
         self.drain_deadline = 0.0
         self.next_stop_file_check = 0.0
         self.ack_deadline = 0.0
@@ -155,14 +168,25 @@ class Master:
                  f"{watchdog.seconds:g} s" if watchdog.enabled else "off",
                  watchdog.protocol_retries)
 
+    @property
+    def generation(self) -> int:
+        """The generation of the communicator this master works on (ulfm/)."""
+        return self.dispatch.generation
+
+    @generation.setter
+    def generation(self, number: int) -> None:
+        self.dispatch.generation = number
+
     # -- the loop ------------------------------------------------------------------------
 
     def run(self) -> int:
         for signum in (signal.SIGINT, signal.SIGTERM):
             signal.signal(signum, self._on_signal)
         for rank in self.workers:
-            self.channel.send(rank, Tag.CONFIG,
-                              ConfigVerdict(ok=True, doorbell=self.doorbell.address))
+            self.channel.send(rank, Tag.CONFIG, ConfigVerdict(
+                ok=True, doorbell=self.doorbell.address, generation=self.generation))
+        if self.phase is Phase.STOPPING:  # a generation that began while workers were stopping
+            self._send_stops()
         next_report = 0.0
         rang = False
         self.loop_cpu_start = time.process_time()
@@ -177,6 +201,10 @@ class Master:
             # A round that received nothing has nothing to join, and deadlines (seconds) are
             # swept every SWEEP_INTERVAL: an idle round then costs little more than a probe.
             now = time.monotonic()
+            if self.fault_tolerant and now >= self.next_failure_check:
+                # A dead worker with nothing pending is not reported by a probe (F443 §6.1).
+                self.next_failure_check = now + FAILURE_POLL
+                self.channel.check_peers()
             if handled:
                 for recovery in self.dispatch.join().recoveries:
                     self.sends.pop(recovery.token, None)
@@ -184,6 +212,8 @@ class Master:
             if self.phase is Phase.RUNNING:
                 self.dispatch_mark = time.perf_counter()
                 handled += self.dispatch.dispatch(self._send_work)
+                if len(self.dispatch.retired) >= len(self.workers):  # sends kept failing
+                    self._stop_if_no_worker_left("every worker retired")
             if handled or now >= next_sweep:
                 next_sweep = now + SWEEP_INTERVAL
                 for recovery in self.dispatch.sweep():
@@ -249,12 +279,19 @@ class Master:
         if self.faults.fire("send-fail", self.work_sends) or (
                 work.objects and self.faults.fire("object-send-fail", self.object_sends)):
             raise OSError(f"injected failure of WORK send #{self.work_sends} to rank {rank}")
+        if self.fault_tolerant:  # F443 §3 step 3: the dispatch is on record before it leaves
+            self.campaign.record_work("dispatch", sha256=work.input_hash, token=work.token,
+                                      generation=self.generation, rank=rank)
         self.channel.send(rank, Tag.WORK, work)
+        if self.faults.fire("die", self.work_sends):
+            die(f"fault: SIGKILL of the master after WORK send #{self.work_sends}")
         if self.faults.fire("send-ambiguous", self.work_sends):
             raise OSError(f"injected: WORK send #{self.work_sends} to rank {rank} delivered, "
                           "then reported failure")
         if self.stats.startup_seconds is None:
             self.stats.startup_seconds = time.time() - _command_time()
+        if self.stats.failures and self.stats.failures[-1]["first_dispatch"] is None:
+            self.stats.failures[-1]["first_dispatch"] = time.time()
         # A dispatch's master time runs from the previous send (or the round's first) to its
         # own: reading the input, the transaction, the send.
         now = time.perf_counter()
@@ -286,6 +323,10 @@ class Master:
             if not self.dispatch.holds_token(result.token):
                 self._discard_staging(result.token)  # never another rank's live staging
             return
+        if result.generation != self.generation:
+            self._refuse(rank, result.token, ResultField.GENERATION,
+                         f"generation {result.generation} in generation {self.generation}")
+            return
         if result.outcome == STORAGE_REFUSED or self.storage_problem:
             # Not the input's fault: it goes back to the frontier with no failure counted, and
             # nothing more is committed once OUT refused a write.
@@ -308,6 +349,12 @@ class Master:
         self.dispatch.note_valid_result(rank)
         with self._stopping_if_storage_refuses(), self.dispatch.boundary(rank):
             if self.dispatch.begin_commit(rank, result.token) is CommitStart.COMMITTING:
+                if self.fault_tolerant:  # F443 §3 step 6: the manifest, then the publication
+                    self.campaign.record_work(
+                        "commit", sha256=result.input_hash, token=result.token,
+                        generation=self.generation, rank=rank,
+                        result=encode_manifest(result, accepted))
+                    self._fault_in_commit("after-manifest")
                 try:
                     self.committer.commit(rank, result, accepted)
                 except OSError as error:
@@ -316,6 +363,13 @@ class Master:
                     self._on_commit_failure(rank, result, error)
                     return
                 self.dispatch.finish(rank, result.token)
+                if self.fault_tolerant:
+                    self._fault_in_commit("after-publish")
+
+    def _fault_in_commit(self, point: str) -> None:
+        self.commits_seen[point] += 1
+        if self.faults.fire_at("die", point, self.commits_seen[point]):
+            die(f"fault: SIGKILL of the master {point} of commit #{self.commits_seen[point]}")
 
     def _on_commit_failure(self, rank: int, result: Result, error: OSError) -> None:
         """Publishing a result's children raised: its input is retried (deferred after
@@ -376,10 +430,8 @@ class Master:
                     log.warning("%d results still in flight at shutdown; their inputs stay "
                                 "in the frontier for --resume", in_flight)
                 self.dispatch.shutdown()
-                for rank in self.workers:
-                    self.channel.send(rank, Tag.STOP, Stop(self.stats.stop_reason))
                 self.phase = Phase.STOPPING
-                self.ack_deadline = now + SHUTDOWN_GRACE
+                self._send_stops()
         if self.phase is Phase.STOPPING:
             if self.acked.issuperset(self.workers):
                 self.phase = Phase.DONE
@@ -398,6 +450,66 @@ class Master:
                     self.report(final=True)
                 self.channel.comm.Abort(70)
 
+    def _send_stops(self) -> None:
+        for rank in self.workers:
+            self.channel.send(rank, Tag.STOP, Stop(self.stats.stop_reason))
+        self.ack_deadline = time.monotonic() + SHUTDOWN_GRACE
+
+    # -- generations (ulfm/) -------------------------------------------------------------
+
+    def begin_generation(self, channel: Channel, generation: int, members: tuple[str, ...],
+                         repair=None, *, detected: float | None = None) -> None:
+        """Go on with the repaired communicator `channel`: every dispatch of the old one is
+        taken back (the failed ranks' first), their staging discarded, the ranks renumbered
+        by their endpoints. `repair` (ulfm.runtime.Repair) is None for a master that took
+        over, whose recovery `open_master` recorded."""
+        old_rank = {endpoint: rank for rank, endpoint in enumerate(self.members)}
+        failed = {old_rank[e] for e in (repair.failed if repair else ()) if e in old_rank}
+        renumbered = {rank: old_rank.get(endpoint) for rank, endpoint in enumerate(members)}
+        retired = {new for new, old in renumbered.items() if old in self.dispatch.retired}
+        requeued = self.dispatch.begin_generation(generation, failed, retired - {0})
+        gone = [self._describe(endpoint) for endpoint in (repair.failed if repair else ())]
+        for leftover in self.campaign.leftover_staging():  # nobody writes it any more
+            shutil.rmtree(leftover, ignore_errors=True)
+        per_worker = self.stats.per_worker
+        self.stats.per_worker = {new: per_worker.get(old, WorkerStats())
+                                 for new, old in renumbered.items() if new != 0}
+        self.channel.abandon_sends()
+        self.channel = channel
+        self.members = members
+        self.workers = list(range(1, channel.size))
+        self.acked.clear()
+        self.ringing.clear()
+        self.sends.clear()
+        self.next_failure_check = 0.0
+        self._count_doorbells()
+        if repair is not None:
+            self.note_recovery(generation, gone, requeued, repair.seconds, detected=detected,
+                               shrinks=repair.shrinks)
+        if not self.workers:
+            self._begin_stop("no usable worker: every worker rank died")
+
+    def note_recovery(self, generation: int, failed: list[str], requeued: list[str],
+                      seconds: float, *, detected: float | None, shrinks: int = 1,
+                      master: str = "kept") -> None:
+        """Record a recovery in the journal and the figures, and say it in one line."""
+        with self._stopping_if_storage_refuses():
+            self.campaign.record_work("recovered", generation=generation, failed=failed,
+                                      requeued=requeued, master=master,
+                                      seconds=round(seconds, 3))
+        self.stats.failures.append({
+            "generation": generation, "failed": failed, "requeued": len(requeued),
+            "master": master, "shrinks": shrinks, "recovery_seconds": round(seconds, 3),
+            "detected": detected, "first_dispatch": None})
+        log.warning("generation %d: %s gone, %d inputs in flight requeued, master %s, "
+                    "recovered in %.2f s", generation, ", ".join(failed) or "no rank",
+                    len(requeued), master, seconds)
+
+    def _describe(self, endpoint: str) -> str:
+        rank = self.members.index(endpoint) if endpoint in self.members else "?"
+        host, _, rest = endpoint.partition("/")
+        return f"rank {rank} (pid {rest.split('/')[0]} on {host}, generation {self.generation})"
+
     def _stop_reason(self, now: float) -> str:
         if self.stop_requested_by_signal:
             return "interrupted"
@@ -407,7 +519,7 @@ class Master:
                 return "stop requested"
         if self.dispatch.exhausted:
             return "frontier exhausted"
-        elapsed = now - self.started
+        elapsed = time.time() - self.budget_start
         if self.config.wall_timeout is not None and elapsed >= self.config.wall_timeout:
             return "wall-clock budget spent"
         if self.config.max_idle is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import os
@@ -12,19 +13,19 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import Counter
 from pathlib import Path
 
 import msgspec
-from mpi4py import MPI
 
 from ..config import CampaignConfig
 from ..corpus import sha256_bytes
 from ..dispatch.objects import OBJECT_CACHE_CAPACITY
 from ..doorbell import Ringer
 from ..executors import ExecutorError, make_executor
-from ..faults import HOSTILE_MARK, Faults
+from ..faults import HOSTILE_MARK, Faults, die
 from ..protocol import (
     INVALID_INPUT,
     STORAGE_REFUSED,
@@ -42,90 +43,172 @@ from ..protocol import (
 from ..pruning import MalformedDelta, WorkerMap
 from ..regular import NotRegularFile, open_regular
 from ..storage import describe, storage_refused
-from ..transport import Channel
+from ..transport import Channel, RankFailure
 from ..triage import FileCoverage
 
 log = logging.getLogger("symcc_mpi.worker")
 MASTER = 0
 
 
+EXECUTION_POLL = 0.05  # under ULFM: how often a worker busy executing asks MPI for failures
+
+
+class Worker:
+    """One worker rank's executor and scratch space, kept across the generations of the job
+    (ulfm/): `serve` runs the worker loop on one generation's channel."""
+
+    def __init__(self, rank: int, config: CampaignConfig):
+        self.rank = rank
+        self.config = config
+        self.scratch = Path(tempfile.mkdtemp(prefix=f"symcc-mpi-w{rank}-"))
+        # Node-local: QSYM rewrites the whole map file at every interesting branch.
+        self.qsym_map = WorkerMap(self.scratch / "qsym.map") if config.prunes else None
+        self.executor = None
+        self.probe = None
+        self.problem = ""  # why this rank cannot work, if it cannot
+        try:
+            self.executor = make_executor(config, scratch=self.scratch,
+                                          coverage_map=self.qsym_map.path
+                                          if self.qsym_map else None)
+            self.probe = _make_probe(config)
+        except (ExecutorError, OSError) as error:
+            self.problem = str(error)
+        self.objects = ObjectStore(self.scratch / "objects")
+        self.faults = Faults(rank)
+        self.skipped = SkippedEntries(rank)
+        self.executions = 0
+        self.executor_time = 0.0
+        self.generation = 0
+
+    def serve(self, channel: Channel, *, watch_during_runs: bool = False) -> int:
+        """The worker loop of one generation, from rank 0's CONFIG to its STOP. A failure of
+        the generation (transport.RankFailure) propagates; the staging this rank wrote in it
+        is left to the next master, which discards or commits it (roles/master.py)."""
+        config = self.config
+        verdict = _wait_for(channel, Tag.CONFIG)
+        if not isinstance(verdict, ConfigVerdict) or not verdict.ok:
+            return 2
+        self.generation = verdict.generation
+        if self.problem:
+            channel.send(MASTER, Tag.FATAL, Fatal(socket.gethostname(), self.problem))
+            _wait_for(channel, Tag.STOP)
+            return 1
+        doorbell = Ringer(verdict.doorbell)
+        if doorbell.reachable:
+            channel.ring_after_sends(MASTER, doorbell)
+        last_token = None
+        # This rank removes its own staging, off the master's path: once the master sends the
+        # next WORK it has handled the RESULT before it (MPI keeps RESULT ahead of READY), and
+        # the removal runs while the master handles the following RESULT.
+        finished_staging: list[Path] = []
+        try:
+            while True:
+                channel.send(MASTER, Tag.READY, Ready(last_token, rings=doorbell.reachable))
+                for stage in finished_staging:
+                    shutil.rmtree(stage, ignore_errors=True)
+                finished_staging.clear()
+                message = _wait_for(channel, Tag.WORK, Tag.STOP)
+                if isinstance(message, Stop):
+                    break
+                received = time.monotonic()
+                if last_token is not None:
+                    finished_staging.append(config.out / ".staging" / last_token)
+                if message.generation != self.generation:
+                    result = _failed(message, message.input_hash, INVALID_INPUT,
+                                     f"WORK of generation {message.generation} in generation "
+                                     f"{self.generation}")
+                else:
+                    result = self._run(channel, message, watch_during_runs)
+                self.executions += 1
+                previous_token, last_token = last_token, message.token
+                if self._misbehave(channel, result, previous_token, received):
+                    continue
+                channel.send(MASTER, Tag.RESULT, result)
+                self.executor_time += result.wall_time
+            if last_token is not None:  # STOP comes after the master is done with it
+                shutil.rmtree(config.out / ".staging" / last_token, ignore_errors=True)
+            channel.send(MASTER, Tag.STOP_ACK, StopAck(self.executions, self.executor_time))
+        finally:
+            doorbell.close()
+        return 0
+
+    def _run(self, channel: Channel, work: Work, watch: bool) -> Result:
+        if self.faults.fire("die", self.executions + 1):
+            die(f"rank {self.rank}: fault: SIGKILL during its execution #{self.executions + 1}")
+        run = functools.partial(execute, work, self.config, self.executor, self.probe,
+                                self.scratch, self.objects, self.skipped, self.qsym_map)
+        try:
+            return _watching(channel, run, self.executor) if watch else run()
+        except RankFailure:
+            raise
+        except Exception as error:  # noqa: BLE001 - reported to the master as data
+            return _failed_around(self.rank, work, self.config, error)
+
+    def _misbehave(self, channel: Channel, result: Result, previous_token: str | None,
+                   received: float) -> bool:
+        """The worker faults of faults.py; True when the real RESULT is not to be sent."""
+        faults, number = self.faults, self.executions
+        if faults.fire("foreign-result", number):
+            _send_unowned_result(channel, self.config, result, secrets.token_hex(16))
+        if faults.fire("stale-result", number) and previous_token is not None:
+            _send_unowned_result(channel, self.config, result, previous_token)
+        if faults.fire("stop", number):
+            _stop_self(until=received + faults.stop_seconds(number))
+        if hostile := faults.hostile_field(number):
+            channel.send_raw(MASTER, Tag.RESULT, _hostile_result(self.config, result, hostile))
+            return True
+        if faults.fire("malformed-result", number):
+            channel.send_raw(MASTER, Tag.RESULT, b"\xc1 not msgpack")
+            return True
+        return False
+
+    def close(self) -> None:
+        if self.skipped.counts:
+            log.warning("rank %d: skipped in output directories, not regular files: %s",
+                        self.rank, self.skipped.summary())
+        if self.executor is not None:
+            self.executor.close()
+        shutil.rmtree(self.scratch, ignore_errors=True)
+
+
 def run_worker(channel: Channel, config: CampaignConfig) -> int:
+    """A worker for the whole job, when the job has one generation (no ULFM)."""
     # Ctrl-C on a terminal reaches every rank; only the master decides when work stops.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    verdict = _wait_for(channel, Tag.CONFIG)
-    if not isinstance(verdict, ConfigVerdict) or not verdict.ok:
-        return 2
-    doorbell = Ringer(verdict.doorbell)
-    if doorbell.reachable:
-        channel.ring_after_sends(MASTER, doorbell)
-    scratch = Path(tempfile.mkdtemp(prefix=f"symcc-mpi-w{channel.rank}-"))
-    # Node-local: QSYM rewrites the whole map file at every interesting branch.
-    qsym_map = WorkerMap(scratch / "qsym.map") if config.prunes else None
+    worker = Worker(channel.rank, config)
     try:
-        executor = make_executor(config, scratch=scratch,
-                                 coverage_map=qsym_map.path if qsym_map else None)
-        probe = _make_probe(config)
-    except (ExecutorError, OSError) as error:
-        shutil.rmtree(scratch, ignore_errors=True)
-        channel.send(MASTER, Tag.FATAL, Fatal(socket.gethostname(), str(error)))
-        _wait_for(channel, Tag.STOP)
-        return 1
-    objects = ObjectStore(scratch / "objects")
-    faults = Faults(channel.rank)
-    skipped = SkippedEntries(channel.rank)
-    executions = 0
-    executor_time = 0.0
-    last_token = None
-    # This rank removes its own staging, off the master's path: once the master sends the
-    # next WORK it has handled the RESULT before it (MPI keeps RESULT ahead of READY), and
-    # the removal runs while the master handles the following RESULT.
-    finished_staging: list[Path] = []
-    try:
-        while True:
-            channel.send(MASTER, Tag.READY, Ready(last_token, rings=doorbell.reachable))
-            for stage in finished_staging:
-                shutil.rmtree(stage, ignore_errors=True)
-            finished_staging.clear()
-            message = _wait_for(channel, Tag.WORK, Tag.STOP)
-            if isinstance(message, Stop):
-                break
-            received = time.monotonic()
-            if last_token is not None:
-                finished_staging.append(config.out / ".staging" / last_token)
-            try:
-                result = execute(message, config, executor, probe, scratch, objects, skipped,
-                                 qsym_map)
-            except Exception as error:  # noqa: BLE001 - reported to the master as data
-                result = _failed_around(channel.rank, message, config, error)
-            executions += 1
-            previous_token, last_token = last_token, message.token
-            if faults.fire("foreign-result", executions):
-                _send_unowned_result(channel, config, result, secrets.token_hex(16))
-            if faults.fire("stale-result", executions) and previous_token is not None:
-                _send_unowned_result(channel, config, result, previous_token)
-            if faults.fire("stop", executions):
-                _stop_self(until=received + faults.stop_seconds(executions))
-            if hostile := faults.hostile_field(executions):
-                channel.comm.Send([_hostile_result(config, result, hostile), MPI.BYTE],
-                                  dest=MASTER, tag=int(Tag.RESULT))
-                continue
-            if faults.fire("malformed-result", executions):
-                channel.comm.Send([b"\xc1 not msgpack", MPI.BYTE], dest=MASTER,
-                                  tag=int(Tag.RESULT))
-                continue
-            channel.send(MASTER, Tag.RESULT, result)
-            executor_time += result.wall_time
-        if last_token is not None:  # STOP comes after the master is done with it
-            shutil.rmtree(config.out / ".staging" / last_token, ignore_errors=True)
-        if skipped.counts:
-            log.warning("rank %d: skipped in output directories, not regular files: %s",
-                        channel.rank, skipped.summary())
-        channel.send(MASTER, Tag.STOP_ACK, StopAck(executions, executor_time))
+        return worker.serve(channel)
     finally:
-        executor.close()
-        doorbell.close()
-        shutil.rmtree(scratch, ignore_errors=True)
-    return 0
+        worker.close()
+
+
+def _watching(channel: Channel, run, executor):
+    """`run()` in a thread while this one polls MPI: a rank busy executing learns of a dead
+    rank or a revoked communicator within EXECUTION_POLL, cancels the execution (its work is
+    replayed by the next generation) and raises RankFailure, instead of holding the survivors'
+    repair (a collective) for as long as the execution would have lasted."""
+    outcome: dict = {}
+
+    def target() -> None:
+        try:
+            outcome["result"] = run()
+        except BaseException as error:  # noqa: BLE001 - handed to the polling thread
+            outcome["error"] = error
+
+    thread = threading.Thread(target=target, name="execution", daemon=True)
+    thread.start()
+    try:
+        while thread.is_alive():
+            thread.join(EXECUTION_POLL)
+            channel.check_master(MASTER)
+    except RankFailure:
+        if executor is not None:
+            executor.cancel()
+        thread.join()
+        raise
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["result"]
 
 
 def execute(work: Work, config: CampaignConfig, executor, probe, scratch: Path,
@@ -173,6 +256,7 @@ def execute(work: Work, config: CampaignConfig, executor, probe, scratch: Path,
         solver_time=outcome.solver_time, staged=entries, generated=len(outcome.generated),
         message=outcome.message, pruning=qsym_map.contribution() if qsym_map else b"",
         solver_queries=outcome.solver_queries, queries_skipped=outcome.queries_skipped,
+        generation=work.generation,
     )
 
 
@@ -280,7 +364,8 @@ def _make_probe(config: CampaignConfig):
 def _failed(work: Work, actual: str, outcome: str, reason: str) -> Result:
     """A RESULT saying the input was not analysed: the master gives it to someone again."""
     return Result(token=work.token, input_hash=actual, outcome=outcome, exit_status=None,
-                  wall_time=0.0, solver_time=0.0, staged=[], generated=0, message=reason)
+                  wall_time=0.0, solver_time=0.0, staged=[], generated=0, message=reason,
+                  generation=work.generation)
 
 
 def _failed_around(rank: int, work: Work, config: CampaignConfig, error: Exception) -> Result:
@@ -349,6 +434,8 @@ def _hostile_result(config: CampaignConfig, real: Result, field: str) -> bytes:
         message["input_hash"] = sha256_bytes(data)
     elif field == "pruning":
         message["pruning"] = b"\xc1 not a delta"
+    elif field == "generation":
+        message["generation"] += 1
     if field != "manifest-length":
         message["generated"] += len(entries)
     message["staged"] = entries + message["staged"]

@@ -1,0 +1,130 @@
+"""Generations of the job's communicator, and the repair that makes the next one (F443 §4).
+
+A `Generation` is a communicator and the endpoints of its ranks, numbered in the campaign's
+generation log (durable/generations.py). When an MPI call of a generation reports a dead rank
+or a revoked communicator (transport.RankFailure), every survivor calls `recover`:
+
+    Revoke -> durable prepare(g) -> Shrink -> endpoint attestation -> Agree
+        -> durable commit(g+1) -> the repaired communicator's rank 0 is the master
+
+A failure during the repair itself (a rank dies after the shrink) makes the agreement fail
+on every survivor alike (MPI_Comm_agree's outcome is uniform), and they shrink again under
+the same plan. Nothing here knows what the ranks were doing: the roles resume their work on
+the new generation (roles/master.py, roles/worker.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..durable.generations import GenerationLog, GenerationLogError, digest_of
+from ..transport import RankFailure, failures_raised
+
+log = logging.getLogger("symcc_mpi.ulfm")
+
+MAX_REPAIRS = 64  # shrinks within one recovery; past it the job is failing faster than it heals
+
+
+@dataclass
+class Generation:
+    number: int
+    comm: Any  # MPI.Intracomm, or a fake one in tests
+    members: tuple[str, ...]  # the endpoint of each rank, in rank order
+    began: float = field(default_factory=time.time)
+
+    @property
+    def rank(self) -> int:
+        return self.comm.Get_rank()
+
+
+@dataclass(frozen=True)
+class Repair:
+    """What a recovery did, as the survivors agreed it."""
+
+    previous: int
+    failed: tuple[str, ...]  # endpoints of the previous generation that are gone
+    shrinks: int  # >1: ranks died during the recovery itself
+    seconds: float
+
+
+def endpoint() -> str:
+    """This process, as no other process past or present: host, pid, and the pid's start."""
+    try:
+        with open("/proc/self/stat", "rb") as stat:
+            started = stat.read().rsplit(b")", 1)[1].split()[19].decode()
+    except (OSError, IndexError):
+        started = "0"
+    return f"{socket.gethostname()}/{os.getpid()}/{started}"
+
+
+def begin(comm, generations: GenerationLog, extra: dict[str, Any]) -> Generation:
+    """Collective at the start of a run: the run's first generation, one past the last one
+    the campaign had (a resumed campaign never reuses a generation's number)."""
+    with failures_raised():
+        members = comm.allgather(endpoint())
+        number = None
+        if comm.Get_rank() == 0:
+            number = generations.start(members, extra).generation
+        number = comm.bcast(number, root=0)
+    return Generation(number, comm, tuple(members))
+
+
+def recover(generation: Generation, generations: GenerationLog, *,
+            errhandler=None, on_shrunk=None) -> tuple[Generation, Repair]:
+    """Every survivor of `generation` calls this; all return the same next generation.
+    Raises GenerationLogError when the log refuses (a fork): the caller must abort."""
+    began = time.monotonic()
+    me = endpoint()
+    revoke(generation.comm)
+    plan = {"generation": generation.number, "members": list(generation.members)}
+    generations.prepare(plan)
+    comm = generation.comm
+    for shrinks in range(1, MAX_REPAIRS + 1):
+        comm = comm.Shrink()
+        if errhandler is not None:
+            comm.Set_errhandler(errhandler)
+        if on_shrunk is not None:
+            on_shrunk(shrinks)
+        agreed = 1
+        try:
+            with failures_raised():
+                members = comm.allgather(me)
+        except RankFailure:
+            agreed, members = 0, []
+        try:
+            with failures_raised():
+                agreed = comm.Agree(agreed)
+        except RankFailure:
+            agreed = 0
+        if agreed:
+            break
+        log.warning("a rank failed during the recovery of generation %d: shrinking again",
+                    generation.number)
+    else:
+        raise GenerationLogError(f"generation {generation.number}: ranks kept failing through "
+                                 f"{MAX_REPAIRS} repairs")
+    strangers = sorted(set(members) - set(generation.members))
+    if strangers:
+        raise GenerationLogError(f"ranks {strangers} were not members of generation "
+                                 f"{generation.number}")
+    failed = tuple(m for m in generation.members if m not in members)
+    receipt = {"generation": generation.number + 1, "plan": digest_of(plan),
+               "members": members, "failed": list(failed)}
+    generations.commit(receipt)
+    repaired = Generation(generation.number + 1, comm, tuple(members))
+    return repaired, Repair(generation.number, failed, shrinks, time.monotonic() - began)
+
+
+def revoke(comm) -> None:
+    """Revoke `comm` so that every survivor blocked or polling on it learns of the failure;
+    revoking twice (another survivor was first) is harmless."""
+    try:
+        with failures_raised():
+            comm.Revoke()
+    except RankFailure:
+        pass
