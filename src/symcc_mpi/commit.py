@@ -94,6 +94,7 @@ class Committer:
         self.triage = triage  # triage.CoverageMap, or None: novelty by content hash alone
         self.pruning = pruning  # pruning.PruningLedger, or None
         self.checkpoint = checkpoint
+        self.published: list[str] = []  # children the commit in progress added to corpus/
 
     def check(self, result: Result, sent_input: str | None) -> Accepted:
         """What of a current RESULT can be committed: the staged children not known yet
@@ -144,6 +145,7 @@ class Committer:
         """Triage and promote the children, merge the map bits, record the input as done."""
         now = time.time()
         parent = result.input_hash
+        self.published = []
         for child in accepted.children:
             self._triage_child(child, accepted.verified.get(child.staged.sha256), parent, now)
         if self.pruning is not None:
@@ -157,7 +159,8 @@ class Committer:
         elif outcome is Outcome.ERROR:
             self.stats.executor_errors += 1
             log.warning("executor error on %s (rank %d): %s", parent[:12], rank, result.message)
-        self.campaign.record_done(parent, result.token, outcome.value, result.generation)
+        self.campaign.record_done(parent, result.token, outcome.value, result.generation,
+                                  self.published)
         self.stats.executions += 1
         self.stats.generated += result.generated
         self.stats.executor_time += result.wall_time
@@ -198,6 +201,7 @@ class Committer:
     def _keep(self, digest: str, data: bytes, parent: str, now: float) -> None:
         self.campaign.promote(digest, data)
         self.campaign.add_to_queue(digest, parent)
+        self.published.append(digest)
         depth = (self.frontier.depth(parent) or 1) + 1  # AFL counts seeds as depth 1
         self.frontier.set_depth(digest, depth)
         self.stats.max_depth = max(self.stats.max_depth, depth)

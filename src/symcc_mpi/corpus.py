@@ -456,13 +456,17 @@ class CampaignDir:
         source = self.inputs.queue_id(parent) if parent else None
         return () if source is None else (source,)
 
-    def record_done(self, digest: str, token: str, outcome: str, generation: int = 0) -> None:
+    def record_done(self, digest: str, token: str, outcome: str, generation: int = 0,
+                    published: list[str] | None = None) -> None:
         """The input is analysed and its results are published: its done record is appended
-        at the next group commit (`sync_done`), after those results are durable."""
+        at the next group commit (`sync_done`), after those results are durable. `published`:
+        the children it added to corpus/ (for verify's oracle: none may go missing)."""
         record = {"sha256": digest, "token": token, "outcome": outcome,
                   "time": round(time.time(), 3)}
         if generation:
             record["generation"] = generation
+        if published:
+            record["published"] = published
         self._done_pending.append(record)
 
     def record_work(self, kind: str, **fields) -> None:
@@ -549,7 +553,22 @@ WORK_RECORD_FIELDS = {
     "dispatch": {"sha256": str, "token": str, "generation": int},
     "commit": {"sha256": str, "token": str, "generation": int, "result": str},
     "recovered": {"generation": int, "failed": list, "requeued": list},
+    "requeue": {"sha256": str, "reason": str},
 }
+
+
+def outstanding(journal: list[dict]) -> set[str]:
+    """The inputs whose last dispatch the journal records as neither done nor taken back."""
+    out: set[str] = set()
+    for record in journal:
+        kind = record.get("kind")
+        if kind == "dispatch":
+            out.add(record["sha256"])
+        elif kind == "recovered":
+            out.difference_update(record["requeued"])
+        elif kind in ("requeue", None):
+            out.discard(record["sha256"])
+    return out
 
 
 def _checked_record(record: dict) -> dict:

@@ -527,6 +527,7 @@ def summary_table(snap: CampaignSnapshot) -> Table:
     recovery = _dispatch_recovery(snap.extra.get("dispatch") or {})
     if recovery:
         rows.append(("dispatch recovery", recovery))
+    rows += _failures(snap.extra.get("failures") or [], snap.extra.get("redone_commits") or 0)
     for i, (name, value) in enumerate(rows):
         table.add_row(name, value, end_section=i == len(rows) - 1 and bool(snap.per_worker))
     for rank in sorted(snap.per_worker):
@@ -534,6 +535,23 @@ def summary_table(snap: CampaignSnapshot) -> Table:
         text = ", ".join(f"{k}={_figure(v)}" for k, v in figures.items())
         table.add_row(f"worker {rank}", text)
     return table
+
+
+def _failures(failures: list[dict], redone: int) -> list[tuple[str, str]]:
+    """One row per rank failure the campaign survived (ulfm/): who died, in which generation,
+    what went back to the frontier, how long until work went out again."""
+    rows = []
+    for failure in failures:
+        back = "-"
+        if failure.get("first_dispatch") and failure.get("detected"):
+            back = f"{failure['first_dispatch'] - failure['detected']:.2f} s"
+        master = "new master" if failure.get("master") == "new" else "master kept"
+        rows.append((f"failure → generation {failure['generation']}",
+                     f"{'; '.join(failure['failed']) or '?'}: {failure['requeued']} in flight "
+                     f"requeued, {master}, work again after {back}"))
+    if redone:
+        rows.append(("commits redone", f"{redone:,} (left half done by a dead master)"))
+    return rows
 
 
 def _dispatch_recovery(dispatch: dict) -> str:

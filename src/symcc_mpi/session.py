@@ -10,7 +10,7 @@ import time
 from dataclasses import replace
 
 from .config import CampaignConfig, UsageError, check_numbers, check_seeds
-from .corpus import CampaignDir, CampaignError, check_out_dir
+from .corpus import CampaignDir, CampaignError, check_out_dir, outstanding
 from .executors import check_available
 from .faults import Faults
 from .protocol import ConfigVerdict, Tag
@@ -154,19 +154,24 @@ class Generations:
         alone (open_master, as --resume does: the commits with a manifest and no done
         record are redone, what was in flight is in the frontier again) and carries on."""
         from .progress import carry_stats
+        from .ulfm.runtime import describe_endpoint
 
         log.warning("rank 0 of generation %d: the master is gone, taking the campaign over",
                     generation.number)
         self.worker.close()
         self.worker = None
         master = open_master(self.channel, replace(self.config, resume=True),
-                             fault_tolerant=True, world_rank=self.world_rank)
+                             fault_tolerant=True, world_rank=self.world_rank, taking_over=True)
         master.generation, master.members = generation.number, generation.members
         first = self.log.first_of_run(generation.number)
         if first is not None:
             master.budget_start = first.body.get("began", master.budget_start)
         carry_stats(master, self.config.out)
-        failed = [f"{e} (generation {repair.previous})" for e in repair.failed]
+        previous = self.log.find("commit", repair.previous) or self.log.first_of_run(
+            repair.previous)
+        members = tuple(previous.body["members"]) if previous is not None else ()
+        failed = [describe_endpoint(endpoint, members, repair.previous)
+                  for endpoint in repair.failed]
         master.note_recovery(generation.number, failed, master.in_flight_at_takeover,
                              repair.seconds, detected=detected, shrinks=repair.shrinks,
                              master="new")
@@ -235,7 +240,7 @@ def check_fault_plan() -> None:
 
 
 def open_master(channel, config: CampaignConfig, *, fault_tolerant: bool = False,
-                world_rank: int = 0):
+                world_rank: int = 0, taking_over: bool = False):
     from .dispatch.watchdog import WatchdogConfig
     from .durable.journal import DEFERRED_JOURNAL_NAME, DeferredWorkJournal
     from .progress import CampaignReporter
@@ -258,7 +263,7 @@ def open_master(channel, config: CampaignConfig, *, fault_tolerant: bool = False
                         reporter=CampaignReporter(config), deferrals=deferrals,
                         watchdog=WatchdogConfig.from_env(execution_timeout=config.timeout),
                         fault_tolerant=fault_tolerant, world_rank=world_rank)
-        _load_state(master, config, campaign, covered_entries)
+        _load_state(master, config, campaign, covered_entries, taking_over=taking_over)
     except BaseException:
         campaign.close()
         raise
@@ -287,7 +292,7 @@ def _pruning_ledger(config: CampaignConfig, campaign: CampaignDir):
 
 
 def _load_state(master, config: CampaignConfig, campaign: CampaignDir,
-                covered_entries: int) -> None:
+                covered_entries: int, *, taking_over: bool = False) -> None:
     """Seeds in, then the frontier: every corpus input not yet in the done journal; the
     commits a dead master left half done are finished first (F443 §4 step 7)."""
     if config.seeds.is_dir():
@@ -313,13 +318,12 @@ def _load_state(master, config: CampaignConfig, campaign: CampaignDir,
                      "afl-showmap", covered_entries, len(uncovered))
         _replay_coverage(master, config, campaign, uncovered)
     done |= _redo_commits(master, journal, done)
-    # Work dispatched by this campaign's last master and never committed: in the frontier
-    # again, and counted as in flight at its death (the journal's dispatch records).
-    last_generation = max((r["generation"] for r in journal if r.get("kind") == "dispatch"),
-                          default=None)
-    master.in_flight_at_takeover = sorted(
-        {r["sha256"] for r in journal if r.get("kind") == "dispatch"
-         and r["generation"] == last_generation} - done)
+    # Work the last master dispatched and neither committed nor took back: in the frontier
+    # again, and on record as in flight at its end (the journal's dispatch records).
+    master.in_flight_at_takeover = sorted(outstanding(journal) - done)
+    if not taking_over:  # a resumed run: the last run's master died, or was stopped so
+        for digest in master.in_flight_at_takeover:
+            campaign.record_work("requeue", sha256=digest, reason="the last run ended")
     for leftover in campaign.leftover_staging():
         shutil.rmtree(leftover, ignore_errors=True)  # nothing is in flight before we start
     log.info("campaign %s: %d inputs, %d already analysed, %d in the frontier", config.out,

@@ -6,7 +6,8 @@ import json
 from collections import Counter
 from pathlib import Path
 
-from .corpus import MARKER, CampaignDir, CampaignError, sha256_file
+from .corpus import MARKER, CampaignDir, CampaignError, outstanding, sha256_file
+from .durable.generations import GENERATIONS_JOURNAL, GenerationLog, GenerationLogError
 from .durable.journal import DEFERRED_JOURNAL_NAME, inspect
 
 
@@ -29,7 +30,8 @@ def verify_campaign(out: Path) -> tuple[list[str], dict]:
         corpus[path.name] = digest
         if digest != path.name:
             problems.append(f"corpus/{path.name} holds bytes whose SHA-256 is {digest}")
-    records, torn = campaign.inspect_done()
+    journal, torn = campaign.inspect_journal()
+    records = [record for record in journal if "kind" not in record]
     done = [record["sha256"] for record in records]
     observations = Counter(done)
     twice = sorted(d for d, n in observations.items() if n > 1)
@@ -59,6 +61,10 @@ def verify_campaign(out: Path) -> tuple[list[str], dict]:
     held = sum(dispatch.get(table, 0) for table in ("preparing", "active", "committing"))
     if extra.get("phase") == "done" and held:
         problems.append(f"the master ended holding {held} dispatch transactions")
+    work_problems, work_facts = _check_work(journal, set(corpus), extra)
+    problems += work_problems
+    generation_problems, generation_facts = _check_generations(out, journal)
+    problems += generation_problems
     facts = {
         "corpus inputs": len(corpus),
         "analysed (observations)": len(done),
@@ -70,8 +76,79 @@ def verify_campaign(out: Path) -> tuple[list[str], dict]:
         "hangs": sum(1 for p in campaign.hangs.iterdir() if p.name.startswith("id:")),
         "stop reason": stop_reason,
         "done journal": f"torn last line {torn.line}, left in place" if torn else "intact",
+        **work_facts,
+        **generation_facts,
     }
     return problems, facts
+
+
+def _check_work(journal: list[dict], corpus: set[str], extra: dict) -> tuple[list[str], dict]:
+    """The work records of a fault-tolerant campaign (corpus.py): every dispatch of an input
+    after its first follows a declared take-back of the one before (a recovery, a protocol
+    recovery, a shutdown); no child a done record published is missing from corpus/; at a
+    clean end nothing is still out."""
+    problems: list[str] = []
+    dispatches: Counter[str] = Counter()
+    declared: Counter[str] = Counter()
+    in_flight_at_failures = 0
+    missing_children: set[str] = set()
+    for record in journal:
+        kind = record.get("kind")
+        digest = record.get("sha256")
+        if kind == "dispatch":
+            dispatches[digest] += 1
+        elif kind == "requeue":
+            declared[digest] += 1
+        elif kind == "recovered":
+            in_flight_at_failures += len(record["requeued"])
+            declared.update(record["requeued"])
+        elif kind is None:
+            missing_children.update(set(record.get("published", ())) - corpus)
+    if not dispatches:
+        return problems, {}
+    out = outstanding(journal)
+    unexplained = sorted(d for d, n in dispatches.items() if n > 1 + declared[d])
+    if unexplained:
+        problems.append(f"{len(unexplained)} inputs were dispatched again with no recovery of "
+                        f"their earlier dispatch on record, e.g. {unexplained[0]}")
+    if missing_children:
+        problems.append(f"{len(missing_children)} children published by committed results are "
+                        f"missing from corpus/, e.g. {min(missing_children)}")
+    if extra.get("phase") == "done" and out:
+        problems.append(f"{len(out)} dispatches were neither committed nor taken back at the "
+                        f"end, e.g. {min(out)}")
+    again = sum(n - 1 for n in dispatches.values() if n > 1)
+    return problems, {
+        "dispatches": sum(dispatches.values()),
+        "dispatched again (declared)": again,
+        "in flight at failures": in_flight_at_failures,
+        "out at the end": len(out),
+    }
+
+
+def _check_generations(out: Path, journal: list[dict]) -> tuple[list[str], dict]:
+    """One receipt in the generation log per recovery the journal records, and the log
+    itself whole (durable/generations.py)."""
+    log = GenerationLog(out / "state" / GENERATIONS_JOURNAL)
+    try:
+        records = log.records()
+    except GenerationLogError as error:
+        return [str(error)], {}
+    if not records:
+        return [], {}
+    receipts = {r.generation for r in records if r.kind == "commit"}
+    recovered = Counter(r["generation"] for r in journal if r.get("kind") == "recovered")
+    problems = [f"generation {g} is recorded as recovered {n} times" for g, n in
+                sorted(recovered.items()) if n > 1]
+    unreceipted = sorted(set(recovered) - receipts)
+    if unreceipted:
+        problems.append(f"recoveries to generations {unreceipted} have no receipt in "
+                        f"{log.path}")
+    runs = sum(record.kind == "start" for record in records)
+    return problems, {
+        "generations": f"{records[-1].generation + 1} over {runs} runs",
+        "recoveries (receipts)": len(receipts),
+    }
 
 
 def _read_deferred(path: Path) -> tuple[set[str], int]:

@@ -72,11 +72,16 @@ class DispatchCoordinator:
                  pruning: PruningLedger | None = None, clock: Clock = SYSTEM_CLOCK,
                  max_send_failures: int = MAX_SEND_FAILURES,
                  max_invalid_results: int = MAX_INVALID_RESULTS,
-                 object_capacity: int = OBJECT_CACHE_CAPACITY):
+                 object_capacity: int = OBJECT_CACHE_CAPACITY,
+                 on_requeue: Callable[[str, str], object] | None = None):
+        """`on_requeue(input, why)` hears of every input that went out and is put back in
+        the frontier to go out again (the master journals it: verify's re-execution oracle)."""
         self.frontier = frontier
+        self.on_requeue = on_requeue
         self.gate = RetiredDispatchGate()
         self.tables = DispatchTables(clock=clock, gate=self.gate)
-        self.recovery = ProtocolRecovery(requeue=frontier.requeue, sink=deferrals,
+        self.recovery = ProtocolRecovery(requeue=lambda digest: self._requeue(digest, "protocol"),
+                                         sink=deferrals,
                                          retries=watchdog.protocol_retries)
         self.watchdog = DispatchWatchdog(self.tables, self.gate, self.recovery,
                                          seconds=watchdog.seconds)
@@ -317,7 +322,12 @@ class DispatchCoordinator:
     def _requeue_swept(self, report: SweepReport) -> None:
         for rollback in report.rollbacks:
             if rollback.phase is SendPhase.AFTER_SEND:
-                self.frontier.requeue(rollback.work_id)
+                self._requeue(rollback.work_id, "taken back")
+
+    def _requeue(self, digest: str, why: str) -> None:
+        self.frontier.requeue(digest)
+        if self.on_requeue is not None:
+            self.on_requeue(digest, why)
 
     def _make_idle(self, rank: int) -> None:
         if rank not in self.idle:

@@ -47,6 +47,7 @@ from ..protocol import (
 from ..pruning import PruningLedger
 from ..storage import STOP_ADVICE, STORAGE_EXIT, describe, storage_refused
 from ..transport import Channel, Naps
+from ..ulfm.runtime import describe_endpoint
 
 log = logging.getLogger("symcc_mpi.master")
 
@@ -119,7 +120,7 @@ class Master:
         self.pruning = pruning
         self.dispatch = DispatchCoordinator(self.frontier, watchdog=watchdog,
                                             deferrals=deferrals, load=self._load_input,
-                                            pruning=pruning)
+                                            pruning=pruning, on_requeue=self._note_requeue)
         self.checkpoint = Checkpointer(campaign, pruning=pruning, triage=triage)
         self.faults = Faults(world_rank)  # a worker that took over keeps its own plan
         campaign.commit_probe = self.faults.commit_probe()
@@ -269,6 +270,11 @@ class Master:
             self.stats.malformed_messages += 1
             log.warning("rank %d sent %s, which a worker never sends", rank,
                         type(message).__name__)
+
+    def _note_requeue(self, digest: str, why: str) -> None:
+        if self.fault_tolerant:  # every dispatch after an input's first is declared
+            with self._stopping_if_storage_refuses():
+                self.campaign.record_work("requeue", sha256=digest, reason=why)
 
     def _load_input(self, digest: str) -> bytes:
         return self.campaign.read_input(digest)
@@ -468,7 +474,8 @@ class Master:
         renumbered = {rank: old_rank.get(endpoint) for rank, endpoint in enumerate(members)}
         retired = {new for new, old in renumbered.items() if old in self.dispatch.retired}
         requeued = self.dispatch.begin_generation(generation, failed, retired - {0})
-        gone = [self._describe(endpoint) for endpoint in (repair.failed if repair else ())]
+        gone = [describe_endpoint(endpoint, self.members, self.generation)
+                for endpoint in (repair.failed if repair else ())]
         for leftover in self.campaign.leftover_staging():  # nobody writes it any more
             shutil.rmtree(leftover, ignore_errors=True)
         per_worker = self.stats.per_worker
@@ -504,11 +511,6 @@ class Master:
         log.warning("generation %d: %s gone, %d inputs in flight requeued, master %s, "
                     "recovered in %.2f s", generation, ", ".join(failed) or "no rank",
                     len(requeued), master, seconds)
-
-    def _describe(self, endpoint: str) -> str:
-        rank = self.members.index(endpoint) if endpoint in self.members else "?"
-        host, _, rest = endpoint.partition("/")
-        return f"rank {rank} (pid {rest.split('/')[0]} on {host}, generation {self.generation})"
 
     def _stop_reason(self, now: float) -> str:
         if self.stop_requested_by_signal:

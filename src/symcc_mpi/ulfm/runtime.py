@@ -62,6 +62,13 @@ def endpoint() -> str:
     return f"{socket.gethostname()}/{os.getpid()}/{started}"
 
 
+def describe_endpoint(name: str, members: tuple[str, ...], generation: int) -> str:
+    """A failed process as a user knows it: its rank in its generation, its pid and host."""
+    host, _, rest = name.partition("/")
+    rank = members.index(name) if name in members else "?"
+    return f"rank {rank} (pid {rest.split('/')[0]} on {host}) of generation {generation}"
+
+
 def begin(comm, generations: GenerationLog, extra: dict[str, Any]) -> Generation:
     """Collective at the start of a run: the run's first generation, one past the last one
     the campaign had (a resumed campaign never reuses a generation's number)."""
