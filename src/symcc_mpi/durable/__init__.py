@@ -20,7 +20,7 @@ node after a failure can rebuild the campaign from it alone:
 - atomic `rename` within one directory, and `fsync` of a file then of its directory
   (atomic.py);
 - O_APPEND writes, each record or group in one `write`, by one writer at a time (journal.py,
-  generations.py) - a torn last line is the only damage a killed writer leaves;
+  generations.py): a killed writer leaves at most one torn last line;
 - `flock` that excludes across hosts (local filesystems; NFS, where Linux maps it to byte-range
   locks; not a filesystem mounted with node-local flock, e.g. Lustre with `localflock`);
 - close-to-open visibility: what one node fsynced, another node that opens the file afterwards

@@ -33,7 +33,10 @@ lock) opens it this way: anyone else reads it with `inspect`, which reports dama
 writes, so a reader that sees an append in progress cannot cut it.
 
 Appends may come in groups (`extend`): the records are encoded into one write and one fsync,
-which is how a group commit pays one fsync per round instead of one per record.
+which is how a group commit pays one fsync per round instead of one per record. A group is not
+atomic against a kill: a writer killed inside the write leaves the records it wrote whole,
+then a torn line, so every record must stand on its own (a done record does: the group commit
+fsyncs its inputs before the append).
 
 Writes go through an injectable `writer(fd, data)` so tests can make the write step raise. A
 failed append is cut back off the file (ftruncate to the last good size) before the error
