@@ -1,34 +1,20 @@
-"""F313: compensating dispatch transactions, the three tables, resources and the object cache.
+"""F313: compensating dispatch transactions, the three tables and the object cache.
 
-The ten cases of F313 §5 are marked `# F313 §5.N`. The shared work lease table and the local
-journal are in-memory stand-ins of the `WorkLeases` / `LeaseJournal` protocols, written to the
-contracts of `durable/leases.py` and `durable/journal.py` (exact tokens; append first).
+The cases of F313 §5 are marked `# F313 §5.N`. The tables are driven with two in-memory
+reservations: a work lease with exact tokens whose `committing` record cannot be abandoned
+(F321), standing for a shared-storage fence, and a ledger of plain reservations, like the
+frontier entry the coordinator registers, that records which phase undid each one.
 """
 
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, replace
+from collections import Counter
+from dataclasses import dataclass
 
 import pytest
 
 from symcc_mpi.dispatch.objects import ObjectMismatch, ObjectTransferCache
-from symcc_mpi.dispatch.resources import (
-    RESULT_LOST,
-    HoldState,
-    JournalState,
-    LocalJournal,
-    LocalTargetRegistry,
-    ParameterTuner,
-    ProposalBook,
-    ProposalState,
-    ResourceName,
-    SeedWorkerPairing,
-    SharedWorkLeases,
-    StagedAlgorithmSelector,
-    StateTaskLeases,
-    TargetGroups,
-)
 from symcc_mpi.dispatch.tables import (
     CommitStart,
     DispatchTables,
@@ -44,6 +30,8 @@ from symcc_mpi.dispatch.transaction import (
     TransactionState,
 )
 from symcc_mpi.durable.clock import ManualClock
+
+SHARED_WORK = "shared-work"
 
 
 def wid(i: int) -> str:
@@ -66,7 +54,7 @@ class Held:
 
 
 class MemoryWorkLeases:
-    """`WorkLeases` in memory: exact-token operations, committing is not abandonable."""
+    """A work lease table in memory: exact-token operations, committing is not abandonable."""
 
     def __init__(self, owner: str = "m0"):
         self.owner = owner
@@ -83,13 +71,22 @@ class MemoryWorkLeases:
             self.fail_next = None
             raise OSError(5, f"injected {op} failure")
 
-    def claim(self, work_id: str) -> Held | None:
-        self._fault("claim")
-        if work_id in self.records:
-            return None
-        token = self._token(self.owner)
-        self.records[work_id] = Record("leased", token, self.owner)
-        return Held(token)
+    def reserve(self, tx: DispatchTransaction) -> Held:
+        """Claim the transaction's work and register the lease's compensation: abandon the
+        current token (a lease taken over fails safely), refused once it is committing."""
+        assert tx.work_id not in self.records
+        held = Held(self._token(self.owner))
+        self.records[tx.work_id] = Record("leased", held.token, self.owner)
+
+        def abandon() -> None:
+            rec = self.records.get(tx.work_id)
+            if rec is not None and rec.token == held.token and rec.status == "committing":
+                raise RuntimeError(f"work {tx.work_id[:12]} is committing (F321)")
+            if rec is not None and rec.token == held.token:
+                del self.records[tx.work_id]
+
+        tx.register(SHARED_WORK, before_send=abandon, after_send=abandon)
+        return held
 
     def steal(self, work_id: str, owner: str = "other") -> str:
         """Another coordinator takes an expired `leased` record over."""
@@ -97,14 +94,6 @@ class MemoryWorkLeases:
         token = self._token(owner)
         self.records[work_id] = Record("leased", token, owner)
         return token
-
-    def abandon(self, work_id: str, token: str) -> bool:
-        self._fault("abandon")
-        rec = self.records.get(work_id)
-        if rec is None or rec.token != token or rec.status != "leased":
-            return False
-        del self.records[work_id]
-        return True
 
     def begin_commit(self, work_id: str, token: str) -> bool:
         self._fault("begin_commit")
@@ -115,7 +104,6 @@ class MemoryWorkLeases:
         return True
 
     def complete(self, work_id: str, token: str) -> bool:
-        self._fault("complete")
         rec = self.records.get(work_id)
         if rec is None or rec.token != token or rec.status == "leased":
             return False
@@ -123,83 +111,32 @@ class MemoryWorkLeases:
         return True
 
 
-class MemoryLeaseJournal:
-    """`LeaseJournal` in memory, F313 §3.4 order: append the event, then change memory."""
+class Ledger:
+    """Plain reservations: each records the phase that undid it; `release` (the success path)
+    leaves its compensation nothing to do, so nothing is undone twice."""
 
     def __init__(self):
-        self.lines: list[tuple[str, str, str]] = []
-        self.leased: dict[str, str] = {}
-        self.done_ids: dict[str, str] = {}
-        self.fail_next = False
+        self.held: dict[str, str] = {}  # reservation name -> the token of its dispatch
+        self.undone: list[tuple[str, SendPhase]] = []
+        self.released = 0
 
-    def _event(self, event: str, work_id: str, token: str) -> bool:
-        if event == "lease" and self.leased.get(work_id) == token:
-            return False
-        if event == "reclaim" and work_id not in self.leased:
-            return False
-        if self.fail_next:
-            self.fail_next = False
-            raise OSError(5, "injected append failure")
-        self.lines.append((event, work_id, token))  # the append comes first...
-        self.apply(self.leased, self.done_ids, event, work_id, token)  # ...then memory
-        return True
+    def reserve(self, tx: DispatchTransaction, name: str) -> None:
+        self.held[name] = tx.token
 
-    @staticmethod
-    def apply(leased, done, event, work_id, token):
-        if event == "lease":
-            leased[work_id] = token
-        elif event == "done":
-            leased.pop(work_id)
-            done[work_id] = token
-        else:
-            leased.pop(work_id)
+        def undo(phase: SendPhase):
+            def step() -> None:
+                if self.held.get(name) == tx.token:
+                    del self.held[name]
+                    self.undone.append((name, phase))
+            return step
 
-    def replay(self) -> tuple[dict[str, str], dict[str, str]]:
-        leased: dict[str, str] = {}
-        done: dict[str, str] = {}
-        for line in self.lines:
-            self.apply(leased, done, *line)
-        return leased, done
+        tx.register(name, before_send=undo(SendPhase.BEFORE_SEND),
+                    after_send=undo(SendPhase.AFTER_SEND))
 
-    def lease(self, work_id: str, token: str) -> bool:
-        return self._event("lease", work_id, token)
-
-    def reclaim(self, work_id: str, token: str) -> bool:
-        return self._event("reclaim", work_id, token)
-
-    def done(self, work_id: str, token: str) -> bool:
-        return self._event("done", work_id, token)
-
-
-@dataclass(frozen=True)
-class Claim:
-    token: str
-    group: tuple[int, ...]
-
-
-class MemoryTargetLeases:
-    def __init__(self):
-        self.records: dict[int, str] = {}
-        self.serial = 0
-        self.fail_release = False
-
-    def claim_group(self, targets, *, worker: str = "") -> Claim | None:
-        group = tuple(sorted(targets))
-        if any(t in self.records for t in group):
-            return None
-        self.serial += 1
-        token = f"t{self.serial}"
-        for t in group:
-            self.records[t] = token
-        return Claim(token, group)
-
-    def release(self, targets, token: str) -> int:
-        if self.fail_release:
-            raise OSError(30, "read-only shared directory")
-        gone = [t for t in targets if self.records.get(t) == token]
-        for t in gone:
-            del self.records[t]
-        return len(gone)
+    def release(self, name: str, token: str) -> None:
+        if self.held.get(name) == token:
+            del self.held[name]
+            self.released += 1
 
 
 def tx_for(worker: int = 1, i: int = 0, token: str = "a" * 32, clock=None):
@@ -282,271 +219,29 @@ def test_a_compensation_that_reenters_rollback_finds_a_noop():
     assert inner[0].noop
 
 
-# -- F313 §3.3 the resources ---------------------------------------------------------------
-
-
-def test_local_journal_reclaim_replays_and_a_failed_append_changes_nothing():  # F313 §5.1
-    journal = MemoryLeaseJournal()
-    local = LocalJournal(journal)
-    tx = tx_for(i=1)
-    journal.fail_next = True
-    with pytest.raises(OSError):
-        local.reserve(tx)  # the lease append failed: nothing leased, nothing to compensate
-    assert journal.leased == {} and journal.lines == [] and tx.resources == ()
-
-    hold = local.reserve(tx, token="lease-tok")
-    assert journal.leased == {wid(1): "lease-tok"}
-    tx.rollback()  # before send: append `reclaim`, never `done`
-    assert hold.state is JournalState.RECLAIMED
-    assert journal.lines[-1] == ("reclaim", wid(1), "lease-tok")
-    assert journal.replay() == ({}, {}) == (journal.leased, journal.done_ids)
-
-    tx2 = tx_for(i=2)
-    hold2 = local.reserve(tx2)
-    tx2.mark_dispatched()
-    journal.fail_next = True  # the reclaim append fails during an after-send discard
-    report = tx2.rollback()
-    assert [f.resource for f in report.failures] == [ResourceName.LOCAL_JOURNAL.value]
-    assert journal.leased == {wid(2): tx2.token}  # memory not ahead of the file
-    assert journal.replay()[0] == journal.leased
-    assert hold2.state is JournalState.LEASED  # honest: still leased, not marked reclaimed
-
-
-def test_shared_work_abandon_takes_only_the_current_precommit_token():  # F313 §5.2
-    leases = MemoryWorkLeases()
-    shared = SharedWorkLeases(leases)
-    tx = tx_for(i=1)
-    hold = shared.reserve(tx)
-    assert hold is not None and leases.records[wid(1)].token == hold.token
-    assert shared.reserve(tx_for(worker=2, i=1)) is None  # held: refused, nothing registered
-    tx.rollback()
-    assert wid(1) not in leases.records and hold.state is HoldState.RELEASED
-
-    # After send, the lease was taken over: the discard fails safely, the thief keeps it.
-    tx = tx_for(i=2)
-    hold = shared.reserve(tx)
-    tx.mark_dispatched()
-    thief = leases.steal(wid(2))
-    report = tx.rollback()
-    assert report.ok and hold.state is HoldState.LOST
-    assert leases.records[wid(2)].token == thief
-
-    # After begin_commit (F321) the lease cannot be abandoned: the refusal is recorded.
-    tx = tx_for(i=3)
-    hold = shared.reserve(tx)
-    tx.mark_dispatched()
-    assert hold.begin_commit()
-    report = tx.rollback()
-    assert [f.resource for f in report.failures] == [ResourceName.SHARED_WORK.value]
-    assert leases.records[wid(3)].status == "committing"
-
-    # A finished hold cannot touch a later claim of the same work.
-    tx = tx_for(i=4)
-    hold = shared.reserve(tx)
-    tx.rollback()
-    again = shared.reserve(tx_for(worker=2, i=4, token="b" * 32))
-    assert not hold.abandon() and leases.records[wid(4)].token == again.token
-    assert shared.statistics().lost == 1 and shared.statistics().abandoned == 2
-
-
-def test_state_abandon_rolls_back_the_count_and_stale_discard_records_a_failure():  # §5.3
-    states = StateTaskLeases()
-    tx = tx_for()
-    lease = states.reserve(tx, "shard-1")
-    assert states.reserve(tx_for(worker=2), "shard-1") is None  # one holder per task
-    assert states.lease_count("shard-1") == 1
-    tx.rollback()
-    assert states.lease_count("shard-1") == 0 and states.failures("shard-1") == 0
-    assert states.active() == {} and states.holder("shard-1") is None
-
-    tx = tx_for(worker=2)
-    lease = states.reserve(tx, "shard-1")
-    tx.mark_dispatched()
-    tx.rollback()  # a stale result: it ran, the lease count stays, one failure is recorded
-    assert states.lease_count("shard-1") == 1 and states.failures("shard-1") == 1
-    assert states.active() == {} and not states.release(lease.token)
-
-
-def test_an_unsent_parameter_token_is_never_observed():  # F313 §5.4
-    tuner = ParameterTuner([{"solver_timeout": 5}, {"solver_timeout": 30}])
-    tx = tx_for()
-    assignment = tuner.reserve(tx)
-    tx.rollback()
-    assert not tuner.observe(assignment.token, 1.0)
-    stats = tuner.statistics()
-    assert stats.pending == 0 and stats.arms[assignment.arm].assigned == 0
-    assert stats.arms[assignment.arm].pulls == 0
-
-    tx = tx_for()
-    assignment = tuner.reserve(tx)
-    tx.mark_dispatched()
-    tx.rollback()  # after send: the assignment was real, the reward is not learnt
-    assert not tuner.observe(assignment.token, 1.0)
-    arm = tuner.statistics().arms[assignment.arm]
-    assert (arm.assigned, arm.pulls, arm.discarded, arm.reward) == (1, 0, 1, 0.0)
-
-    assignment = tuner.assign()
-    assert tuner.observe(assignment.token, 0.5) and not tuner.observe(assignment.token, 0.5)
-
-
-def test_an_unsent_algorithm_stage_replays_exactly_and_a_discard_does_not_rewind():  # §5.5
-    algo = StagedAlgorithmSelector(["fast", "medium", "full"], seed=7)
-    for _ in range(3):
-        algo.feedback(algo.select().token, 1.0)
-    before = algo.statistics()
-    tx = tx_for()
-    selection = algo.reserve(tx)
-    tx.rollback()
-    assert algo.statistics() == replace(before, exact_rewinds=before.exact_rewinds + 1)
-    assert algo.select() == selection  # the same stage and the same token again
-
-    algo2 = StagedAlgorithmSelector(["fast", "medium", "full"], seed=7)
-    tx = tx_for()
-    executed = algo2.reserve(tx)
-    tx.mark_dispatched()
-    moved = algo2.statistics()
-    tx.rollback()  # after send: only the pending feedback goes
-    stats = algo2.statistics()
-    assert (stats.cursor, stats.sequence, stats.priors) == (moved.cursor, moved.sequence,
-                                                            moved.priors)
-    assert stats.pending == 0 and stats.discarded == 1 and stats.feedback == (0, 0, 0)
-    assert algo2.select() != executed
-
-
-def test_two_unsent_algorithm_selections_roll_back_lifo_and_replay_the_same_tokens():  # §5.9
-    algo = StagedAlgorithmSelector(["a", "b", "c"], seed=11, advance_probability=0.7)
-    start = algo.statistics()
-    first, second = tx_for(worker=1), tx_for(worker=2)
-    s1 = algo.reserve(first)
-    s2 = algo.reserve(second)
-    second.rollback()
-    first.rollback()
-    stats = algo.statistics()
-    assert (stats.sequence, stats.cursor, stats.priors) == (start.sequence, start.cursor,
-                                                            start.priors)
-    assert stats.exact_rewinds == 2
-    assert [algo.select(), algo.select()] == [s1, s2]
-
-    # Out of LIFO order the older one may not rewind global state another selection used.
-    algo = StagedAlgorithmSelector(["a", "b", "c"], seed=11, advance_probability=0.7)
-    s1, s2 = algo.select(), algo.select()
-    assert not algo.rewind(s1.token)  # conservative: only the pending token goes
-    assert algo.sequence == 2
-    assert algo.rewind(s2.token)  # the top is still exact: back to just after s1
-    assert algo.sequence == 1 and algo.pending() == {}
-    assert algo.select() == s2
-    assert algo.statistics().conservative_rewinds == 1
-
-
-def test_seed_worker_release_undoes_the_assignment_and_discard_keeps_it():  # F313 §5.6
-    pairing = SeedWorkerPairing()
-    seed = pairing.choose(["s2", "s1"])
-    assert seed == "s1"
-    tx = tx_for(worker=3)
-    assert pairing.reserve(tx, seed)
-    assert not pairing.reserve(tx_for(worker=3), "s2")  # one pairing per worker
-    tx.rollback()
-    assert pairing.active() == {} and pairing.assignments("s1") == 0
-
-    tx = tx_for(worker=3)
-    pairing.reserve(tx, "s1")
-    tx.mark_dispatched()
-    tx.rollback()
-    assert pairing.active() == {} and pairing.assignments("s1") == 1
-    assert pairing.choose(["s1", "s2"]) == "s2"
-
-
-def test_proposal_unsent_goes_back_pending_and_lost_goes_to_retry():  # F313 §5.7
-    book = ProposalBook(max_attempts=2)
-    book.add("p1")
-    tx = tx_for()
-    assert book.reserve(tx) == "p1"
-    assert book.get("p1").state is ProposalState.DISPATCHED and book.get("p1").attempts == 1
-    tx.rollback()
-    assert book.get("p1") == book.get("p1").__class__("p1", ProposalState.PENDING, 0)
-
-    for expected in (ProposalState.RETRY, ProposalState.REJECTED):
-        tx = tx_for()
-        assert book.reserve(tx) == "p1"
-        tx.mark_dispatched()
-        tx.rollback()
-        proposal = book.get("p1")
-        assert proposal.state is expected and proposal.reason == RESULT_LOST
-    assert book.get("p1").attempts == 2 and book.take() is None
-
-    book.add("p2")
-    book.add("p3")
-    pid = book.take()
-    book.lose(pid)
-    tx = tx_for()
-    assert book.reserve(tx) == "p2"  # a retry is taken again, oldest first
-    tx.rollback()
-    assert book.get("p2").state is ProposalState.RETRY and book.get("p2").attempts == 1
-    assert book.settle(book.take(), verified=True)
-    assert book.statistics().verified == 1
-
-
-def test_target_group_released_locally_even_when_the_shared_release_fails():
-    local, shared = LocalTargetRegistry(), MemoryTargetLeases()
-    groups = TargetGroups(local, shared)
-    tx = tx_for(worker=1)
-    hold = groups.reserve(tx, [3, 1, 3])
-    assert hold.group == (1, 3) and local.held() == {1: 1, 3: 1}
-    assert groups.reserve(tx_for(worker=2), [3, 4]) is None  # local conflict
-    assert local.held() == {1: 1, 3: 1}
-    shared.records[9] = "foreign"
-    assert groups.reserve(tx_for(worker=2), [8, 9]) is None  # shared refusal: local undone
-    assert local.holder(8) is None
-    shared.fail_release = True
-    report = tx.rollback()
-    assert [f.resource for f in report.failures] == [ResourceName.TARGET_GROUP.value]
-    assert local.held() == {}  # F313 §3.1: the in-process registry is still released
-    assert tx.resources == () and report.compensated == (ResourceName.LOCAL_TARGETS.value,)
-
-
 # -- F313 §3.2 the three tables ------------------------------------------------------------
 
 
 def full_dispatch(tables, worker, i, r):
-    """Reserve one of everything, as a hybrid dispatch would; returns the handles."""
+    """Reserve a work lease and two plain reservations; returns the lease's handle."""
     tx = tables.begin(worker, wid(i), f"{worker:02x}{i:030x}")
-    return tx, {
-        "work": r["shared"].reserve(tx),
-        "journal": r["journal"].reserve(tx),
-        "targets": r["targets"].reserve(tx, [i, i + 1]),
-        "state": r["states"].reserve(tx, f"shard-{i}"),
-        "param": r["tuner"].reserve(tx),
-        "algo": r["algo"].reserve(tx),
-        "seed": r["pairing"].reserve(tx, f"seed-{i}"),
-        "proposal": r["book"].reserve(tx),
-    }
+    held = r["leases"].reserve(tx)
+    for part in ("a", "b"):
+        r["ledger"].reserve(tx, f"{part}-{i}")
+    return tx, held
 
 
 @pytest.fixture
 def world():
-    clock = ManualClock()
-    leases, journal = MemoryWorkLeases(), MemoryLeaseJournal()
-    book = ProposalBook()
-    for n in range(4):
-        book.add(f"p{n}")
-    r = {
-        "clock": clock, "leases": leases, "journal_store": journal,
-        "shared": SharedWorkLeases(leases), "journal": LocalJournal(journal),
-        "local": LocalTargetRegistry(), "states": StateTaskLeases(),
-        "tuner": ParameterTuner([{"k": 1}, {"k": 2}]),
-        "algo": StagedAlgorithmSelector(["a", "b"], seed=3), "pairing": SeedWorkerPairing(),
-        "book": book,
-    }
-    r["targets"] = TargetGroups(r["local"])
-    return r
+    return {"clock": ManualClock(), "leases": MemoryWorkLeases(), "ledger": Ledger()}
 
 
 def nothing_held(r) -> bool:
-    return (r["leases"].records == {} and r["journal_store"].leased == {}
-            and r["local"].held() == {} and r["states"].active() == {}
-            and r["tuner"].pending() == {} and r["algo"].pending() == {}
-            and r["pairing"].active() == {}
-            and r["book"].statistics().dispatched == 0)
+    return r["leases"].records == {} and r["ledger"].held == {}
+
+
+def phases(r) -> set[SendPhase]:
+    return {phase for _, phase in r["ledger"].undone}
 
 
 def test_an_exception_while_building_the_message_compensates_everything(world):  # F313 D8
@@ -555,7 +250,7 @@ def test_an_exception_while_building_the_message_compensates_everything(world): 
         full_dispatch(tables, 1, 0, world)
         raise RuntimeError("envelope encoding failed")
     assert not tables.holds(1) and nothing_held(world)
-    assert world["book"].get("p0").attempts == 0
+    assert phases(world) == {SendPhase.BEFORE_SEND}  # never sent: exact undo
     stats = tables.statistics()
     assert (stats.rolled_back_before_send, stats.sweeps, stats.compensation_failures) == (1, 1, 0)
 
@@ -565,7 +260,7 @@ def test_d1_violation_is_swept_conservatively(world):  # F313 §5.10
     tx_a, _ = full_dispatch(tables, 1, 0, world)
     tables.sent(1, tx_a.token)
     tx_b = DispatchTransaction(1, wid(5), "b" * 32, clock=world["clock"])
-    world["states"].reserve(tx_b, "shard-5")
+    world["ledger"].reserve(tx_b, "shard-5")
     # A regression put the worker in two tables, and one object twice: break D1 on purpose.
     tables._tables[Table.PREPARING][1] = tx_b
     tables._tables[Table.COMMITTING][1] = tx_a
@@ -575,7 +270,8 @@ def test_d1_violation_is_swept_conservatively(world):  # F313 §5.10
     assert {r.phase for r in report.rollbacks} == {SendPhase.BEFORE_SEND, SendPhase.AFTER_SEND}
     assert all(r.ok for r in report.rollbacks)
     assert not tables.holds(1) and list(tables.transactions()) == []
-    assert nothing_held(world) and world["states"].lease_count("shard-5") == 0
+    assert nothing_held(world)
+    assert set(Counter(name for name, _ in world["ledger"].undone).values()) == {1}
     assert tables.statistics().d1_violations == 1
 
 
@@ -591,38 +287,38 @@ def test_a_worker_holds_one_transaction(world):  # F313 D1
         tables.sent(1, tx.token)
 
 
+def fence(r, tx, held):
+    return lambda: r["leases"].begin_commit(tx.work_id, held.token)
+
+
 def test_begin_commit_keeps_the_transaction_active_until_the_fence_says_yes(world):  # D5 D6
     tables = DispatchTables(clock=world["clock"])
     tx, held = full_dispatch(tables, 1, 0, world)
     tables.sent(1, tx.token)
     assert tables.classify(1, "f" * 32) is ResultClass.STALE
-    assert tables.begin_commit(1, "f" * 32, held["work"].begin_commit) is CommitStart.NOT_ACTIVE
+    assert tables.begin_commit(1, "f" * 32, fence(world, tx, held)) is CommitStart.NOT_ACTIVE
     world["leases"].fail_next = "begin_commit"
     with pytest.raises(OSError), tables.boundary(1):
         assert tables.classify(1, tx.token) is ResultClass.CURRENT
-        tables.begin_commit(1, tx.token, held["work"].begin_commit)
-    # The EIO happened with the transaction still in `active`: the sweep found it whole.
+        tables.begin_commit(1, tx.token, fence(world, tx, held))
+    # The EIO happened with the transaction still in `active`: the sweep found it whole, and
+    # it was sent, so every reservation was discarded after-send.
     assert not tables.holds(1) and nothing_held(world)
-    assert world["book"].get("p0").attempts == 1  # it was sent: the attempt is real
-    assert world["tuner"].statistics().arms[held["param"].arm].assigned == 1
+    assert phases(world) == {SendPhase.AFTER_SEND}
 
     tx, held = full_dispatch(tables, 2, 1, world)
     tables.sent(2, tx.token)
-    assert tables.begin_commit(2, tx.token, held["work"].begin_commit) is CommitStart.COMMITTING
+    assert tables.begin_commit(2, tx.token, fence(world, tx, held)) is CommitStart.COMMITTING
     assert tables.find(2) == (Table.COMMITTING, tx)
     assert tables.expired(world["clock"].monotonic() + 1e6, 1.0) == ()  # W1: not ACTIVE
-    held["work"].complete()
-    held["journal"].done()
-    held["targets"].release()
-    world["states"].release(held["state"].token)
-    world["tuner"].observe(held["param"].token, 1.0)
-    world["algo"].feedback(held["algo"].token, 1.0)
-    world["pairing"].finish(2, "seed-1")
-    world["book"].settle(held["proposal"], verified=True)
+    assert world["leases"].complete(tx.work_id, held.token)
+    for name in ("a-1", "b-1"):
+        world["ledger"].release(name, tx.token)
+    undone_before = list(world["ledger"].undone)
     tables.finish(2, tx.token)
     assert tx.state is TransactionState.COMMITTED and not tables.holds(2)
     assert world["leases"].records[wid(1)].status == "done"
-    assert world["journal_store"].done_ids == {wid(1): tx.token}
+    assert world["ledger"].undone == undone_before and world["ledger"].held == {}
     stats = tables.statistics()
     assert (stats.committed, stats.rolled_back_after_send, stats.sent) == (1, 1, 2)
 
@@ -632,11 +328,10 @@ def test_a_fenced_result_is_discarded_after_send(world):  # F313 D4
     tx, held = full_dispatch(tables, 1, 0, world)
     tables.sent(1, tx.token)
     thief = world["leases"].steal(wid(0))
-    assert tables.begin_commit(1, tx.token, held["work"].begin_commit) is CommitStart.FENCED
+    assert tables.begin_commit(1, tx.token, fence(world, tx, held)) is CommitStart.FENCED
     assert not tables.holds(1) and tables.statistics().fenced == 1
     assert world["leases"].records == {wid(0): Record("leased", thief, "other")}
-    assert world["states"].failures("shard-0") == 1 and world["tuner"].pending() == {}
-    assert world["book"].get("p0").state is ProposalState.RETRY
+    assert world["ledger"].held == {} and phases(world) == {SendPhase.AFTER_SEND}
 
 
 def test_a_failure_half_way_through_the_commit_is_compensated_without_double_work(world):
@@ -644,15 +339,16 @@ def test_a_failure_half_way_through_the_commit_is_compensated_without_double_wor
     tx, held = full_dispatch(tables, 1, 0, world)
     tables.sent(1, tx.token)
     with pytest.raises(OSError), tables.boundary(1):
-        tables.begin_commit(1, tx.token, held["work"].begin_commit)
-        held["targets"].release()  # the success path released the targets already...
+        tables.begin_commit(1, tx.token, fence(world, tx, held))
+        world["ledger"].release("a-0", tx.token)  # the success path released one already...
         raise OSError(5, "triage failed")  # ...then triage failed
     # F321: the committing lease is not abandoned (recorded); everything else is released.
     stats = tables.statistics()
-    assert stats.failures_by_resource == ((ResourceName.SHARED_WORK.value, 1),)
+    assert stats.failures_by_resource == ((SHARED_WORK, 1),)
     assert world["leases"].records[wid(0)].status == "committing"
-    assert world["journal_store"].leased == {} and world["local"].held() == {}
-    assert world["local"].statistics().released == 2  # released once, not twice
+    assert world["ledger"].held == {}
+    assert world["ledger"].released == 1  # released once by the success path, never undone
+    assert world["ledger"].undone == [("b-0", SendPhase.AFTER_SEND)]
 
 
 def test_shutdown_sweeps_every_worker_once(world):  # F313 §2: shutdown compensation
@@ -661,7 +357,7 @@ def test_shutdown_sweeps_every_worker_once(world):  # F313 §2: shutdown compens
     tables.sent(1, tx1.token)
     tx2, held2 = full_dispatch(tables, 2, 1, world)
     tables.sent(2, tx2.token)
-    tables.begin_commit(2, tx2.token, held2["work"].begin_commit)
+    tables.begin_commit(2, tx2.token, fence(world, tx2, held2))
     tables.begin(3, wid(2), "c" * 32)
     reports = tables.sweep_all()
     assert [r.worker for r in reports] == [1, 2, 3]
@@ -669,8 +365,8 @@ def test_shutdown_sweeps_every_worker_once(world):  # F313 §2: shutdown compens
                                              (Table.PREPARING,)]
     assert list(tables.transactions()) == [] and tables.sweep_all() == ()
     # Only the F321 committing lease stays; everything else went back.
-    assert world["leases"].records == {wid(1): Record("committing", held2["work"].token, "m0")}
-    assert world["local"].held() == {} and world["tuner"].pending() == {}
+    assert world["leases"].records == {wid(1): Record("committing", held2.token, "m0")}
+    assert world["ledger"].held == {}
 
 
 # -- F313 §3.5 the object transfer cache ---------------------------------------------------

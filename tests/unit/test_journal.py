@@ -1,4 +1,4 @@
-"""WorkLeaseJournal and DeferredWorkJournal: events, replay, compaction, write faults, damage."""
+"""LineLog and DeferredWorkJournal: the line codec, replay, write faults, damage and repair."""
 
 from __future__ import annotations
 
@@ -8,18 +8,16 @@ import stat
 
 import pytest
 
-from symcc_mpi.durable import journal as journal_module
 from symcc_mpi.durable.clock import ManualClock
 from symcc_mpi.durable.journal import (
     DEFERRED_JOURNAL_NAME,
+    Damage,
     DamageKind,
     Deferral,
     DeferredWorkJournal,
     JournalBroken,
-    JournalConflict,
-    LeaseState,
     LineError,
-    WorkLeaseJournal,
+    LineLog,
     decode_line,
     encode_line,
     write_all,
@@ -47,8 +45,20 @@ def clock() -> ManualClock:
     return ManualClock()
 
 
-def open_journal(path, clock, **options) -> WorkLeaseJournal:
-    return WorkLeaseJournal(path, clock=clock, fsync=False, **options)
+def work(record: dict) -> None:
+    """The replay rule of these tests: a record applies if it names its work."""
+    if not isinstance(record.get("work"), str):
+        raise ValueError("no work named")
+
+
+def open_log(path, clock, **options) -> tuple[LineLog, list[str], tuple[Damage, ...]]:
+    """Load (with repair) and open for appending, as an owner does: the log, the works
+    replayed and the damage found."""
+    log = LineLog(path, clock=clock, fsync=False, **options)
+    works: list[str] = []
+    found = log.load(lambda record: (work(record), works.append(record["work"])))
+    log.open_for_append()
+    return log, works, found
 
 
 # -- line codec -------------------------------------------------------------------------------
@@ -65,104 +75,31 @@ def test_line_round_trip_and_checksum():
             decode_line(bad)
 
 
-# -- WorkLeaseJournal -------------------------------------------------------------------------
-
-
-def test_events_are_repeat_safe_and_conflicts_write_nothing(tmp_path, clock):
-    j = open_journal(tmp_path / "w.jsonl", clock)
-    assert j.lease("a", "t1") is True
-    assert j.lease("a", "t1") is False  # repeat
-    with pytest.raises(JournalConflict):
-        j.lease("a", "t2")
-    with pytest.raises(JournalConflict):
-        j.done("b", "t1")  # never leased
-    assert j.reclaim("b", "t1") is False  # nothing held
-    assert j.done("a", "t1") is True
-    assert j.done("a", "t1") is False
-    with pytest.raises(JournalConflict):
-        j.lease("a", "t3")  # done is final
-    with pytest.raises(JournalConflict):
-        j.reclaim("a", "t1")
-    assert j.statistics().lines == 2
-    assert j.state("a") is LeaseState.DONE and j.state("b") is LeaseState.FREE
-
-
-def test_replay_on_open_reproduces_state(tmp_path, clock):
-    path = tmp_path / "w.jsonl"
-    j = open_journal(path, clock)
-    j.lease("a", "t1")
-    clock.advance(5)
-    j.lease("b", "t2")
-    j.reclaim("b", "t2")
-    j.lease("b", "t3")
-    j.done("a", "t1")
-    before = (j.leases(), j.done_ids())
-    j.close()
-    again = open_journal(path, clock)
-    assert (again.leases(), again.done_ids()) == before
-    assert again.leases()["b"].at == clock.time()
-    assert again.damage == ()
-
-
-def test_compaction_from_memory_keeps_state(tmp_path, clock):
-    path = tmp_path / "w.jsonl"
-    j = open_journal(path, clock, compact_after=8)
-    for i in range(20):
-        j.lease(f"w{i}", "t")
-        if i % 2:
-            j.reclaim(f"w{i}", "t")
-        elif i % 4 == 0:
-            j.done(f"w{i}", "t")
-    stats = j.statistics()
-    assert stats.compactions >= 1
-    assert stats.lines < stats.appends
-    state = (j.leases(), j.done_ids())
-    j.compact()
-    assert len(path.read_bytes().splitlines()) == 2 * len(j.done_ids()) + len(j.leases())
-    j.close()
-    again = open_journal(path, clock)
-    assert (again.leases(), again.done_ids()) == state
-
-
-def test_compaction_failure_is_counted_not_raised(tmp_path, clock, monkeypatch):
-    j = open_journal(tmp_path / "w.jsonl", clock, compact_after=2)
-
-    def refuse(*args, **kwargs):
-        raise OSError(errno.ENOSPC, "injected")
-
-    monkeypatch.setattr(journal_module, "write_durable", refuse)
-    for i in range(4):
-        assert j.lease(f"w{i}", "t") is True  # the appends succeeded: so did the calls
-        assert j.reclaim(f"w{i}", "t") is True
-    j.lease("kept", "t")
-    assert j.statistics().compaction_failures >= 1
-    j.close()
-    monkeypatch.undo()
-    assert set(open_journal(tmp_path / "w.jsonl", clock).leases()) == {"kept"}
+# -- LineLog ------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("partial", [0, 7, 30])
-def test_append_failure_leaves_memory_and_file_unchanged(tmp_path, clock, partial):
+def test_append_failure_leaves_the_file_unchanged(tmp_path, clock, partial):
     path = tmp_path / "w.jsonl"
     writer = FailingWriter()
-    j = open_journal(path, clock, writer=writer)
-    j.lease("a", "t1")
+    log, _, _ = open_log(path, clock, writer=writer)
+    log.append({"work": "a"})
     before_bytes = path.read_bytes()
     writer.failures, writer.partial = 1, partial
-    with pytest.raises(OSError):
-        j.done("a", "t1")
-    assert j.state("a") is LeaseState.LEASED  # F313 §3.4: memory not ahead of the file
+    with pytest.raises(OSError) as failure:
+        log.append({"work": "b"})
+    assert failure.value.filename == str(path)  # the one-line error names the file
     assert path.read_bytes() == before_bytes  # the torn fragment was cut back off
-    assert j.statistics().append_failures == 1
-    assert j.done("a", "t1") is True  # and the next append lands on a clean line
-    j.close()
-    again = open_journal(path, clock)
-    assert again.damage == () and again.state("a") is LeaseState.DONE
+    assert (log.lines, log.size) == (1, len(before_bytes))
+    log.append({"work": "b"})  # and the next append lands on a clean line
+    log.close()
+    again, works, found = open_log(path, clock)
+    assert found == () and works == ["a", "b"]
 
 
 def test_cut_back_failure_breaks_the_journal(tmp_path, clock, monkeypatch):
     writer = FailingWriter()
-    j = open_journal(tmp_path / "w.jsonl", clock, writer=writer)
+    log, _, _ = open_log(tmp_path / "w.jsonl", clock, writer=writer)
     writer.failures, writer.partial = 1, 5
 
     def failing_ftruncate(fd, size):
@@ -171,94 +108,81 @@ def test_cut_back_failure_breaks_the_journal(tmp_path, clock, monkeypatch):
     with monkeypatch.context() as patch:
         patch.setattr(os, "ftruncate", failing_ftruncate)
         with pytest.raises(OSError):
-            j.lease("a", "t1")
-    assert j.statistics().broken
+            log.append({"work": "a"})
+    assert log.broken is not None
     with pytest.raises(JournalBroken):
-        j.lease("b", "t1")
-    j.close()
+        log.append({"work": "b"})
+    log.close()
     # Reopening quarantines the torn fragment and works again.
-    again = open_journal(tmp_path / "w.jsonl", clock)
-    assert [d.kind for d in again.damage] == [DamageKind.TORN_TAIL]
-    assert again.lease("b", "t1") is True
+    again, works, found = open_log(tmp_path / "w.jsonl", clock)
+    assert [d.kind for d in found] == [DamageKind.TORN_TAIL] and works == []
+    again.append({"work": "b"})
 
 
 def test_torn_last_line_is_truncated_and_quarantined(tmp_path, clock):
     path = tmp_path / "w.jsonl"
-    j = open_journal(path, clock)
-    j.lease("a", "t1")
-    j.lease("b", "t2")
-    j.close()
+    log, _, _ = open_log(path, clock)
+    log.extend([{"work": "a"}, {"work": "b"}])
+    log.close()
     good = path.read_bytes()
-    torn = encode_line({"event": "done", "work": "a", "token": "t1", "at": 1.0})[:-9]
+    torn = encode_line({"work": "c", "at": 1.0})[:-9]
     path.write_bytes(good + torn)
-    again = open_journal(path, clock)
-    (damage,) = again.damage
+    again, works, found = open_log(path, clock)
+    (damage,) = found
     assert damage.kind is DamageKind.TORN_TAIL
     assert damage.path == path and damage.line == 3
     assert damage.kept_at.read_bytes() == torn
     assert str(path) in str(damage) and ":3:" in str(damage)
     assert path.read_bytes() == good
-    assert set(again.leases()) == {"a", "b"}
+    assert works == ["a", "b"]
 
 
 def test_complete_line_without_newline_is_a_torn_append(tmp_path, clock):
     path = tmp_path / "w.jsonl"
-    open_journal(path, clock).close()
-    whole = encode_line({"event": "lease", "work": "a", "token": "t", "at": 1.0})
+    whole = encode_line({"work": "a"})
     path.write_bytes(whole[:-1])
-    again = open_journal(path, clock)
-    assert [d.kind for d in again.damage] == [DamageKind.TORN_TAIL]
-    assert again.leases() == {}
-    again.lease("b", "t")
+    again, works, found = open_log(path, clock)
+    assert [d.kind for d in found] == [DamageKind.TORN_TAIL]
+    assert works == []
+    again.append({"work": "b"})
     again.close()
-    assert open_journal(path, clock).damage == ()
+    assert open_log(path, clock)[2] == ()
 
 
 @pytest.mark.parametrize("bad", [
     b"this is not a record\n",
     b"\xff\xfe\x00binary\n",
-    b"00000000 {\"event\":\"lease\"}\n",  # wrong checksum
-    encode_line({"event": "explode", "work": "x", "token": "t", "at": 0}),  # checksummed
-    encode_line({"event": "done", "work": "zz", "token": "t", "at": 0}),  # does not apply
+    b"00000000 {\"work\":\"a\"}\n",  # wrong checksum
+    encode_line({"explode": True}),  # checksummed, does not apply
+    encode_line({"work": 5}),  # checksummed, does not apply
 ])
 def test_corrupt_middle_line_is_quarantined_others_kept(tmp_path, clock, bad):
     path = tmp_path / "w.jsonl"
-    j = open_journal(path, clock)
-    j.lease("a", "t1")
-    j.lease("b", "t2")
-    j.done("b", "t2")
-    j.close()
+    log, _, _ = open_log(path, clock)
+    log.extend([{"work": "a"}, {"work": "b"}, {"work": "c"}])
+    log.close()
     lines = path.read_bytes().splitlines(keepends=True)
     path.write_bytes(b"".join([lines[0], bad, *lines[1:]]))
-    again = open_journal(path, clock)
-    (damage,) = again.damage
+    again, works, found = open_log(path, clock)
+    (damage,) = found
     assert damage.kind is DamageKind.CORRUPT_LINE
     assert (damage.path, damage.line) == (path, 2)
     assert damage.kept_at.read_bytes() == bad  # never silently dropped
-    assert again.leases().keys() == {"a"} and again.done_ids() == {"b"}
+    assert works == ["a", "b", "c"]
     again.close()
-    third = open_journal(path, clock)  # the live file was repaired: no repeat report
-    assert third.damage == () and third.done_ids() == {"b"}
+    _, works, found = open_log(path, clock)  # the live file was repaired: no repeat report
+    assert found == () and works == ["a", "b", "c"]
 
 
-def test_interrupted_compaction_temporary_is_swept(tmp_path, clock):
+def test_interrupted_repair_temporary_is_swept(tmp_path, clock):
     path = tmp_path / "w.jsonl"
-    j = open_journal(path, clock)
-    j.lease("a", "t1")
-    j.close()
+    log, _, _ = open_log(path, clock)
+    log.append({"work": "a"})
+    log.close()
     leftover = tmp_path / f".tmp-{path.name}.12345"
-    leftover.write_bytes(b"half a compaction")
-    again = open_journal(path, clock)
-    assert not leftover.exists() and set(again.leases()) == {"a"}
-
-
-def test_bad_arguments_are_refused_up_front(tmp_path, clock):
-    j = open_journal(tmp_path / "w.jsonl", clock)
-    for work, token in (("", "t"), ("a", ""), ("a" * 300, "t"), (None, "t")):
-        with pytest.raises(ValueError):
-            j.lease(work, token)
-    with pytest.raises(ValueError):
-        WorkLeaseJournal(tmp_path / "x.jsonl", compact_after=0)
+    leftover.write_bytes(b"half a repair")
+    again, works, found = open_log(path, clock)
+    assert not leftover.exists() and works == ["a"]
 
 
 # -- DeferredWorkJournal ------------------------------------------------------------------------

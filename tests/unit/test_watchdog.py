@@ -13,7 +13,6 @@ from types import SimpleNamespace
 
 import pytest
 
-from symcc_mpi.dispatch.resources import ProposalBook, ProposalState, StateTaskLeases
 from symcc_mpi.dispatch.tables import CommitStart, DispatchTables, ParkedWorker, ResultClass
 from symcc_mpi.dispatch.transaction import DispatchTransaction, SendPhase
 from symcc_mpi.dispatch.watchdog import (
@@ -198,19 +197,19 @@ def test_a_rank_that_never_answers_stays_parked():  # F317 W10
 
 def test_the_timeout_rolls_back_the_exact_generation_with_after_send_semantics():  # W4
     w = make()
-    states, book = StateTaskLeases(), ProposalBook()
-    book.add("p")
+    undone: list[tuple[str, str]] = []
     tx = w.tables.begin(1, wid(1), tok(1))
-    states.reserve(tx, "shard")
-    book.reserve(tx)
+    for resource in ("state", "proposal"):
+        tx.register(resource, before_send=lambda r=resource: undone.append((r, "before-send")),
+                    after_send=lambda r=resource: undone.append((r, "after-send")))
     w.tables.sent(1, tx.token)
     w.clock.advance(W / 2)
     other = dispatch(w, 2, wid(2), tok(2))
     w.clock.advance(W / 2)
     (recovery,) = w.watchdog.sweep()  # rank 2 is not yet due
     assert recovery.token == tx.token and w.tables.find(2) is not None
-    assert states.failures("shard") == 1 and states.lease_count("shard") == 1
-    assert book.get("p").state is ProposalState.RETRY and book.get("p").attempts == 1
+    # It was sent: each reservation is discarded (after-send), in reverse order, once.
+    assert undone == [("proposal", "after-send"), ("state", "after-send")]
     assert w.frontier == [wid(1)]  # the work id, never the token (W5)
     w.clock.advance(W / 2)
     assert [r.token for r in w.watchdog.sweep()] == [other.token]

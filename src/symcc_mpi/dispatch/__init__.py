@@ -1,1 +1,2 @@
-"""Pure dispatch state machines: compensating transactions, their tables, resources, watchdog."""
+"""Pure dispatch state machines: compensating transactions, their tables, the object transfer
+cache, the watchdog, and the coordinator the master composes them into."""

@@ -49,10 +49,6 @@ class TransactionClosed(DispatchError):
     """The transaction was already committed or rolled back."""
 
 
-class CompensationRefused(DispatchError):
-    """A compensation that cannot undo its reservation (e.g. an F321 `committing` lease)."""
-
-
 class SendPhase(enum.Enum):
     BEFORE_SEND = "before-send"  # exact undo: the work never reached an executor (F313 D3)
     AFTER_SEND = "after-send"  # discard: it may have run; keep counts, learn nothing (D4)

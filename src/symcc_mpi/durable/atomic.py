@@ -1,8 +1,15 @@
 """Whole-file durable writes: temp file in the same directory, fsync, rename, directory fsync.
 
-A reader sees the old bytes or the new bytes, never a mix; after `write_durable` returns the
-new bytes survive a crash of the machine. A process killed mid-write leaves at most a
-dot-named temporary file, which `is_temporary` recognises so scans can skip and sweep it.
+The package's one atomic-write helper (the campaign marker, corpus and queue files, the
+triage checkpoint, pruning maps, journal repairs and quarantine copies). A reader sees the
+old bytes or the new bytes, never a mix; after `write_durable` returns the new bytes survive
+a crash of the machine. A process killed mid-write leaves at most a dot-named temporary file,
+which `is_temporary` recognises so scans can skip and sweep it.
+
+Filesystem semantics relied on: `rename` within one directory replaces the target atomically
+(POSIX; NFS too, the server performs it as one operation), and `fsync` of a file and then of
+its directory makes the data and the new name durable. The temporary name carries the pid,
+so two processes writing the same target never share a temporary; the last rename wins.
 """
 
 from __future__ import annotations
@@ -37,17 +44,6 @@ def write_durable(path: Path, data: bytes, *, fsync: bool = True) -> None:
         raise
     if fsync:
         fsync_directory(path.parent)
-
-
-def remove_durable(path: Path, *, fsync: bool = True) -> bool:
-    """Delete `path` (False if it was not there) and make the deletion durable."""
-    try:
-        path.unlink()
-    except FileNotFoundError:
-        return False
-    if fsync:
-        fsync_directory(path.parent)
-    return True
 
 
 def is_temporary(path: Path) -> bool:

@@ -1,4 +1,5 @@
-"""Injected clocks: leases and deadlines read time only through a Clock, so tests move it."""
+"""Injected clocks: dispatch deadlines and journal timestamps read time only through a Clock,
+so tests move it."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Protocol
 
 class Clock(Protocol):
     def time(self) -> float:
-        """Wall-clock Unix seconds: comparable across processes and hosts (lease expiry)."""
+        """Wall-clock Unix seconds: what a journal record or a quarantine name is stamped with."""
 
     def monotonic(self) -> float:
         """This process's monotonic seconds: for waits and deadlines."""

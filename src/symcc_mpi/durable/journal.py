@@ -1,8 +1,26 @@
-"""Checksummed local JSONL journals: work leases (F313 §3.4) and deferred work (F317 §4.2).
+"""Checksummed append-only JSONL journals: the one journal implementation of the package.
+
+`LineLog` is the campaign's done journal and F443 work WAL (`OUT/state/done.jsonl`, owned by
+corpus.py) and the deferred-work journal (F317 §4.2, below); the generation log
+(generations.py) writes the same line format through its own locked append.
 
 Every line is `<crc32 of the JSON, 8 hex> <JSON object>\n`, ASCII only. The checksum is what
 tells a torn append (a process killed inside `write`) or a flipped byte from a real record:
 JSON alone would accept a line cut exactly at a closing brace.
+
+Filesystem semantics relied on:
+- one writer at a time: a `LineLog` is written only by its owner (the holder of the campaign
+  lock, corpus.py), through an O_APPEND descriptor, one `write` per record or group; nobody
+  else appends, so records never interleave. A reader that is not the owner uses `inspect`,
+  which never writes, so an append in progress is never cut;
+- fsync: an append is durable once `os.fsync` of the file returns; a new file's name is made
+  durable by an fsync of its directory;
+- atomic rename in one directory (atomic.write_durable): a repair rewrites the file as a
+  whole, old or new, never a mix;
+- close-to-open visibility: a master on another node that takes the campaign over opens the
+  file after its writer's fsync and must read every acknowledged record (NFS's close-to-open
+  consistency gives this: the fsync puts the bytes on the server, the open revalidates the
+  reader's cache; a client cache that is not revalidated on open would not do).
 
 Damage on open is never fatal and never silent. A bad LAST line is an interrupted append: its
 bytes are kept in the quarantine directory and the file is truncated before them. A bad line
@@ -15,7 +33,10 @@ lock) opens it this way: anyone else reads it with `inspect`, which reports dama
 writes, so a reader that sees an append in progress cannot cut it.
 
 Appends may come in groups (`extend`): the records are encoded into one write and one fsync,
-which is how a group commit pays one fsync per round instead of one per record.
+which is how a group commit pays one fsync per round instead of one per record. A group is not
+atomic against a kill: a writer killed inside the write leaves the records it wrote whole,
+then a torn line, so every record must stand on its own (a done record does: the group commit
+fsyncs its inputs before the append).
 
 Writes go through an injectable `writer(fd, data)` so tests can make the write step raise. A
 failed append is cut back off the file (ftruncate to the last good size) before the error
@@ -120,10 +141,6 @@ class JournalError(Exception):
     """Base of the journal errors."""
 
 
-class JournalConflict(JournalError):
-    """The event contradicts the journal's state (wrong token, already done): nothing written."""
-
-
 class JournalBroken(OSError):
     """A failed append could not be cut back off the file; no further appends are accepted."""
 
@@ -207,8 +224,8 @@ def inspect(path: Path, apply: Apply) -> tuple[Damage, ...]:
 
 
 class LineLog:
-    """One append-only checksummed JSONL file, for its owner: load with repair, append (one
-    record or a group), rewrite."""
+    """One append-only checksummed JSONL file, for its owner: load with repair, then append
+    (one record or a group)."""
 
     def __init__(self, path: Path, *, clock: Clock = SYSTEM_CLOCK, fsync: bool = True,
                  writer: Writer | None = None, quarantine_dir: Path | None = None,
@@ -259,7 +276,7 @@ class LineLog:
         return damage
 
     def _sweep_temporaries(self) -> None:
-        # A compaction killed before its rename leaves `.tmp-<name>.<pid>`: never visible, so
+        # A repair killed before its rename leaves `.tmp-<name>.<pid>`: never visible, so
         # removing it loses nothing.
         if not self.path.parent.is_dir():
             return
@@ -361,20 +378,6 @@ class LineLog:
             self.broken = error
             log.error("journal %s: could not remove a failed append: %s", self.path, error)
 
-    def rewrite(self, records: Iterable[Mapping[str, Any]]) -> None:
-        """Replace the whole file atomically (compaction)."""
-        self._check_writable()
-        lines = [encode_line(record) for record in records]
-        data = b"".join(lines)
-        try:
-            write_durable(self.path, data, fsync=self.fsync)
-        finally:
-            # Even a failure may come after the rename (in the directory fsync): the old
-            # descriptor may then name an unlinked file, and appends to it would be lost.
-            self.open_for_append()
-        self.lines = len(lines)
-        self._content = hashlib.sha256(data)
-
     def _check_writable(self) -> None:
         if self._closed:
             raise JournalClosed(f"journal {self.path} is closed")
@@ -387,209 +390,6 @@ class LineLog:
             os.close(self._fd)
             self._fd = None
         self._closed = True
-
-
-# -- WorkLeaseJournal (F313 §3.4) ------------------------------------------------------------
-
-
-class LeaseState(enum.Enum):
-    FREE = "free"
-    LEASED = "leased"
-    DONE = "done"
-
-
-class LeaseEvent(enum.Enum):
-    LEASE = "lease"
-    DONE = "done"
-    RECLAIM = "reclaim"
-
-
-@dataclass(frozen=True)
-class JournalLease:
-    work_id: str
-    token: str
-    at: float
-
-
-@dataclass(frozen=True)
-class JournalStatistics:
-    leased: int
-    done: int
-    lines: int
-    appends: int
-    append_failures: int
-    compactions: int
-    compaction_failures: int
-    damage: int
-    broken: bool
-
-
-class WorkLeaseJournal:
-    """This master's local record of work it leased, finished or gave back.
-
-    F313 §3.4 order: append the event (flushed, fsynced) first, then change memory, then compact
-    if the file has grown. Memory is therefore never ahead of the file, and compaction, which
-    writes memory, always sees every appended event.
-
-    Operations are repeat-safe: repeating a call that already took effect returns False and
-    writes nothing; a call that contradicts the state raises JournalConflict and writes nothing.
-    """
-
-    def __init__(self, path: Path, *, clock: Clock = SYSTEM_CLOCK, fsync: bool = True,
-                 writer: Writer | None = None, compact_after: int = 4096,
-                 quarantine_dir: Path | None = None):
-        if compact_after < 1:
-            raise ValueError("compact_after must be at least 1")
-        self._log = LineLog(path, clock=clock, fsync=fsync, writer=writer,
-                             quarantine_dir=quarantine_dir)
-        self._clock = clock
-        self._compact_after = compact_after
-        self._leased: dict[str, JournalLease] = {}
-        self._done: dict[str, JournalLease] = {}  # the done event's token and time
-        self._appends = 0
-        self._append_failures = 0
-        self._compactions = 0
-        self._compaction_failures = 0
-        self.damage: tuple[Damage, ...] = self._log.load(self._replay)
-        self._log.open_for_append()
-
-    @property
-    def path(self) -> Path:
-        return self._log.path
-
-    # reading
-
-    def state(self, work_id: str) -> LeaseState:
-        if work_id in self._done:
-            return LeaseState.DONE
-        return LeaseState.LEASED if work_id in self._leased else LeaseState.FREE
-
-    def leases(self) -> dict[str, JournalLease]:
-        return dict(self._leased)
-
-    def done_ids(self) -> frozenset[str]:
-        return frozenset(self._done)
-
-    def statistics(self) -> JournalStatistics:
-        return JournalStatistics(
-            leased=len(self._leased), done=len(self._done), lines=self._log.lines,
-            appends=self._appends, append_failures=self._append_failures,
-            compactions=self._compactions, compaction_failures=self._compaction_failures,
-            damage=len(self.damage), broken=self._log.broken is not None)
-
-    # events
-
-    def lease(self, work_id: str, token: str) -> bool:
-        return self._event(LeaseEvent.LEASE, work_id, token)
-
-    def done(self, work_id: str, token: str) -> bool:
-        return self._event(LeaseEvent.DONE, work_id, token)
-
-    def reclaim(self, work_id: str, token: str) -> bool:
-        """Give a lease back (F313 `abandon`): the work becomes free, nothing is marked done."""
-        return self._event(LeaseEvent.RECLAIM, work_id, token)
-
-    def _event(self, event: LeaseEvent, work_id: str, token: str) -> bool:
-        _check_id("work_id", work_id)
-        _check_id("token", token)
-        if not self._applies(event, work_id, token):
-            return False
-        record = {"event": event.value, "work": work_id, "token": token,
-                  "at": self._clock.time()}
-        try:
-            self._log.append(record)
-        except OSError:
-            self._append_failures += 1
-            raise
-        self._appends += 1
-        self._apply(record)
-        self._maybe_compact()
-        return True
-
-    def _applies(self, event: LeaseEvent, work_id: str, token: str) -> bool:
-        """True if the event changes the state, False if it is a repeat; raises on conflict."""
-        state = self.state(work_id)
-        if state is LeaseState.DONE:
-            if event is LeaseEvent.DONE and self._done[work_id].token == token:
-                return False
-            raise JournalConflict(f"work {work_id} is already done")
-        if state is LeaseState.LEASED:
-            held = self._leased[work_id].token
-            if held != token:
-                raise JournalConflict(f"work {work_id} is leased under another token")
-            return event is not LeaseEvent.LEASE
-        if event is LeaseEvent.LEASE:
-            return True
-        if event is LeaseEvent.RECLAIM:
-            return False  # nothing held: a repeated reclaim
-        raise JournalConflict(f"work {work_id} is not leased: cannot mark it done")
-
-    def _apply(self, record: Mapping[str, Any]) -> None:
-        event = LeaseEvent(record["event"])
-        work_id = record["work"]
-        if event is LeaseEvent.LEASE:
-            self._leased[work_id] = JournalLease(work_id, record["token"], record["at"])
-        elif event is LeaseEvent.DONE:
-            self._leased.pop(work_id, None)
-            self._done[work_id] = JournalLease(work_id, record["token"], record["at"])
-        else:
-            self._leased.pop(work_id, None)
-
-    def _replay(self, record: dict[str, Any]) -> None:
-        try:
-            event = LeaseEvent(record["event"])
-            work_id, token, at = record["work"], record["token"], record["at"]
-            _check_id("work_id", work_id)
-            _check_id("token", token)
-            if not isinstance(at, (int, float)):
-                raise ValueError("at is not a number")
-        except (KeyError, TypeError) as error:
-            raise ValueError(f"not a lease event: {error!r}") from None
-        try:
-            changes = self._applies(event, work_id, token)
-        except JournalConflict as error:
-            raise ValueError(str(error)) from None
-        if changes:  # a repeated event carries nothing new: harmless, kept
-            self._apply(record)
-
-    # compaction
-
-    def _records(self) -> list[dict[str, Any]]:
-        records: list[dict[str, Any]] = []
-        for item in self._done.values():
-            # Replay accepts `done` only under a lease of the same token: write the pair.
-            for event in (LeaseEvent.LEASE, LeaseEvent.DONE):
-                records.append({"event": event.value, "work": item.work_id,
-                                "token": item.token, "at": item.at})
-        records += [{"event": LeaseEvent.LEASE.value, "work": item.work_id,
-                     "token": item.token, "at": item.at} for item in self._leased.values()]
-        return records
-
-    def compact(self) -> None:
-        """Rewrite the file from memory (atomically: old or new file, never a mix)."""
-        self._log.rewrite(self._records())
-        self._compactions += 1
-
-    def _maybe_compact(self) -> None:
-        live = 2 * len(self._done) + len(self._leased)
-        if self._log.lines < self._compact_after or self._log.lines < 2 * live:
-            return
-        try:
-            self.compact()
-        except OSError as error:
-            # The event is already durable; a failed compaction leaves a longer file that
-            # replays to the same state, so the operation still succeeded.
-            self._compaction_failures += 1
-            log.warning("journal %s: compaction failed: %s", self.path, error)
-
-    def close(self) -> None:
-        self._log.close()
-
-    def __enter__(self) -> WorkLeaseJournal:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
 
 
 # -- DeferredWorkJournal (F317 §4.2) ---------------------------------------------------------
