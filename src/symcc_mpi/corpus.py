@@ -173,17 +173,26 @@ class CampaignDir:
         marker = {"layout": LAYOUT_VERSION, "created": time.time(), "config": config_json}
         write_durable(self.out / MARKER, json.dumps(marker, indent=1).encode())
 
-    def lock(self) -> None:
-        """One master per campaign directory, machine-wide (flock on a state file)."""
+    def lock(self, *, wait: float = 0.0) -> None:
+        """One master per campaign directory (flock on a state file). `wait`: seconds to
+        wait for a holder that just died to lose it (a master taking over from a dead one:
+        on NFS the server frees a dead client's locks only when its lease expires)."""
         self.state.mkdir(parents=True, exist_ok=True)
         handle = open(self.state / "master.lock", "a+")
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as error:
-            handle.close()
-            if error.errno in (errno.EWOULDBLOCK, errno.EACCES):
-                raise CampaignError(f"another campaign is running in {self.out}") from None
-            raise
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError as error:
+                if error.errno in (errno.EWOULDBLOCK, errno.EACCES) \
+                        and time.monotonic() < deadline:
+                    time.sleep(0.2)
+                    continue
+                handle.close()
+                if error.errno in (errno.EWOULDBLOCK, errno.EACCES):
+                    raise CampaignError(f"another campaign is running in {self.out}") from None
+                raise
         handle.seek(0)
         handle.truncate()
         handle.write(f"{os.getpid()}\n")

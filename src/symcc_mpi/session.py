@@ -19,6 +19,7 @@ from .storage import STOP_ADVICE, STORAGE_EXIT, describe, storage_refused
 log = logging.getLogger("symcc_mpi.session")
 SEND_FLUSH_TIMEOUT = 10.0
 ABORT_STATUS = 1  # MPI_Abort's status when a rank fails with an unexpected error
+TAKEOVER_LOCK_WAIT = 120.0  # NFS keeps a dead client's locks until its lease expires (~90 s)
 
 
 def run_rank(config: CampaignConfig) -> int:
@@ -212,8 +213,9 @@ def _open_or_refuse(channel, config: CampaignConfig, *, fault_tolerant: bool = F
         return STORAGE_EXIT if refused else 2, None
 
 
-def check_config(config: CampaignConfig) -> None:
-    """Everything that can be refused before a rank is started."""
+def check_config(config: CampaignConfig, *, lock_held: bool = False) -> None:
+    """Everything that can be refused before a rank is started. `lock_held`: this process
+    holds the campaign lock already (a master taking over)."""
     check_numbers(config)
     if not config.resume or config.seeds.exists():
         check_seeds(config.seeds)
@@ -226,7 +228,8 @@ def check_config(config: CampaignConfig) -> None:
     check_out_dir(config.out, resume=config.resume)  # it may create the directory
     if config.resume:
         campaign = CampaignDir(config.out)
-        campaign.check_not_running()  # before mpiexec, and before anything reads its state
+        if not lock_held:
+            campaign.check_not_running()  # before mpiexec, and before anything reads it
         # A corrupt journal is refused before launch. Read-only: the campaign lock is not
         # held here (the master takes it), so a torn tail is not cut here.
         campaign.read_done()
@@ -246,9 +249,12 @@ def open_master(channel, config: CampaignConfig, *, fault_tolerant: bool = False
     from .progress import CampaignReporter
     from .roles.master import Master
 
-    check_config(config)
     campaign = CampaignDir(config.out)
-    campaign.lock()
+    if taking_over:  # the dead master's lock may outlive it a little (NFS)
+        campaign.lock(wait=TAKEOVER_LOCK_WAIT)
+    check_config(config, lock_held=taking_over)
+    if not taking_over:
+        campaign.lock()
     try:
         if not config.resume:
             campaign.create(config.to_json())

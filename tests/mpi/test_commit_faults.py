@@ -22,16 +22,18 @@ pytestmark = [pytest.mark.mpi, pytest.mark.timeout(600)]
 KILL_STEPS = ["before-children-sync", "before-done-append", "after-done-fsync"]
 
 
-def arguments(build):
+def arguments(build, fault_tolerance="on"):
     return ["--target", f"{build / 'checksum'} @@", "--seeds",
-            build.parent / "seeds" / "checksum", "--workers", 2, "--timeout", 20]
+            build.parent / "seeds" / "checksum", "--workers", 2, "--timeout", 20,
+            "--fault-tolerance", fault_tolerance]
 
 
 @pytest.mark.parametrize("step", KILL_STEPS)
 def test_a_master_killed_inside_a_group_commit_resumes_losing_and_repeating_nothing(
         build, tmp_path, step):
+    # Without fault tolerance the job ends with its master; --resume continues it.
     out = tmp_path / "out"
-    args = arguments(build)
+    args = arguments(build, "off")
     killed = explore(out, *args, env=dict(os.environ, SYMCC_MPI_FAULTS=f"0:kill-{step}@2"))
     output = killed.stdout + killed.stderr
     assert killed.returncode != 0, output
@@ -51,6 +53,22 @@ def test_a_master_killed_inside_a_group_commit_resumes_losing_and_repeating_noth
     assert corpus_before <= corpus, "resume lost a published input"
     assert set(done) == corpus, "an input was never analysed"
     assert stats(out)["extra"]["stop_reason"] == "frontier exhausted"
+
+
+@pytest.mark.parametrize("step", KILL_STEPS)
+def test_a_master_killed_inside_a_group_commit_is_replaced_losing_and_repeating_nothing(
+        build, tmp_path, step):
+    # Under ULFM a worker takes the campaign over from OUT and finishes it in the same job.
+    out = tmp_path / "out"
+    process = explore(out, *arguments(build),
+                      env=dict(os.environ, SYMCC_MPI_FAULTS=f"0:kill-{step}@2"))
+    assert f"fault: SIGKILL of the master {step} of group commit 2" in process.stdout
+    assert_oracles(out, process)
+    figures = stats(out)
+    assert [f["master"] for f in figures["extra"]["failures"]] == ["new"]
+    done = done_hashes(out)
+    assert set(done) == {p.name for p in (out / "corpus").iterdir()}
+    assert figures["extra"]["stop_reason"] == "frontier exhausted"
 
 
 def run_cli(*args) -> subprocess.CompletedProcess:
