@@ -11,6 +11,7 @@ from dataclasses import replace
 
 from .config import CampaignConfig, UsageError, check_numbers, check_seeds
 from .corpus import CampaignDir, CampaignError, check_out_dir, outstanding
+from .durable.generations import GenerationLogError
 from .executors import check_available
 from .faults import Faults
 from .protocol import ConfigVerdict, Tag
@@ -40,6 +41,10 @@ def run_rank(config: CampaignConfig) -> int:
     job = Generations(config) if decision.enabled else None
     try:
         return job.run() if job is not None else _run_role(world, config)
+    except GenerationLogError as error:  # recovery refused: fail closed, in one line
+        log.error("rank %d: cannot recover: %s; ending the job", world.rank, error)
+        MPI.COMM_WORLD.Abort(ABORT_STATUS)
+        raise
     except Exception:
         # Left to unwind, the error would end this rank in MPI_Finalize, which waits for
         # every other rank, and they for it: the job would hang. Say it, then end the job.
@@ -126,7 +131,6 @@ class Generations:
         return status
 
     def _recover(self, generation, detected: float):
-        from .durable.generations import GenerationLogError
         from .faults import die
         from .transport import Channel
         from .ulfm.runtime import Generation, recover

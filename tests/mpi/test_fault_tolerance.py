@@ -86,6 +86,14 @@ def test_the_master_then_a_worker(build, tmp_path):
     assert first["master"] == "new" and second["master"] == "kept"
 
 
+def test_a_worker_then_the_master(build, tmp_path):
+    # The master that survived rank 1's death dies later; world rank 2 takes over.
+    first, second = survived(build, tmp_path / "out", 3, "1:die@3,0:die@14", failures=2,
+                             new_masters=1)
+    assert first["master"] == "kept" and second["master"] == "new"
+    assert second["failed"][0].startswith("rank 0 (pid ")
+
+
 def test_a_rank_dying_during_the_recovery_itself(build, tmp_path):
     # Rank 2 dies inside the recovery from rank 1's death, after the durable prepare: the
     # survivors shrink again under the same plan, or the shrink already left it out.

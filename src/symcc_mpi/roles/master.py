@@ -190,8 +190,9 @@ class Master:
             self._send_stops()
         next_report = 0.0
         rang = False
-        self.loop_cpu_start = time.process_time()
-        self.loop_started = time.monotonic()
+        if not self.loop_cpu_start:  # the figures span every generation this master serves
+            self.loop_cpu_start = time.process_time()
+            self.loop_started = time.monotonic()
         next_sweep = 0.0
         while self.phase is not Phase.DONE:
             handled = 0

@@ -69,18 +69,6 @@ def describe_endpoint(name: str, members: tuple[str, ...], generation: int) -> s
     return f"rank {rank} (pid {rest.split('/')[0]} on {host}) of generation {generation}"
 
 
-def begin(comm, generations: GenerationLog, extra: dict[str, Any]) -> Generation:
-    """Collective at the start of a run: the run's first generation, one past the last one
-    the campaign had (a resumed campaign never reuses a generation's number)."""
-    with failures_raised():
-        members = comm.allgather(endpoint())
-        number = None
-        if comm.Get_rank() == 0:
-            number = generations.start(members, extra).generation
-        number = comm.bcast(number, root=0)
-    return Generation(number, comm, tuple(members))
-
-
 def recover(generation: Generation, generations: GenerationLog, *,
             errhandler=None, on_shrunk=None) -> tuple[Generation, Repair]:
     """Every survivor of `generation` calls this; all return the same next generation.
