@@ -57,6 +57,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from .atomic import fsync_directory, is_temporary, write_durable
 from .clock import SYSTEM_CLOCK, Clock
 
@@ -87,9 +89,17 @@ class UnchecksummedLine(LineError):
     """A whole line of bare JSON: written by a version that wrote no checksums, not torn."""
 
 
+# Keys sorted, no spaces: the bytes of `json.dumps(sort_keys=True, separators=(",", ":"))`,
+# at a twentieth of its cost (a work record is written before every WORK the master sends).
+_ENCODER = msgspec.json.Encoder(order="sorted")
+
+
 def encode_line(record: Mapping[str, Any]) -> bytes:
-    payload = json.dumps(record, sort_keys=True, separators=(",", ":"),
-                         ensure_ascii=True, allow_nan=False).encode("ascii")
+    payload = _ENCODER.encode(record)
+    # The file is ASCII only, and a NaN is refused, not written as null: json.dumps decides.
+    if not payload.isascii() or b"null" in payload:
+        payload = json.dumps(record, sort_keys=True, separators=(",", ":"),
+                             ensure_ascii=True, allow_nan=False).encode("ascii")
     return b"%08x %s\n" % (zlib.crc32(payload), payload)
 
 
