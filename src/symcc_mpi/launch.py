@@ -9,6 +9,7 @@ or third into SIGTERM/SIGKILL. However it ends, it leaves no process of the job 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import secrets
 import shutil
@@ -145,7 +146,24 @@ def _run_job(job: Job, command: list[str], env: dict, view) -> tuple[int, bool]:
         reader.join(timeout=5)
         view.refresh()
     returncode = process.returncode if process.returncode >= 0 else 128 - process.returncode
+    verdict = _campaign_verdict(job.out, job.run_id)
+    if verdict is not None:  # mpiexec may report ranks that died while the campaign went on
+        returncode = verdict
     return returncode, _stats_written_since(job.out, launched_at)
+
+
+def _campaign_verdict(out: Path, run_id: str) -> int | None:
+    """The exit status the master of run `run_id` gave its campaign in its final report, if
+    it wrote one (a job that died first has none: mpiexec's status stands)."""
+    try:
+        extra = json.loads((out / "stats.json").read_text()).get("extra", {})
+    except (OSError, ValueError, AttributeError):
+        return None
+    status = extra.get("exit_status")
+    if extra.get("run_id") != run_id or extra.get("phase") != "done" \
+            or not isinstance(status, int):
+        return None
+    return status
 
 
 class Job:

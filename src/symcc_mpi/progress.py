@@ -80,6 +80,7 @@ def master_snapshot(master) -> CampaignSnapshot:
             "master_wakeups": master.wakeups,
             "doorbell_workers": len(master.ringing),
             "run_id": master.run_id,
+            "exit_status": master.exit_status,
             "fault_tolerance": master.fault_tolerant,
             "generation": master.generation,
             "failures": stats.failures,

@@ -4,8 +4,11 @@ every other rank runs the worker loop. Rank 0's verdict reaches workers before a
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import signal
+import sys
+import threading
 import time
 from dataclasses import replace
 
@@ -20,6 +23,7 @@ from .storage import STOP_ADVICE, STORAGE_EXIT, describe, storage_refused
 log = logging.getLogger("symcc_mpi.session")
 SEND_FLUSH_TIMEOUT = 10.0
 ABORT_STATUS = 1  # MPI_Abort's status when a rank fails with an unexpected error
+FINALIZE_DEADLINE = 30.0
 TAKEOVER_LOCK_WAIT = 120.0  # NFS keeps a dead client's locks until its lease expires (~90 s)
 
 
@@ -40,7 +44,12 @@ def run_rank(config: CampaignConfig) -> int:
         log.info("fault tolerance %s", decision.reason)
     job = Generations(config) if decision.enabled else None
     try:
-        return job.run() if job is not None else _run_role(world, config)
+        if job is None:
+            return _run_role(world, config)
+        status = job.run()
+        _flush(job.channel, world.rank)
+        _finalize_within(FINALIZE_DEADLINE, status)
+        return status
     except GenerationLogError as error:  # recovery refused: fail closed, in one line
         log.error("rank %d: cannot recover: %s; ending the job", world.rank, error)
         MPI.COMM_WORLD.Abort(ABORT_STATUS)
@@ -52,10 +61,38 @@ def run_rank(config: CampaignConfig) -> int:
         MPI.COMM_WORLD.Abort(ABORT_STATUS)
         raise
     finally:
-        channel = job.channel if job is not None else world
+        if not MPI.Is_finalized():
+            _flush(job.channel if job is not None else world, world.rank)
+
+
+def _flush(channel, rank: int) -> None:
+    from .transport import RankFailure
+
+    try:
         if channel is not None and not channel.flush(timeout=SEND_FLUSH_TIMEOUT):
-            log.warning("rank %d: messages still unsent after %g s at exit", world.rank,
+            log.warning("rank %d: messages still unsent after %g s at exit", rank,
                         SEND_FLUSH_TIMEOUT)
+    except RankFailure as failure:  # the campaign is over: nobody waits for them any more
+        log.warning("rank %d: messages unsent at exit: %s", rank, failure)
+
+
+def _finalize_within(seconds: float, status: int) -> None:
+    """MPI_Finalize, bounded: after ranks died, survivors can wait in it for ever (DESIGN §8,
+    ompi#11404). Everything is committed and reported by now; past the deadline the rank
+    exits with its status all the same."""
+    from mpi4py import MPI
+
+    def give_up() -> None:
+        log.warning("MPI_Finalize did not return within %g s: exiting without it", seconds)
+        logging.shutdown()
+        sys.stdout.flush()
+        os._exit(status)
+
+    timer = threading.Timer(seconds, give_up)
+    timer.daemon = True
+    timer.start()
+    MPI.Finalize()
+    timer.cancel()
 
 
 class Generations:
@@ -305,7 +342,7 @@ def _load_state(master, config: CampaignConfig, campaign: CampaignDir,
                 covered_entries: int, *, taking_over: bool = False) -> None:
     """Seeds in, then the frontier: every corpus input not yet in the done journal; the
     commits a dead master left half done are finished first (F443 §4 step 7)."""
-    if config.seeds.is_dir():
+    if config.seeds.is_dir() and not taking_over:  # the run's first master added them
         for path in check_seeds(config.seeds):
             campaign.add_seed(path.read_bytes(), path.name)
     campaign.sync_done()  # the new seeds are durable before any done line vouches for one

@@ -134,6 +134,9 @@ class Master:
         self.members: tuple[str, ...] = ()
         self.next_failure_check = 0.0
         self.in_flight_at_takeover: list[str] = []  # set by open_master (session.py)
+        # The campaign's verdict, in the final stats.json: the launcher's exit status even
+        # when mpiexec reports the ranks that died on the way (launch.py).
+        self.exit_status: int | None = None
         self.committer = Committer(campaign, self.frontier, self.stats, triage=triage,
                                    pruning=pruning, checkpoint=self.checkpoint)
         self.phase = Phase.RUNNING
@@ -234,8 +237,12 @@ class Master:
                 rang = False
         with self._stopping_if_storage_refuses():
             self.checkpoint.after_round(final=True)
+        self.exit_status = self._exit_status()
         with self._stopping_if_storage_refuses():
             self.report(final=True)
+        return self._exit_status()
+
+    def _exit_status(self) -> int:
         if self.storage_problem:
             return STORAGE_EXIT
         return 1 if self.stats.stop_reason.startswith("no usable worker") else 0
