@@ -116,12 +116,12 @@ class GenerationLog:
         with self._locked() as (records, fd):
             existing = _find(records, "prepare", generation)
             if existing is not None:
-                return _same(existing, plan)
-            begun = [r for r in records if r.kind in ("start", "commit")]
-            if not begun or begun[-1].generation != generation:
+                return _confirmed(fd, existing, plan)
+            current = _current(records)
+            if current != generation:
                 raise GenerationLogError(f"{self.path}: a recovery of generation {generation} "
                                          f"was asked, the current one is "
-                                         f"{begun[-1].generation if begun else 'none'}")
+                                         f"{'none' if current is None else current}")
             return self._append(fd, records, "prepare", generation, plan)
 
     def commit(self, receipt: dict[str, Any]) -> Record:
@@ -129,11 +129,15 @@ class GenerationLog:
         with self._locked() as (records, fd):
             existing = _find(records, "commit", generation)
             if existing is not None:
-                return _same(existing, receipt)
+                return _confirmed(fd, existing, receipt)
             prepared = _find(records, "prepare", generation - 1)
             if prepared is None or prepared.digest != receipt.get("plan"):
                 raise ForkRefused(f"{self.path}: the receipt of generation {generation} names "
                                   "no plan prepared for the generation before it")
+            if _current(records) != generation - 1:
+                # A later run began meanwhile (its start took this number): too late.
+                raise ForkRefused(f"{self.path}: the receipt of generation {generation} comes "
+                                  f"after generation {_current(records)} began")
             return self._append(fd, records, "commit", generation, receipt)
 
     @contextmanager
@@ -172,10 +176,19 @@ def _find(records: list[Record], kind: str, generation: int) -> Record | None:
     return next((r for r in records if r.kind == kind and r.generation == generation), None)
 
 
-def _same(existing: Record, body: dict[str, Any]) -> Record:
+def _current(records: list[Record]) -> int | None:
+    begun = [r for r in records if r.kind in ("start", "commit")]
+    return begun[-1].generation if begun else None
+
+
+def _confirmed(fd: int, existing: Record, body: dict[str, Any]) -> Record:
+    """The answer to a retry, or to a second survivor: the record when `body` is its body,
+    once the record is durable (its writer may have died, or raised, between its write and
+    its fsync); a fork otherwise."""
     if existing.digest != digest_of(body):
         raise ForkRefused(f"{existing.kind} of generation {existing.generation} is already "
                           f"recorded (ordinal {existing.ordinal}) with another digest")
+    os.fsync(fd)
     return existing
 
 

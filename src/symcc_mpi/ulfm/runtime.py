@@ -74,10 +74,10 @@ def recover(generation: Generation, generations: GenerationLog, *,
     """Every survivor of `generation` calls this; all return the same next generation.
     Raises GenerationLogError when the log refuses (a fork): the caller must abort."""
     began = time.monotonic()
-    me = endpoint()
+    me = generation.members[generation.rank]  # this process's endpoint(), as all ranks saw it
     revoke(generation.comm)
     plan = {"generation": generation.number, "members": list(generation.members)}
-    generations.prepare(plan)
+    _reconciled(generations.prepare, plan)
     comm = generation.comm
     for shrinks in range(1, MAX_REPAIRS + 1):
         comm = comm.Shrink()
@@ -110,9 +110,21 @@ def recover(generation: Generation, generations: GenerationLog, *,
     failed = tuple(m for m in generation.members if m not in members)
     receipt = {"generation": generation.number + 1, "plan": digest_of(plan),
                "members": members, "failed": list(failed)}
-    generations.commit(receipt)
+    _reconciled(generations.commit, receipt)
     repaired = Generation(generation.number + 1, comm, tuple(members))
     return repaired, Repair(generation.number, failed, shrinks, time.monotonic() - began)
+
+
+def _reconciled(write, document: dict[str, Any]):
+    """Write a plan or receipt to the log, asking once more when the write raised: the error
+    may have come after the append reached the file (F443 §5, a commit whose outcome is
+    unknown), and under the log's lock the second request is answered from that record, or
+    appends it. A second error is the storage's: the caller ends the job."""
+    try:
+        return write(document)
+    except OSError as error:
+        log.warning("generation log: %s: asking again", error)
+        return write(document)
 
 
 def revoke(comm) -> None:
