@@ -170,10 +170,11 @@ def test_budgets_stop_the_campaign_and_keep_the_rest_for_resume(tmp_path, option
     assert 0 < figures["executions"] < 30 and figures["pending"] > 0
 
 
-def test_a_killed_rank_ends_the_job_and_resume_loses_and_repeats_nothing(build, tmp_path):
+def test_without_fault_tolerance_a_killed_rank_ends_the_job_and_resume_loses_nothing(
+        build, tmp_path):
     out = tmp_path / "out"
     args = ["--target", f"{build / 'checksum'} @@", "--seeds", checksum_seeds(build, tmp_path),
-            "--workers", 2, "--timeout", 20]
+            "--workers", 2, "--timeout", 20, "--fault-tolerance", "off"]
     launcher = start_explore(out, *args, analysed=3)
     os.kill(rank_pid(out, 2), signal.SIGKILL)
     output, _ = launcher.communicate(timeout=120)
@@ -186,3 +187,20 @@ def test_a_killed_rank_ends_the_job_and_resume_loses_and_repeats_nothing(build, 
     done = done_hashes(out)
     assert set(done) >= analysed_before and len(done) == len(set(done))
     assert stats(out)["extra"]["stop_reason"] == "frontier exhausted"
+
+
+def test_with_fault_tolerance_a_killed_worker_is_recovered_from_in_the_same_job(
+        build, tmp_path):
+    # The same SIGKILL from outside, the default mode: the job goes on without rank 2.
+    out = tmp_path / "out"
+    launcher = start_explore(out, "--target", f"{build / 'checksum'} @@", "--seeds",
+                             checksum_seeds(build, tmp_path), "--workers", 2, "--timeout", 20,
+                             analysed=3)
+    os.kill(rank_pid(out, 2), signal.SIGKILL)
+    output, _ = launcher.communicate(timeout=600)
+    assert launcher.returncode == 0, output
+    assert_oracles(out, subprocess.CompletedProcess([], 0, output, ""))
+    figures = stats(out)
+    assert figures["extra"]["stop_reason"] == "frontier exhausted"
+    (failure,) = figures["extra"]["failures"]
+    assert failure["failed"][0].startswith("rank 2 (pid ")

@@ -73,15 +73,20 @@ class DispatchCoordinator:
                  max_send_failures: int = MAX_SEND_FAILURES,
                  max_invalid_results: int = MAX_INVALID_RESULTS,
                  object_capacity: int = OBJECT_CACHE_CAPACITY,
-                 on_requeue: Callable[[str, str], object] | None = None):
+                 on_requeue: Callable[[str, str], object] | None = None,
+                 fatal: tuple[type[BaseException], ...] = ()):
         """`on_requeue(input, why)` hears of every input that went out and is put back in
-        the frontier to go out again (the master journals it: verify's re-execution oracle)."""
+        the frontier to go out again (the master journals it: verify's re-execution oracle).
+        `fatal`: errors of a send that end the master's communicator rather than tell
+        anything of the rank (transport.RankFailure): compensated, then raised."""
         self.frontier = frontier
         self.on_requeue = on_requeue
+        self.fatal = fatal
         self.gate = RetiredDispatchGate()
         self.tables = DispatchTables(clock=clock, gate=self.gate)
         self.recovery = ProtocolRecovery(requeue=lambda digest: self._requeue(digest, "protocol"),
-                                         sink=deferrals,
+                                         sink=_AnnouncedDeferrals(deferrals, on_requeue)
+                                         if deferrals is not None and on_requeue else deferrals,
                                          retries=watchdog.protocol_retries)
         self.watchdog = DispatchWatchdog(self.tables, self.gate, self.recovery,
                                          seconds=watchdog.seconds)
@@ -292,6 +297,8 @@ class DispatchCoordinator:
                 self.objects.confirm(plan)
                 if shipment is not None:
                     self.pruning.confirm(shipment)
+        except self.fatal:
+            raise  # the boundary compensated: the input is first in line again
         except Exception as error:  # noqa: BLE001 - the boundary compensated; the rank decides
             self._send_failed(rank, error)
             return False
@@ -374,3 +381,19 @@ class DispatchCoordinator:
             "object_bytes_shipped": objects.shipped_bytes,
             "object_hits": objects.hits,
         }
+
+
+class _AnnouncedDeferrals:
+    """The deferral sink, telling `on_requeue` of each input it sets aside: that dispatch
+    was taken back, and the input may go out again (on --resume)."""
+
+    def __init__(self, sink: DeferralSink, announce: Callable[[str, str], object]):
+        self.sink = sink
+        self.announce = announce
+
+    def defer(self, work_id: str, *, source: str, attempts: int) -> object:
+        self.announce(work_id, "deferred")
+        return self.sink.defer(work_id, source=source, attempts=attempts)
+
+    def is_persisted(self, work_id: str) -> bool:
+        return self.sink.is_persisted(work_id)

@@ -46,7 +46,7 @@ from ..protocol import (
 )
 from ..pruning import PruningLedger
 from ..storage import STOP_ADVICE, STORAGE_EXIT, describe, storage_refused
-from ..transport import Channel, Naps
+from ..transport import Channel, Naps, RankFailure
 from ..ulfm.runtime import describe_endpoint
 
 log = logging.getLogger("symcc_mpi.master")
@@ -120,7 +120,8 @@ class Master:
         self.pruning = pruning
         self.dispatch = DispatchCoordinator(self.frontier, watchdog=watchdog,
                                             deferrals=deferrals, load=self._load_input,
-                                            pruning=pruning, on_requeue=self._note_requeue)
+                                            pruning=pruning, on_requeue=self._note_requeue,
+                                            fatal=(RankFailure,))
         self.checkpoint = Checkpointer(campaign, pruning=pruning, triage=triage)
         self.faults = Faults(world_rank)  # a worker that took over keeps its own plan
         campaign.commit_probe = self.faults.commit_probe()
@@ -296,12 +297,18 @@ class Master:
         if self.fault_tolerant:  # F443 §3 step 3: the dispatch is on record before it leaves
             self.campaign.record_work("dispatch", sha256=work.input_hash, token=work.token,
                                       generation=self.generation, rank=rank)
-        self.channel.send(rank, Tag.WORK, work)
-        if self.faults.fire("die", self.work_sends):
-            die(f"fault: SIGKILL of the master after WORK send #{self.work_sends}")
-        if self.faults.fire("send-ambiguous", self.work_sends):
-            raise OSError(f"injected: WORK send #{self.work_sends} to rank {rank} delivered, "
-                          "then reported failure")
+        try:
+            self.channel.send(rank, Tag.WORK, work)
+            if self.faults.fire("die", self.work_sends):
+                die(f"fault: SIGKILL of the master after WORK send #{self.work_sends}")
+            if self.faults.fire("send-ambiguous", self.work_sends):
+                raise OSError(f"injected: WORK send #{self.work_sends} to rank {rank} "
+                              "delivered, then reported failure")
+        except BaseException:
+            # Undone as unsent (dispatch/coordinator.py): the input goes out again, and the
+            # journal says why before its next dispatch record.
+            self._note_requeue(work.input_hash, "its send failed")
+            raise
         if self.stats.startup_seconds is None:
             self.stats.startup_seconds = time.time() - _command_time()
         if self.stats.failures and self.stats.failures[-1]["first_dispatch"] is None:
