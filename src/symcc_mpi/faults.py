@@ -34,7 +34,9 @@ over as master fires the master's points:
   before the shrink (a failure during the recovery itself);
 - `die@N=after-manifest`, `die@N=after-publish` (master): SIGKILL itself inside its N-th
   commit, after the manifest is written and before anything is published, or after the
-  publication and before the done record.
+  publication and before the done record;
+- `die@1=closing` (master): SIGKILL itself when it closes the campaign, after every worker
+  acknowledged STOP and before the last group commit and the RELEASE.
 
 Master kinds (rank 0), counting WORK sends:
 
@@ -68,7 +70,7 @@ from .durable.journal import Writer, write_all
 from .protocol import ResultField
 
 WORKER_KINDS = ("foreign-result", "stale-result", "malformed-result", "stop", "hostile", "die")
-DIE_POINTS = ("", "recovery", "after-manifest", "after-publish")
+DIE_POINTS = ("", "recovery", "after-manifest", "after-publish", "closing")
 # What `malformed-result` already covers (garbage bytes) is not a hostile field.
 HOSTILE_FIELDS = tuple(f.value for f in ResultField if f is not ResultField.UNDECODABLE)
 HOSTILE_MARK = b"hostile result: must never reach the corpus "

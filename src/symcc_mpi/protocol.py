@@ -25,6 +25,7 @@ class Tag(enum.IntEnum):
     STOP_ACK = 5
     FATAL = 6  # a rank cannot go on (executor unusable, ...); the reason travels as data
     CONFIG = 7  # rank 0's verdict on the configuration, sent before any work
+    RELEASE = 8  # the campaign is closed (everything durable): a worker may exit
 
 
 class ResultOutcome(str, enum.Enum):
@@ -129,6 +130,11 @@ class StopAck(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     executor_time: float
 
 
+class Release(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    """After STOP_ACK a worker stays until this: if the master dies before it closed the
+    campaign, the workers still there recover and one of them finishes the close (ulfm/)."""
+
+
 class Fatal(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     host: str
     reason: str
@@ -149,6 +155,7 @@ ENVELOPES: dict[Tag, type[msgspec.Struct]] = {
     Tag.STOP_ACK: StopAck,
     Tag.FATAL: Fatal,
     Tag.CONFIG: ConfigVerdict,
+    Tag.RELEASE: Release,
 }
 
 _ENCODER = msgspec.msgpack.Encoder()

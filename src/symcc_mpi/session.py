@@ -23,7 +23,7 @@ from .storage import STOP_ADVICE, STORAGE_EXIT, describe, storage_refused
 log = logging.getLogger("symcc_mpi.session")
 SEND_FLUSH_TIMEOUT = 10.0
 ABORT_STATUS = 1  # MPI_Abort's status when a rank fails with an unexpected error
-FINALIZE_DEADLINE = 30.0
+FINALIZE_DEADLINE = 10.0
 TAKEOVER_LOCK_WAIT = 120.0  # NFS keeps a dead client's locks until its lease expires (~90 s)
 
 
@@ -162,6 +162,7 @@ class Generations:
         if self.master is not None:
             status = self.master.run()  # a RankFailure leaves the campaign open
             self.master.close()
+            self.master.release_workers()
             return STORAGE_EXIT if self.master.storage_problem else status
         status = self.worker.serve(self.channel, watch_during_runs=True)
         self.worker.close()
@@ -234,6 +235,7 @@ def _run_role(channel, config: CampaignConfig) -> int:
         status = master.run()
     finally:
         master.close()
+    master.release_workers()
     return STORAGE_EXIT if master.storage_problem else status  # the last sync may fail too
 
 

@@ -37,6 +37,7 @@ from ..protocol import (
     ConfigVerdict,
     Fatal,
     Ready,
+    Release,
     Result,
     ResultField,
     Stop,
@@ -585,7 +586,14 @@ class Master:
         if self.phase is Phase.RUNNING:
             self._drain(problem)
 
+    def release_workers(self) -> None:
+        """After `close`: the campaign is durable, the workers may go."""
+        for rank in self.workers:
+            self.channel.send(rank, Tag.RELEASE, Release())
+
     def close(self) -> None:
+        if self.faults.fire_at("die", "closing", 1):
+            die("fault: SIGKILL of the master while it closes the campaign")
         with self._stopping_if_storage_refuses():
             if self.dispatch.deferrals is not None:
                 self.dispatch.deferrals.close()

@@ -92,6 +92,8 @@ class Worker:
         if self.problem:
             channel.send(MASTER, Tag.FATAL, Fatal(socket.gethostname(), self.problem))
             _wait_for(channel, Tag.STOP)
+            channel.send(MASTER, Tag.STOP_ACK, StopAck(0, 0.0))
+            _wait_for(channel, Tag.RELEASE)
             return 1
         doorbell = Ringer(verdict.doorbell)
         if doorbell.reachable:
@@ -128,6 +130,7 @@ class Worker:
             if last_token is not None:  # STOP comes after the master is done with it
                 shutil.rmtree(config.out / ".staging" / last_token, ignore_errors=True)
             channel.send(MASTER, Tag.STOP_ACK, StopAck(self.executions, self.executor_time))
+            _wait_for(channel, Tag.RELEASE)
         finally:
             doorbell.close()
         return 0
