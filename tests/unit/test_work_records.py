@@ -1,0 +1,141 @@
+"""The work records of a fault-tolerant campaign (corpus.py) and the oracles over them
+(verify.py), the commit manifest (commit.py), and the capability decision (ulfm/)."""
+
+from __future__ import annotations
+
+import pytest
+
+from symcc_mpi.commit import Accepted, Child, decode_manifest, encode_manifest
+from symcc_mpi.corpus import outstanding
+from symcc_mpi.protocol import MalformedMessage, Result, StagedFile
+from symcc_mpi.ulfm import capability
+from symcc_mpi.verify import _check_work
+
+A, B, C = "a" * 64, "b" * 64, "c" * 64
+
+
+def dispatch(digest, generation=0):
+    return {"kind": "dispatch", "sha256": digest, "token": "t" * 32, "generation": generation}
+
+
+def done(digest, published=()):
+    return {"sha256": digest, "token": "t" * 32, "outcome": "ok", "time": 1.0,
+            "published": list(published)}
+
+
+def test_an_input_dispatched_is_outstanding_until_done_or_taken_back():
+    assert outstanding([dispatch(A), dispatch(B)]) == {A, B}
+    assert outstanding([dispatch(A), done(A)]) == set()
+    assert outstanding([dispatch(A), {"kind": "requeue", "sha256": A, "reason": "x"}]) == set()
+    recovered = {"kind": "recovered", "generation": 1, "failed": [], "requeued": [A]}
+    assert outstanding([dispatch(A), dispatch(B), recovered]) == {B}
+    assert outstanding([dispatch(A), done(A), dispatch(A)]) == {A}
+
+
+def test_a_second_dispatch_needs_a_declared_take_back_of_the_first():
+    problems, facts = _check_work([dispatch(A), dispatch(A), done(A)], {A}, {})
+    assert problems == [f"1 inputs were dispatched again with no recovery of their earlier "
+                        f"dispatch on record, e.g. {A}"]
+    recovered = {"kind": "recovered", "generation": 1, "failed": ["x"], "requeued": [A]}
+    problems, facts = _check_work([dispatch(A), recovered, dispatch(A, 1), done(A)], {A}, {})
+    assert problems == []
+    assert facts["dispatched again (declared)"] == 1 and facts["in flight at failures"] == 1
+
+
+def test_a_published_child_missing_from_the_corpus_is_a_problem():
+    problems, _ = _check_work([dispatch(A), done(A, published=[B, C])], {A, B}, {})
+    assert problems == [f"1 children published by committed results are missing from "
+                        f"corpus/, e.g. {C}"]
+
+
+def test_work_still_out_at_a_clean_end_is_a_problem_but_not_while_running():
+    records = [dispatch(A), dispatch(B), done(A)]
+    assert _check_work(records, {A, B}, {"phase": "running"})[0] == []
+    problems, facts = _check_work(records, {A, B}, {"phase": "done"})
+    assert problems == [f"1 dispatches were neither committed nor taken back at the end, "
+                        f"e.g. {B}"]
+    assert facts["out at the end"] == 1
+
+
+def test_a_manifest_keeps_only_the_children_found_new_and_decodes_back():
+    staged = [StagedFile(B, 3), StagedFile(C, 4)]
+    result = Result(token="f" * 32, input_hash=A, outcome="ok", exit_status=0, wall_time=1.0,
+                    solver_time=0.5, staged=staged, generated=2, generation=3)
+    accepted = Accepted([Child(staged[1], None, True)], None, {})
+    decoded = decode_manifest(encode_manifest(result, accepted))
+    assert decoded.staged == [staged[1]] and decoded.generation == 3
+    assert decoded.input_hash == A and decoded.generated == 2
+    with pytest.raises(MalformedMessage):
+        decode_manifest("not base64!")
+    with pytest.raises(MalformedMessage):
+        decode_manifest("AAAA")
+
+
+class FakeWorld:
+    def __init__(self, views, rank=0):
+        self.views = views
+        self.rank = rank
+        self.aborted = None
+
+    def allgather(self, mine):
+        return [mine if i == self.rank else view for i, view in enumerate(self.views)]
+
+    def Get_rank(self):
+        return self.rank
+
+    def Abort(self, status):
+        self.aborted = status
+        raise SystemExit(status)
+
+
+@pytest.fixture
+def launch_ok(monkeypatch):
+    monkeypatch.setattr(capability, "launch_problem", lambda: None)
+    monkeypatch.setattr(capability, "probe_problem", lambda: None)
+
+
+def test_every_rank_able_and_agreeing_runs_with_recovery(launch_ok):
+    digest = capability.policy_digest()
+    for requested in (capability.FaultTolerance.ON, capability.FaultTolerance.AUTO):
+        decision = capability.decide(FakeWorld([None, (None, digest)]), requested)
+        assert decision.enabled and decision.reason.startswith(f"on ({requested.value})")
+
+
+def test_auto_without_ulfm_runs_without_recovery_and_says_why(launch_ok):
+    world = FakeWorld([None, ("mpiexec was not started with --with-ft ulfm",
+                              capability.policy_digest())])
+    decision = capability.decide(world, capability.FaultTolerance.AUTO)
+    assert not decision.enabled
+    assert decision.reason == ("off (auto): rank 1: mpiexec was not started with --with-ft "
+                               "ulfm; a dead rank ends the job")
+    assert world.aborted is None
+
+
+def test_on_without_ulfm_or_with_a_disagreeing_rank_aborts_with_status_74(launch_ok, capsys):
+    world = FakeWorld([None, ("no ULFM", capability.policy_digest())])
+    with pytest.raises(SystemExit):
+        capability.decide(world, capability.FaultTolerance.ON)
+    assert world.aborted == capability.ABORT_STATUS == 74
+    assert capsys.readouterr().out == ("symcc-mpi: error: --fault-tolerance on, but rank 1: "
+                                       "no ULFM\n")
+    disagreeing = FakeWorld([None, (None, "0" * 64)])
+    with pytest.raises(SystemExit):
+        capability.decide(disagreeing, capability.FaultTolerance.ON)
+    assert disagreeing.aborted == 74
+
+
+def test_off_asks_nothing_of_mpi(monkeypatch):
+    def fail():
+        raise AssertionError("probed although off")
+
+    monkeypatch.setattr(capability, "launch_problem", fail)
+    monkeypatch.setattr(capability, "probe_problem", fail)
+    world = FakeWorld([None, (None, capability.policy_digest())])
+    assert not capability.decide(world, capability.FaultTolerance.OFF).enabled
+
+
+def test_the_launch_check_reads_what_mpiexec_hands_its_ranks():
+    environment = {"OMPI_MCA_mpi_ft_enable": "1", "OMPI_MCA_pml": "ob1"}
+    assert capability.launch_problem(environment) is None
+    assert "--with-ft ulfm" in capability.launch_problem({"OMPI_MCA_pml": "ob1"})
+    assert "ob1" in capability.launch_problem({"OMPI_MCA_mpi_ft_enable": "1"})
