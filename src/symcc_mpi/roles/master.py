@@ -480,18 +480,17 @@ class Master:
     # -- generations (ulfm/) -------------------------------------------------------------
 
     def begin_generation(self, channel: Channel, generation: int, members: tuple[str, ...],
-                         repair=None, *, detected: float | None = None) -> None:
-        """Go on with the repaired communicator `channel`: every dispatch of the old one is
-        taken back (the failed ranks' first), their staging discarded, the ranks renumbered
-        by their endpoints. `repair` (ulfm.runtime.Repair) is None for a master that took
-        over, whose recovery `open_master` recorded."""
+                         repair, *, detected: float) -> None:
+        """Go on with the repaired communicator `channel` (`repair`: ulfm.runtime.Repair):
+        every dispatch of the old one is taken back (the failed ranks' first), their staging
+        discarded, the ranks renumbered by their endpoints."""
         old_rank = {endpoint: rank for rank, endpoint in enumerate(self.members)}
-        failed = {old_rank[e] for e in (repair.failed if repair else ()) if e in old_rank}
+        failed = {old_rank[e] for e in repair.failed if e in old_rank}
         renumbered = {rank: old_rank.get(endpoint) for rank, endpoint in enumerate(members)}
         retired = {new for new, old in renumbered.items() if old in self.dispatch.retired}
         requeued = self.dispatch.begin_generation(generation, failed, retired - {0})
         gone = [describe_endpoint(endpoint, self.members, self.generation)
-                for endpoint in (repair.failed if repair else ())]
+                for endpoint in repair.failed]
         for leftover in self.campaign.leftover_staging():  # nobody writes it any more
             shutil.rmtree(leftover, ignore_errors=True)
         per_worker = self.stats.per_worker
@@ -506,9 +505,8 @@ class Master:
         self.sends.clear()
         self.next_failure_check = 0.0
         self._count_doorbells()
-        if repair is not None:
-            self.note_recovery(generation, gone, requeued, repair.seconds, detected=detected,
-                               shrinks=repair.shrinks)
+        self.note_recovery(generation, gone, requeued, repair.seconds, detected=detected,
+                           shrinks=repair.shrinks)
         if not self.workers:
             self._begin_stop("no usable worker: every worker rank died")
 
