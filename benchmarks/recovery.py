@@ -41,7 +41,7 @@ what fault tolerance costs the master per task when nothing fails.
    transport's part, on - (off over tcp) the recovery machinery's (the dispatch record
    written before each WORK, the Get_failed polls). Goal: on - off <= +0.2 ms per task.
    Configurations alternate within each repetition, so a load change on the shared machine
-   hits them alike; each figure is the median over REPEATS (2) runs.
+   hits them alike; each figure is the median over --repeats (default 2) runs.
 """
 
 from __future__ import annotations
@@ -290,13 +290,13 @@ def overhead_run(scratch: Path, seeds: Path, config: str, workers: int, repeat: 
             "cpu_ms": extra["master_loop_cpu_seconds"] * 1e3 / TASKS}
 
 
-def overhead(scratch: Path) -> list[dict]:
+def overhead(scratch: Path, repeats: int = REPEATS) -> list[dict]:
     seeds = scratch / "noop-seeds"
     seeds.mkdir()
     for i in range(TASKS):
         (seeds / f"s{i:05d}").write_bytes(os.urandom(32))
     runs: dict[tuple[str, int], list[dict]] = {}
-    for repeat in range(REPEATS):
+    for repeat in range(repeats):
         for workers in OVERHEAD_WORKERS:
             for config in OVERHEAD_CONFIGS:
                 runs.setdefault((config, workers), []).append(
@@ -359,6 +359,8 @@ def main() -> None:
     parser.add_argument("--detector", metavar="PERIOD,TIMEOUT", type=detector_setting,
                         help="turn Open MPI's heartbeat detector on (mpi_ft_detector) with "
                              "this period and timeout, in seconds")
+    parser.add_argument("--repeats", type=int, default=REPEATS,
+                        help=f"overhead runs per configuration (default {REPEATS})")
     parser.add_argument("--skip-overhead", action="store_true",
                         help="only the kills (part 1); --campaigns 0: only the overhead")
     args = parser.parse_args()
@@ -382,7 +384,7 @@ def main() -> None:
                          f"{log.read_text(errors='replace')[-4000:]}")
             kills += done
             campaigns.append(end)
-        overhead_figures = [] if args.skip_overhead else overhead(scratch)
+        overhead_figures = [] if args.skip_overhead else overhead(scratch, args.repeats)
     recovery_goal = print_kills(kills, campaigns, args.detector) if kills else None
     overhead_goal = print_overhead(overhead_figures) if overhead_figures else None
     end_load = os.getloadavg()
