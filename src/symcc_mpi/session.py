@@ -95,6 +95,14 @@ def _finalize_within(seconds: float, status: int) -> None:
     timer.cancel()
 
 
+class JobEnded(Exception):
+    """The master ended the job on purpose (its end is in the generation log)."""
+
+    def __init__(self, status: int):
+        super().__init__(status)
+        self.status = status
+
+
 class Generations:
     """One rank's life under ULFM: its role on each generation of the communicator, and the
     recovery between two (ulfm/runtime.py). Rank 0 of each generation is the master; a
@@ -141,7 +149,10 @@ class Generations:
             except RankFailure as failure:
                 detected = time.time()
                 log.warning("rank %d: %s: recovering", generation.rank, failure)
-                generation = self._recover(generation, detected)
+                try:
+                    generation = self._recover(generation, detected)
+                except JobEnded as end:
+                    return end.status
 
     def _open(self, members: tuple[str, ...]) -> int | None:
         """Rank 0 of the first generation: the master, and the run's first generation."""
@@ -155,8 +166,14 @@ class Generations:
             master.close()
             raise
         master.generation, master.members = record.generation, members
-        self.master = master
+        self._adopt(master)
         return None
+
+    def _adopt(self, master) -> None:
+        """`master` is this rank's role now; it leaves its end on record before it aborts."""
+        master.before_abort = lambda status, reason: self.log.end(master.generation, status,
+                                                                  reason)
+        self.master = master
 
     def _serve(self) -> int:
         if self.master is not None:
@@ -180,6 +197,11 @@ class Generations:
             raise GenerationLogError("a rank died before the campaign's first generation "
                                      "began: nothing to recover, continue with --resume")
         generation = Generation(current.generation, generation.comm, generation.members)
+        ended = self.log.ended(generation.number)
+        if ended is not None:  # not a failure: the master ended the job, and it ends so
+            log.warning("rank %d: the master ended the job (%s): not recovering",
+                        generation.rank, ended.body["reason"])
+            raise JobEnded(ended.body["status"])
         self.recoveries += 1
         if (self.master or self.worker).faults.fire_at("die", "recovery", self.recoveries):
             die(f"fault: SIGKILL of rank {generation.rank} inside recovery #{self.recoveries}")
@@ -220,7 +242,7 @@ class Generations:
                              master="new")
         if not master.workers:
             master._begin_stop("no usable worker: every worker rank died")
-        self.master = master
+        self._adopt(master)
 
 
 def _run_role(channel, config: CampaignConfig) -> int:

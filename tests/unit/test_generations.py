@@ -365,3 +365,17 @@ def test_survivors_preparing_and_committing_at_once_write_each_record_once(tmp_p
     assert len(set(results)) == 1
     assert results[0][0] == 1 and results[0][2] == 2
     assert _kinds(log) == [("start", 0), ("prepare", 0), ("commit", 1)]
+
+
+# -- an end on purpose ----------------------------------------------------------------------
+
+
+def test_an_end_on_purpose_is_on_record_for_its_generation_only(tmp_path):
+    log = _log(tmp_path)
+    log.start(MEMBERS, {})
+    assert log.ended(0) is None
+    log.end(0, 70, "workers did not acknowledge STOP")
+    assert log.ended(0).body == {"status": 70, "reason": "workers did not acknowledge STOP"}
+    assert log.ended(1) is None
+    assert log.current().generation == 0  # an end begins nothing
+    assert _kinds(log) == [("start", 0), ("end", 0)]

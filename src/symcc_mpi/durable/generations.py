@@ -12,6 +12,9 @@ Records, each with the next `ordinal` (0, 1, 2, ... with no gap):
     {"kind": "start",   "generation": g, "members": [...], ...}   a run's first generation
     {"kind": "prepare", "generation": g, "plan": {...}}           recovery of generation g
     {"kind": "commit",  "generation": g+1, "receipt": {...}}      generation g+1 begins
+    {"kind": "end",     "generation": g, "status": ..., ...}      the master ended the job
+                                                                  (MPI_Abort): no survivor
+                                                                  recovers from it
 
 The rules (F443 §5): a request whose record exists already - same kind, same generation - is
 answered from that record when its digest is the same (an idempotent retry: a second survivor
@@ -111,6 +114,16 @@ class GenerationLog:
             body = {"members": members, **extra}
             return self._append(fd, records, "start", last + 1, body)
 
+    def end(self, generation: int, status: int, reason: str) -> Record:
+        """The master ends the job on purpose (MPI_Abort): survivors must not take over."""
+        with self._locked() as (records, fd):
+            return self._append(fd, records, "end", generation,
+                                {"status": status, "reason": reason})
+
+    def ended(self, generation: int) -> Record | None:
+        """The end record of `generation`, if its master ended the job on purpose."""
+        return self.find("end", generation)
+
     def prepare(self, plan: dict[str, Any]) -> Record:
         generation = plan["generation"]
         with self._locked() as (records, fd):
@@ -165,7 +178,7 @@ class GenerationLog:
 def _record(raw: dict[str, Any]) -> Record:
     record = Record(int(raw["ordinal"]), str(raw["kind"]), int(raw["generation"]),
                     dict(raw["body"]), str(raw["digest"]))
-    if record.kind not in ("start", "prepare", "commit"):
+    if record.kind not in ("start", "prepare", "commit", "end"):
         raise ValueError(f"unknown record kind {record.kind!r}")
     if digest_of(record.body) != record.digest:
         raise ValueError("the record's digest is not that of its body")

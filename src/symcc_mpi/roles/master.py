@@ -19,6 +19,7 @@ import statistics
 import sys
 import time
 from collections import Counter, deque
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -56,6 +57,7 @@ REPORT_INTERVAL = 1.0
 SWEEP_INTERVAL = 0.02
 STOP_FILE_CHECK_INTERVAL = 0.25
 SHUTDOWN_GRACE = 10.0
+ABORT_SILENT = 70  # MPI_Abort's status when workers stay silent past STOP (F317 W10)
 FAILURE_POLL = 0.1  # under ULFM: seconds between asking MPI for dead ranks (Get_failed)
 
 
@@ -139,6 +141,9 @@ class Master:
         # The campaign's verdict, in the final stats.json: the launcher's exit status even
         # when mpiexec reports the ranks that died on the way (launch.py).
         self.exit_status: int | None = None
+        # Called before the master ends the job with MPI_Abort: under ULFM the survivors
+        # would otherwise take the campaign over (session.py leaves the end on record).
+        self.before_abort: Callable[[int, str], object] | None = None
         self.committer = Committer(campaign, self.frontier, self.stats, triage=triage,
                                    pruning=pruning, checkpoint=self.checkpoint)
         self.phase = Phase.RUNNING
@@ -469,8 +474,12 @@ class Master:
                           " (parked: silent since the watchdog took back their work)"
                           if parked.keys() & set(missing) else "")
                 with self._stopping_if_storage_refuses():
+                    self.checkpoint.after_round(final=True)
+                with self._stopping_if_storage_refuses():
                     self.report(final=True)
-                self.channel.comm.Abort(70)
+                if self.before_abort is not None:
+                    self.before_abort(ABORT_SILENT, "workers did not acknowledge STOP")
+                self.channel.comm.Abort(ABORT_SILENT)
 
     def _send_stops(self) -> None:
         for rank in self.workers:
