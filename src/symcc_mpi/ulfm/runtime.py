@@ -19,7 +19,7 @@ import logging
 import os
 import socket
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from ..durable.generations import GenerationLog, GenerationLogError, digest_of
@@ -35,7 +35,6 @@ class Generation:
     number: int
     comm: Any  # MPI.Intracomm, or a fake one in tests
     members: tuple[str, ...]  # the endpoint of each rank, in rank order
-    began: float = field(default_factory=time.time)
 
     @property
     def rank(self) -> int:
@@ -70,7 +69,7 @@ def describe_endpoint(name: str, members: tuple[str, ...], generation: int) -> s
 
 
 def recover(generation: Generation, generations: GenerationLog, *,
-            errhandler=None, on_shrunk=None) -> tuple[Generation, Repair]:
+            errhandler=None) -> tuple[Generation, Repair]:
     """Every survivor of `generation` calls this; all return the same next generation.
     Raises GenerationLogError when the log refuses (a fork): the caller must abort."""
     began = time.monotonic()
@@ -83,8 +82,6 @@ def recover(generation: Generation, generations: GenerationLog, *,
         comm = comm.Shrink()
         if errhandler is not None:
             comm.Set_errhandler(errhandler)
-        if on_shrunk is not None:
-            on_shrunk(shrinks)
         agreed = 1
         try:
             with failures_raised():
