@@ -78,7 +78,12 @@ def recover(generation: Generation, generations: GenerationLog, *,
     plan = {"generation": generation.number, "members": list(generation.members)}
     _reconciled(generations.prepare, plan)
     comm = generation.comm
-    for shrinks in range(1, MAX_REPAIRS + 1):
+    shrinks = 0
+    while True:
+        shrinks += 1
+        if shrinks > MAX_REPAIRS:
+            raise GenerationLogError(f"generation {generation.number}: ranks kept failing "
+                                     f"through {MAX_REPAIRS} repairs")
         comm = comm.Shrink()
         if errhandler is not None:
             comm.Set_errhandler(errhandler)
@@ -97,9 +102,6 @@ def recover(generation: Generation, generations: GenerationLog, *,
             break
         log.warning("a rank failed during the recovery of generation %d: shrinking again",
                     generation.number)
-    else:
-        raise GenerationLogError(f"generation {generation.number}: ranks kept failing through "
-                                 f"{MAX_REPAIRS} repairs")
     strangers = sorted(set(members) - set(generation.members))
     if strangers:
         raise GenerationLogError(f"ranks {strangers} were not members of generation "
