@@ -4,11 +4,9 @@ every other rank runs the worker loop. Rank 0's verdict reaches workers before a
 from __future__ import annotations
 
 import logging
-import os
 import shutil
 import signal
 import sys
-import threading
 import time
 from dataclasses import replace
 
@@ -23,7 +21,7 @@ from .storage import STOP_ADVICE, STORAGE_EXIT, describe, storage_refused
 log = logging.getLogger("symcc_mpi.session")
 SEND_FLUSH_TIMEOUT = 10.0
 ABORT_STATUS = 1  # MPI_Abort's status when a rank fails with an unexpected error
-FINALIZE_DEADLINE = 10.0
+FINALIZE_DEADLINE = 10  # seconds (signal.alarm)
 TAKEOVER_LOCK_WAIT = 120.0  # NFS keeps a dead client's locks until its lease expires (~90 s)
 
 
@@ -48,7 +46,7 @@ def run_rank(config: CampaignConfig) -> int:
             return _run_role(world, config)
         status = job.run()
         _flush(job.channel, world.rank)
-        _finalize_within(FINALIZE_DEADLINE, status)
+        _finalize_within(FINALIZE_DEADLINE)
         return status
     except GenerationLogError as error:  # recovery refused: fail closed, in one line
         log.error("rank %d: cannot recover: %s; ending the job", world.rank, error)
@@ -76,23 +74,22 @@ def _flush(channel, rank: int) -> None:
         log.warning("rank %d: messages unsent at exit: %s", rank, failure)
 
 
-def _finalize_within(seconds: float, status: int) -> None:
+def _finalize_within(seconds: int) -> None:
     """MPI_Finalize, bounded: after ranks died, survivors can wait in it for ever (DESIGN §8,
-    ompi#11404). Everything is committed and reported by now; past the deadline the rank
-    exits with its status all the same."""
+    ompi#11404; seen here). Everything is committed and reported by now. mpi4py holds the
+    GIL inside Finalize, so no Python thread could end the wait: SIGALRM, whose default
+    action the kernel carries out, ends the rank instead (its campaign's verdict is in
+    stats.json, which our launcher reports)."""
     from mpi4py import MPI
 
-    def give_up() -> None:
-        log.warning("MPI_Finalize did not return within %g s: exiting without it", seconds)
-        logging.shutdown()
-        sys.stdout.flush()
-        os._exit(status)
-
-    timer = threading.Timer(seconds, give_up)
-    timer.daemon = True
-    timer.start()
+    for handler in logging.getLogger().handlers:
+        handler.flush()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    signal.signal(signal.SIGALRM, signal.SIG_DFL)
+    signal.alarm(seconds)
     MPI.Finalize()
-    timer.cancel()
+    signal.alarm(0)
 
 
 class JobEnded(Exception):
