@@ -30,6 +30,9 @@ over as master fires the master's points:
 
 - `die@N`: SIGKILL itself; a worker during its N-th execution, the master right after its
   N-th WORK send;
+- `die@N=after-recovery` (master): SIGKILL itself right after its N-th WORK send since the
+  first recovery it went through, kept or taking over (a second failure that must come
+  after the first, however fast each rank runs);
 - `die@N=recovery`: SIGKILL itself inside its N-th recovery, after the durable prepare and
   before the shrink (a failure during the recovery itself);
 - `die@N=after-manifest`, `die@N=after-publish` (master): SIGKILL itself inside its N-th
@@ -70,7 +73,7 @@ from .durable.journal import Writer, write_all
 from .protocol import ResultField
 
 WORKER_KINDS = ("foreign-result", "stale-result", "malformed-result", "stop", "hostile", "die")
-DIE_POINTS = ("", "recovery", "after-manifest", "after-publish", "closing")
+DIE_POINTS = ("", "recovery", "after-recovery", "after-manifest", "after-publish", "closing")
 # What `malformed-result` already covers (garbage bytes) is not a hostile field.
 HOSTILE_FIELDS = tuple(f.value for f in ResultField if f is not ResultField.UNDECODABLE)
 HOSTILE_MARK = b"hostile result: must never reach the corpus "

@@ -129,6 +129,7 @@ class Master:
         self.faults = Faults(world_rank)  # a worker that took over keeps its own plan
         campaign.commit_probe = self.faults.commit_probe()
         self.work_sends = 0
+        self.sends_since_recovery: int | None = None  # counted from the first (faults)
         self.commits_seen: Counter[str] = Counter()  # per point of the commit (faults)
         self.object_sends = 0
         self.stats = MasterStats()
@@ -307,6 +308,11 @@ class Master:
             self.channel.send(rank, Tag.WORK, work)
             if self.faults.fire("die", self.work_sends):
                 die(f"fault: SIGKILL of the master after WORK send #{self.work_sends}")
+            if self.sends_since_recovery is not None:
+                self.sends_since_recovery += 1
+                if self.faults.fire_at("die", "after-recovery", self.sends_since_recovery):
+                    die("fault: SIGKILL of the master after WORK send "
+                        f"#{self.sends_since_recovery} since its first recovery")
             if self.faults.fire("send-ambiguous", self.work_sends):
                 raise OSError(f"injected: WORK send #{self.work_sends} to rank {rank} "
                               "delivered, then reported failure")
@@ -319,6 +325,7 @@ class Master:
             self.stats.startup_seconds = time.time() - _command_time()
         if self.stats.failures and self.stats.failures[-1]["first_dispatch"] is None:
             self.stats.failures[-1]["first_dispatch"] = time.time()
+            self._report_now()
         # A dispatch's master time runs from the previous send (or the round's first) to its
         # own: reading the input, the transaction, the send.
         now = time.perf_counter()
@@ -497,9 +504,9 @@ class Master:
         failed = {old_rank[e] for e in repair.failed if e in old_rank}
         renumbered = {rank: old_rank.get(endpoint) for rank, endpoint in enumerate(members)}
         retired = {new for new, old in renumbered.items() if old in self.dispatch.retired}
-        requeued = self.dispatch.begin_generation(generation, failed, retired - {0})
         gone = [describe_endpoint(endpoint, self.members, self.generation)
                 for endpoint in repair.failed]
+        requeued = self.dispatch.begin_generation(generation, failed, retired - {0})
         for leftover in self.campaign.leftover_staging():  # nobody writes it any more
             shutil.rmtree(leftover, ignore_errors=True)
         per_worker = self.stats.per_worker
@@ -531,6 +538,9 @@ class Master:
             "generation": generation, "failed": failed, "requeued": len(requeued),
             "master": master, "shrinks": shrinks, "recovery_seconds": round(seconds, 3),
             "detected": detected, "first_dispatch": None})
+        if self.sends_since_recovery is None:
+            self.sends_since_recovery = 0
+        self._report_now()
         log.warning("generation %d: %s gone, %d inputs in flight requeued, master %s, "
                     "recovered in %.2f s", generation, ", ".join(failed) or "no rank",
                     len(requeued), master, seconds)
@@ -613,6 +623,12 @@ class Master:
     def report(self, final: bool = False) -> None:
         if self.reporter is not None:
             self.reporter(self, final)
+
+    def _report_now(self) -> None:
+        """Report a recovery at once, not at the next second: a master taking over carries
+        the figures on from stats.json, and this one may die within that second."""
+        with self._stopping_if_storage_refuses():
+            self.report()
 
 
 def _command_time() -> float:
