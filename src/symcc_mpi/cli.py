@@ -43,6 +43,9 @@ def cli() -> None:
               help="Campaign directory (on a filesystem every rank sees).")
 @click.option("--workers", type=int, default=2, show_default=True,
               help="Worker ranks when symcc-mpi starts mpiexec itself.")
+@click.option("--masters", type=int, default=1, show_default=True,
+              help="Masters sharing the campaign, each with its share of the ranks; every "
+                   "input is analysed once across all of them.")
 @click.option("--executor", type=click.Choice(EXECUTORS), default="triton", show_default=True)
 @click.option("--afl-target", metavar="CMD",
               help="AFL-instrumented build for coverage triage (afl-showmap).")
@@ -60,7 +63,7 @@ def cli() -> None:
                    "starts mpiexec itself, auto under your own mpirun/srun.")
 @click.option("--resume", is_flag=True, help="Continue the campaign in --out.")
 @click.option("--no-live", is_flag=True, help="Progress lines instead of the live view.")
-def explore(target, seeds, out, workers, executor, afl_target, timeout, memory_limit,
+def explore(target, seeds, out, workers, masters, executor, afl_target, timeout, memory_limit,
             wall_timeout, max_idle, pruning, fault_tolerance, resume, no_live) -> None:
     """Explore a target from seed inputs with N workers until the frontier is exhausted."""
     from .launch import check_workers, launch, launched_by_us, under_mpi
@@ -74,6 +77,7 @@ def explore(target, seeds, out, workers, executor, afl_target, timeout, memory_l
             seeds=(seeds or out / "__no_seeds__").absolute(),
             out=out.absolute(),
             workers=workers,
+            masters=masters,
             executor=executor,
             afl_target=parse_command(afl_target, "--afl-target") if afl_target else None,
             timeout=timeout,
@@ -87,7 +91,7 @@ def explore(target, seeds, out, workers, executor, afl_target, timeout, memory_l
         if under_mpi():
             sys.exit(run_rank(config))
         check_config(config)
-        check_workers(config.workers)
+        check_workers(config.workers, config.masters)
         sys.exit(launch(config, sys.argv[1:], live=not no_live and sys.stdout.isatty()))
     except (UsageError, CampaignError) as error:
         raise _Fail(str(error)) from None

@@ -23,6 +23,7 @@ class CampaignConfig:
     seeds: Path
     out: Path
     workers: int = 2
+    masters: int = 1  # groups of ranks, each a master and its workers, sharing OUT (F320)
     executor: str = "triton"
     afl_target: tuple[str, ...] | None = None
     timeout: float = 10.0  # per execution, seconds
@@ -46,6 +47,7 @@ class CampaignConfig:
             "seeds": str(self.seeds),
             "out": str(self.out),
             "workers": self.workers,
+            "masters": self.masters,
             "executor": self.executor,
             "afl_target": list(self.afl_target) if self.afl_target else None,
             "timeout": self.timeout,
@@ -98,6 +100,11 @@ def check_seeds(seeds: Path) -> list[Path]:
 def check_numbers(config: CampaignConfig) -> None:
     if config.workers < 1:
         raise UsageError(f"--workers must be at least 1 (got {config.workers})")
+    if config.masters < 1:
+        raise UsageError(f"--masters must be at least 1 (got {config.masters})")
+    if config.workers < config.masters:
+        raise UsageError(f"--masters {config.masters} needs at least one worker each "
+                         f"(--workers {config.workers})")
     if not config.timeout > 0:
         raise UsageError(f"--timeout must be positive (got {config.timeout})")
     for name, value in (("--wall-timeout", config.wall_timeout), ("--max-idle", config.max_idle)):

@@ -43,7 +43,7 @@ from pathlib import Path
 from .durable.atomic import fsync_directory, write_durable
 from .durable.journal import Damage, DamageKind, JournalCorrupt, LineLog, Writer, inspect
 from .frontier import Frontier
-from .protocol import SHA256_PATTERN, TOKEN_PATTERN
+from .protocol import SHA256_PATTERN, TOKEN_PATTERN, Finding
 from .regular import DIRECTORY_FLAGS, read_regular
 from .report import afl_queue_name, parse_afl_queue_id
 
@@ -53,6 +53,8 @@ STOP_REQUEST = ".stop-request"
 RUN_ID_ENV = "SYMCC_MPI_RUN_ID"
 LAYOUT_VERSION = 1
 DONE_JOURNAL = "done.jsonl"
+MASTER_STATE = "master-{}"  # under state/: master k's own state, for k >= 1 (--masters)
+FINDINGS = "findings"  # in a master's state: crashes and hangs it handed to the first master
 
 log = logging.getLogger("symcc_mpi.corpus")
 
@@ -136,11 +138,33 @@ def _probe_writable(out: Path) -> None:
         raise CampaignError(f"output directory {out} is not writable: {error.strerror}") from None
 
 
-class CampaignDir:
-    """The master's view of OUT. Only the master (rank 0) mutates it; workers stage."""
+def master_state(out: Path, master: int) -> Path:
+    """Where master `master` keeps its journal, lock and checkpoints: state/ itself for the
+    first (a one-master campaign's layout), state/master-k/ for the others."""
+    state = out / "state"
+    return state if master == 0 else state / MASTER_STATE.format(master)
 
-    def __init__(self, out: Path, inputs: Frontier | None = None):
+
+def done_journals(out: Path) -> list[Path]:
+    """Every master's done journal that exists, the first master's first: together they are
+    the campaign's "analysed" set, whatever number of masters wrote them."""
+    state = out / "state"
+    numbered = {}
+    for path in state.glob(MASTER_STATE.format("*") + "/" + DONE_JOURNAL):
+        number = path.parent.name.rpartition("-")[2]
+        if number.isdigit():
+            numbered[int(number)] = path
+    others = [numbered[number] for number in sorted(numbered)]
+    first = state / DONE_JOURNAL
+    return ([first] if first.exists() else []) + others
+
+
+class CampaignDir:
+    """A master's view of OUT. Only masters mutate it, each its own state; workers stage."""
+
+    def __init__(self, out: Path, inputs: Frontier | None = None, *, master: int = 0):
         self.out = out
+        self.master = master
         # Per-input state lives in the master's compact frontier (AFL queue ids here).
         self.inputs = inputs if inputs is not None else Frontier()
         self.corpus = out / "corpus"
@@ -148,7 +172,7 @@ class CampaignDir:
         self.queue = out / "queue"
         self.crashes = out / "crashes"
         self.hangs = out / "hangs"
-        self.state = out / "state"
+        self.state = master_state(out, master)
         self.quarantine = out / "quarantine"
         self._corpus, self._staging, self._queue = map(str, (self.corpus, self.staging,
                                                              self.queue))
@@ -163,6 +187,9 @@ class CampaignDir:
         self.crash_hashes: set[str] = set()
         self.hang_hashes: set[str] = set()
         self._next_ids = {"queue": 0, "crashes": 0, "hangs": 0}
+        # A master other than the first names nothing in queue/, crashes/, hangs/: it hands
+        # each finding to the first master (federation.py), which keeps AFL's ids in order.
+        self.forward_finding: Callable[[Finding], None] | None = None
 
     # -- opening -----------------------------------------------------------------------
 
@@ -272,10 +299,11 @@ class CampaignDir:
         records, torn = self.inspect_journal()
         return [r for r in records if "kind" not in r], torn
 
-    def inspect_journal(self) -> tuple[list[dict], Damage | None]:
-        """Every record of the journal (done records and work records), read-only."""
+    def inspect_journal(self, path: Path | None = None) -> tuple[list[dict], Damage | None]:
+        """Every record of a done journal (done records and work records), read-only: this
+        master's, or the one at `path`."""
         records: list[dict] = []
-        damage = inspect(self.done_journal, lambda record: records.append(
+        damage = inspect(path or self.done_journal, lambda record: records.append(
             _checked_record(record)))
         torn = None
         for item in damage:  # only the last line can be torn
@@ -283,6 +311,16 @@ class CampaignDir:
                 raise _corrupt_done(item)
             torn = item
         return records, torn
+
+    def done_elsewhere(self) -> set[str]:
+        """The inputs the other masters' done journals record (--masters), read-only: a torn
+        last line is its own master's to repair."""
+        done: set[str] = set()
+        for path in done_journals(self.out):
+            if path != self.done_journal:
+                records, _ = self.inspect_journal(path)
+                done.update(r["sha256"] for r in records if "kind" not in r)
+        return done
 
     def open_done(self, *, writer: Writer | None = None) -> list[dict]:
         """The done records, as `open_journal` (the work records are left out)."""
@@ -430,7 +468,18 @@ class CampaignDir:
         return True
 
     def add_to_queue(self, digest: str, parent: str) -> None:
+        if self.forward_finding is not None:
+            self.forward_finding(Finding("queue", digest, parent))
+            return
         self._add_to_queue(digest, sources=self._source_ids(parent))
+
+    def queue_finding(self, digest: str, parent: str) -> bool:
+        """Another master kept corpus/<digest>: its queue/ entry, once (the first master)."""
+        if self.inputs.queue_id(digest) is not None \
+                or not os.path.exists(os.path.join(self._corpus, digest)):
+            return False
+        self._add_to_queue(digest, sources=self._source_ids(parent))
+        return True
 
     def _add_to_queue(self, digest: str, *, sources: tuple[int, ...] = (),
                       orig: str | None = None) -> None:
@@ -449,6 +498,15 @@ class CampaignDir:
         known = self.crash_hashes if kind == "crashes" else self.hang_hashes
         if digest in known:
             return False
+        if self.forward_finding is not None:
+            if data is not None:  # durable here first: the message may die with its receiver
+                kept = self.state / FINDINGS / kind / digest
+                kept.parent.mkdir(parents=True, exist_ok=True)
+                write_durable(kept, data, fsync=False)  # synced at the group commit
+                self._published(str(kept))
+            self.forward_finding(Finding(kind, digest, parent or "", signal, data or b""))
+            known.add(digest)
+            return True
         name = afl_queue_name(self._next_ids[kind], self._source_ids(parent), sig=signal)
         directory = self.crashes if kind == "crashes" else self.hangs
         target = os.path.join(directory, name)
@@ -460,6 +518,19 @@ class CampaignDir:
         self._published(target)
         known.add(digest)
         return True
+
+    def adopt_findings(self) -> int:
+        """The crashes and hangs other masters kept in their state and the first master did
+        not name before the job ended (its message lost with it): named now, without their
+        parent. Returns how many."""
+        adopted = 0
+        for kind in ("crashes", "hangs"):
+            for path in sorted(self.out.glob(f"state/{MASTER_STATE.format('*')}/{FINDINGS}/"
+                                             f"{kind}/*")):
+                if SHA256_PATTERN.match(path.name) and path.is_file():
+                    adopted += self.save_finding(kind, path.name, None,
+                                                 data=path.read_bytes())
+        return adopted
 
     def _source_ids(self, parent: str | None) -> tuple[int, ...]:
         source = self.inputs.queue_id(parent) if parent else None

@@ -58,16 +58,16 @@ def find_mpiexec() -> str:
     return found
 
 
-def check_workers(workers: int, available: int | None = None) -> None:
+def check_workers(workers: int, masters: int = 1, available: int | None = None) -> None:
     """Refuse, before mpiexec forks anything, more ranks than this machine's memory holds
     (`available` bytes; by default what the kernel says is available now). Every rank here
     is a Python process of its own: ~44 MB resident measured before its executor runs
     (Open MPI 5, mpi4py, msgspec), so RANK_MEMORY per rank is the least a campaign needs."""
     available = _available_memory() if available is None else available
-    ranks = workers + 1
+    ranks = workers + masters
     if available is None or ranks * RANK_MEMORY <= available:
         return
-    fit = max(available // RANK_MEMORY - 1, 0)
+    fit = max(available // RANK_MEMORY - masters, 0)
     raise UsageError(f"--workers {workers} would start {ranks} MPI ranks on this machine, "
                      f"{ranks * RANK_MEMORY / 2**30:.1f} GiB at {RANK_MEMORY >> 20} MiB each, "
                      f"but only {available / 2**30:.1f} GiB of memory is available: at most "
@@ -88,7 +88,7 @@ def _available_memory() -> int | None:
 def mpiexec_command(config: CampaignConfig, argv: list[str]) -> list[str]:
     # libfabric's BTL (ofi) spends ~1 s of every rank's MPI_Init probing fabrics that a job
     # on one machine never uses (measured on Open MPI 5.0.11).
-    command = [find_mpiexec(), "-n", str(config.workers + 1), "--oversubscribe",
+    command = [find_mpiexec(), "-n", str(config.workers + config.masters), "--oversubscribe",
                "--bind-to", "none"]
     if config.fault_tolerance == "off":
         command += ["--mca", "btl", "^ofi"]

@@ -26,6 +26,20 @@ STATS_FILE = "stats.json"
 
 
 def master_snapshot(master) -> CampaignSnapshot:
+    """The master's figures; with several masters, root's are the whole campaign's."""
+    snapshot = _own_snapshot(master)
+    federation = master.federation
+    if federation is None:
+        return snapshot
+    snapshot.extra["federation"] = federation.statistics()
+    if not federation.root:
+        return snapshot
+    from .federation import combine
+
+    return combine(snapshot, federation.figures, federation.world_ranks)
+
+
+def _own_snapshot(master) -> CampaignSnapshot:
     stats, frontier, config = master.stats, master.frontier, master.config
     coverage = master.triage
     return CampaignSnapshot(

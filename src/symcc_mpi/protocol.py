@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import enum
 import re
+from typing import Any, Literal
 
 import msgspec
 
 from .executors.base import Outcome
+from .quiescence import ControlMessage
 from .triage import Status as ProbeStatus
 
 
@@ -26,6 +28,10 @@ class Tag(enum.IntEnum):
     FATAL = 6  # a rank cannot go on (executor unusable, ...); the reason travels as data
     CONFIG = 7  # rank 0's verdict on the configuration, sent before any work
     RELEASE = 8  # the campaign is closed (everything durable): a worker may exit
+    # Between masters (--masters, federation.py), on their own communicator:
+    FINDING = 9  # an input kept, or a crash or hang, for the first master to name (AFL face)
+    FIGURES = 10  # a master's figures, for the first master's reports
+    QUIESCENCE = 11  # the two-phase end of the campaign (quiescence.py)
 
 
 class ResultOutcome(str, enum.Enum):
@@ -147,6 +153,26 @@ class ConfigVerdict(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     generation: int = 0  # the communicator generation this CONFIG opens (ulfm/)
 
 
+class Finding(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    """A master other than the first kept an input (`queue`, corpus/<sha256> is published)
+    or found a crash or hang: the first master gives it its AFL name, because AFL's sync
+    skips for ever an id that appears after a higher one (federation.py)."""
+
+    kind: Literal["queue", "crashes", "hangs"]
+    sha256: str
+    parent: str = ""  # the input it was generated from; "" for none
+    signal: int | None = None  # of a crash
+    data: bytes = b""  # a crash's or hang's bytes when corpus/ does not hold them
+
+
+class Figures(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    """A master's latest figures (report.CampaignSnapshot fields), for the first master."""
+
+    master: int
+    snapshot: dict[str, Any]
+    final: bool = False
+
+
 ENVELOPES: dict[Tag, type[msgspec.Struct]] = {
     Tag.READY: Ready,
     Tag.WORK: Work,
@@ -156,6 +182,9 @@ ENVELOPES: dict[Tag, type[msgspec.Struct]] = {
     Tag.FATAL: Fatal,
     Tag.CONFIG: ConfigVerdict,
     Tag.RELEASE: Release,
+    Tag.FINDING: Finding,
+    Tag.FIGURES: Figures,
+    Tag.QUIESCENCE: ControlMessage,  # a union: each message carries its kind
 }
 
 _ENCODER = msgspec.msgpack.Encoder()
@@ -219,10 +248,16 @@ def _check_fields(message: msgspec.Struct) -> None:
     if token is not None and not TOKEN_PATTERN.match(token):
         raise MalformedMessage(f"bad token {token!r}", ResultField.UNDECODABLE
                                if isinstance(message, Result) else None)
+    named = getattr(message, "sha256", None)
+    if named is not None and not SHA256_PATTERN.match(named):
+        raise MalformedMessage(f"bad sha256 {named!r:.80}")
     digest = getattr(message, "input_hash", None)
     if digest is not None and not SHA256_PATTERN.match(digest):
         raise MalformedMessage(f"bad input hash {digest!r}", ResultField.INPUT_HASH
                                if isinstance(message, Result) else None)
+    parent = getattr(message, "parent", "")
+    if parent and not SHA256_PATTERN.match(parent):
+        raise MalformedMessage(f"bad parent hash {parent!r:.80}")
     for object_id in getattr(message, "objects", ()):
         if not SHA256_PATTERN.match(object_id):
             raise MalformedMessage(f"bad object id {object_id!r}")

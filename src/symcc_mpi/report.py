@@ -485,6 +485,11 @@ def render_live(snap: CampaignSnapshot) -> Panel:
     )
     workers = snap.workers or len(snap.per_worker)
     subtitle = f"{workers} worker{'s' if workers != 1 else ''}"
+    per_master = snap.extra.get("per_master")
+    if per_master:
+        subtitle += " · " + ", ".join(f"master {index}: {m['executions']:,} execs"
+                                      for index, m in sorted(per_master.items(),
+                                                             key=lambda item: int(item[0])))
     parked = (snap.extra.get("dispatch") or {}).get("parked")
     if parked:
         subtitle += f" · {len(parked)} parked (no answer within the watchdog deadline)"
@@ -528,6 +533,7 @@ def summary_table(snap: CampaignSnapshot) -> Table:
     if recovery:
         rows.append(("dispatch recovery", recovery))
     rows += _failures(snap.extra.get("failures") or [], snap.extra.get("redone_commits") or 0)
+    rows += _per_master(snap.extra.get("per_master") or {})
     for i, (name, value) in enumerate(rows):
         table.add_row(name, value, end_section=i == len(rows) - 1 and bool(snap.per_worker))
     for rank in sorted(snap.per_worker):
@@ -535,6 +541,16 @@ def summary_table(snap: CampaignSnapshot) -> Table:
         text = ", ".join(f"{k}={_figure(v)}" for k, v in figures.items())
         table.add_row(f"worker {rank}", text)
     return table
+
+
+def _per_master(per_master: Mapping[str, Mapping[str, Any]]) -> list[tuple[str, str]]:
+    """One row per master of a campaign of several (federation.py)."""
+    return [(f"master {index} (rank {m['world_rank']})",
+             f"{m['executions']:,} executions by {m['workers']} workers, "
+             f"{m['interesting']:,} kept; leases: {m['claims']:,} claimed, "
+             f"{m['steals']:,} taken over, {m['expiries']:,} lost, "
+             f"{m['stale_results']:,} stale results")
+            for index, m in sorted(per_master.items(), key=lambda item: int(item[0]))]
 
 
 def _failures(failures: list[dict], redone: int) -> list[tuple[str, str]]:

@@ -37,6 +37,8 @@ def run_rank(config: CampaignConfig) -> int:
     if world.rank != 0:
         # Ctrl-C on a terminal reaches every rank; only the master decides when work stops.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if config.masters > 1:
+        return _run_federated(world, config)
     decision = decide(MPI.COMM_WORLD, FaultTolerance(config.fault_tolerance))
     if world.rank == 0:
         log.info("fault tolerance %s", decision.reason)
@@ -242,6 +244,83 @@ class Generations:
         self._adopt(master)
 
 
+def _run_federated(world, config: CampaignConfig) -> int:
+    """Several masters (federation.py): the ranks split into groups, a master and its
+    workers each; the first master opens the campaign before the others join it."""
+    from mpi4py import MPI
+
+    from .federation import Federation, groups
+    from .ownership import new_epoch
+    from .transport import Channel
+
+    try:
+        layout = groups(world.size, config.masters)
+    except UsageError as error:
+        if world.rank == 0:
+            print(f"symcc-mpi: error: {error}", flush=True)
+        return 2
+    index = next(k for k, ranks in enumerate(layout) if world.rank in ranks)
+    group = Channel(MPI.COMM_WORLD.Split(index, world.rank))
+    is_master = group.rank == 0
+    masters_comm = MPI.COMM_WORLD.Split(0 if is_master else MPI.UNDEFINED, world.rank)
+    epoch = MPI.COMM_WORLD.bcast(new_epoch() if world.rank == 0 else None, root=0)
+    try:
+        if not is_master:
+            from .roles.worker import run_worker
+
+            return run_worker(group, config)
+        federation = Federation(Channel(masters_comm), index=index, masters=config.masters,
+                                out=config.out, epoch=epoch, world_ranks=layout,
+                                execution_timeout=config.timeout)
+        status = _run_federated_master(group, masters_comm, federation, config)
+        _flush(federation.channel, world.rank)
+        return status
+    except Exception:
+        log.exception("rank %d failed; ending the job", world.rank)
+        MPI.COMM_WORLD.Abort(ABORT_STATUS)
+        raise
+    finally:
+        _flush(group, world.rank)
+
+
+def _run_federated_master(group, masters_comm, federation, config: CampaignConfig) -> int:
+    """Root opens OUT (checks, creates, adds the seeds), then the others open their state;
+    any master's refusal refuses the whole job. After the campaign, the masters meet once
+    more and root removes the job's lease table."""
+    problem = ""
+    master = None
+    if federation.root:
+        status, master = _open_or_refuse(group, config, federation=federation)
+        problem = "" if master is not None else "the first master refused the campaign"
+    problem = masters_comm.bcast(problem, root=0)
+    if not federation.root:
+        if problem:
+            _refuse_workers(group, problem)
+            return 2
+        status, master = _open_or_refuse(group, config, federation=federation)
+    refusals = [p for p in masters_comm.allgather(
+        "" if master is not None else f"master {federation.index} refused")]
+    if any(refusals):
+        if master is not None:
+            master.close()
+            _refuse_workers(group, "; ".join(filter(None, refusals)))
+        return status if master is None else 2
+    try:
+        status = master.run()
+    finally:
+        master.close()
+    master.release_workers()
+    masters_comm.Barrier()  # every master is done with the lease table
+    if federation.root:
+        federation.remove_lease_directory()
+    return STORAGE_EXIT if master.storage_problem else status
+
+
+def _refuse_workers(channel, problem: str) -> None:
+    for rank in range(1, channel.size):
+        channel.send(rank, Tag.CONFIG, ConfigVerdict(ok=False, error=problem))
+
+
 def _run_role(channel, config: CampaignConfig) -> int:
     if channel.rank != 0:
         from .roles.worker import run_worker
@@ -258,20 +337,21 @@ def _run_role(channel, config: CampaignConfig) -> int:
     return STORAGE_EXIT if master.storage_problem else status  # the last sync may fail too
 
 
-def _open_or_refuse(channel, config: CampaignConfig, *, fault_tolerant: bool = False):
+def _open_or_refuse(channel, config: CampaignConfig, *, fault_tolerant: bool = False,
+                    federation=None):
     """(None, the master), or (exit status, None) once every worker was told why not."""
     try:
         if channel.size < 2:
             raise UsageError("a campaign needs at least 2 MPI ranks (1 master + 1 worker)")
-        return None, open_master(channel, config, fault_tolerant=fault_tolerant)
+        return None, open_master(channel, config, fault_tolerant=fault_tolerant,
+                                 federation=federation)
     except (UsageError, CampaignError, OSError) as error:
         if isinstance(error, OSError) and not storage_refused(error):
             raise
         refused = isinstance(error, OSError)
         problem = f"{describe(error, config.out)}: {STOP_ADVICE}" if refused else str(error)
         print(f"symcc-mpi: error: {problem}", flush=True)
-        for rank in range(1, channel.size):
-            channel.send(rank, Tag.CONFIG, ConfigVerdict(ok=False, error=problem))
+        _refuse_workers(channel, problem)
         return STORAGE_EXIT if refused else 2, None
 
 
@@ -305,16 +385,22 @@ def check_fault_plan() -> None:
 
 
 def open_master(channel, config: CampaignConfig, *, fault_tolerant: bool = False,
-                world_rank: int = 0, taking_over: bool = False):
+                world_rank: int = 0, taking_over: bool = False, federation=None):
+    """The master of `channel`'s ranks, its campaign open. With several masters
+    (`federation`), the first opens OUT as a lone master does and the others join it: their
+    own state under state/master-k/, the seeds and queue/ left to the first."""
     from .dispatch.watchdog import WatchdogConfig
     from .durable.journal import DEFERRED_JOURNAL_NAME, DeferredWorkJournal
-    from .progress import CampaignReporter
+    from .progress import CampaignReporter, master_snapshot
     from .roles.master import Master
 
-    campaign = CampaignDir(config.out)
+    joining = federation is not None and not federation.root
+    campaign = CampaignDir(config.out, master=federation.index if federation else 0)
     if taking_over:  # the dead master's lock may outlive it a little (NFS)
         campaign.lock(wait=TAKEOVER_LOCK_WAIT)
-    check_config(config, lock_held=taking_over)
+    if joining:  # the first master checked OUT, created it and holds its lock
+        config = replace(config, resume=True)
+    check_config(config, lock_held=taking_over or joining)
     if not taking_over:
         campaign.lock()
     try:
@@ -326,12 +412,19 @@ def open_master(channel, config: CampaignConfig, *, fault_tolerant: bool = False
                                         quarantine_dir=campaign.quarantine)
         for damage in deferrals.damage:
             log.warning("deferred-work journal: %s", damage)
+        reporter = CampaignReporter(config)
+        if joining:  # its figures go to the first master, which reports for all
+            reporter = lambda master, final: federation.report(  # noqa: E731
+                master_snapshot(master), final)
+            campaign.forward_finding = federation.forward
         master = Master(channel, config, campaign, triage=coverage,
                         pruning=_pruning_ledger(config, campaign),
-                        reporter=CampaignReporter(config), deferrals=deferrals,
+                        reporter=reporter, deferrals=deferrals,
                         watchdog=WatchdogConfig.from_env(execution_timeout=config.timeout),
-                        fault_tolerant=fault_tolerant, world_rank=world_rank)
-        _load_state(master, config, campaign, covered_entries, taking_over=taking_over)
+                        fault_tolerant=fault_tolerant, world_rank=world_rank,
+                        federation=federation)
+        _load_state(master, config, campaign, covered_entries, taking_over=taking_over,
+                    names_entries=not joining)
     except BaseException:
         campaign.close()
         raise
@@ -360,20 +453,26 @@ def _pruning_ledger(config: CampaignConfig, campaign: CampaignDir):
 
 
 def _load_state(master, config: CampaignConfig, campaign: CampaignDir,
-                covered_entries: int, *, taking_over: bool = False) -> None:
-    """Seeds in, then the frontier: every corpus input not yet in the done journal; the
-    commits a dead master left half done are finished first (F443 §4 step 7)."""
-    if config.seeds.is_dir() and not taking_over:  # the run's first master added them
-        for path in check_seeds(config.seeds):
+                covered_entries: int, *, taking_over: bool = False,
+                names_entries: bool = True) -> None:
+    """Seeds in, then the frontier: every corpus input not yet in a done journal (every
+    master's); the commits a dead master left half done are finished first (F443 §4 step 7).
+    `names_entries`: this master names queue/ entries (not a master joining another)."""
+    if config.seeds.is_dir() and not taking_over and names_entries:
+        for path in check_seeds(config.seeds):  # by the run's first master only
             campaign.add_seed(path.read_bytes(), path.name)
     campaign.sync_done()  # the new seeds are durable before any done line vouches for one
     # The lock is held: a torn last line is cut (and quarantined) here, and only here.
     journal = campaign.open_journal(writer=master.faults.done_writer(config.out))
     done = {record["sha256"] for record in journal if "kind" not in record}
+    done |= campaign.done_elsewhere()  # by other masters, of this run or an earlier one
     corpus = campaign.corpus_hashes()
-    for digest in corpus:
+    for digest in corpus if names_entries else ():
         if campaign.inputs.queue_id(digest) is None:  # promoted, then killed before queueing
             campaign.add_to_queue(digest, parent="")
+    if names_entries and campaign.adopt_findings():
+        log.warning("named the crashes and hangs other masters found before the last run "
+                    "ended")
     ordered = sorted(corpus, key=campaign.inputs.queue_id)
     committing = {r["sha256"] for r in journal if r.get("kind") == "commit"} - done
     for digest in ordered:  # a commit left half done is finished below, not analysed again

@@ -33,8 +33,10 @@ from __future__ import annotations
 import logging
 import secrets
 from collections import Counter, deque
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from contextlib import contextmanager
+from itertools import islice
+from typing import Protocol
 
 from ..durable.clock import SYSTEM_CLOCK, Clock
 from ..frontier import Frontier
@@ -62,8 +64,21 @@ FRONTIER_ENTRY = "frontier-entry"
 UNREADABLE_SOURCE = "unreadable-input"
 MAX_SEND_FAILURES = 3  # in a row, to one rank: then it is retired
 MAX_INVALID_RESULTS = 3  # in a row, from one rank (result_check.py): then it is retired
+CLAIM_AHEAD = 2  # with several masters: leases claimed in one group per idle worker
 
 Send = Callable[[int, Work], object]
+
+
+class Admission(Protocol):
+    """Several masters share the frontier (federation.Federation): an input is dispatched
+    only by the master that wins its shared lease, and its result counts only while the
+    lease is still that master's."""
+
+    def claim_ahead(self, digests: Iterable[str]) -> None: ...
+    def admit(self, digest: str) -> bool: ...
+    def begin_commit(self, digest: str) -> bool: ...
+    def complete(self, digest: str) -> None: ...
+    def abandon(self, digest: str) -> None: ...
 
 
 class DispatchCoordinator:
@@ -74,12 +89,15 @@ class DispatchCoordinator:
                  max_invalid_results: int = MAX_INVALID_RESULTS,
                  object_capacity: int = OBJECT_CACHE_CAPACITY,
                  on_requeue: Callable[[str, str], object] | None = None,
-                 fatal: tuple[type[BaseException], ...] = ()):
+                 fatal: tuple[type[BaseException], ...] = (),
+                 admission: Admission | None = None):
         """`on_requeue(input, why)` hears of every input that went out and is put back in
         the frontier to go out again (the master journals it: verify's re-execution oracle).
         `fatal`: errors of a send that end the master's communicator rather than tell
-        anything of the rank (transport.RankFailure): compensated, then raised."""
+        anything of the rank (transport.RankFailure): compensated, then raised.
+        `admission`: with several masters (federation.py), who may dispatch and commit what."""
         self.frontier = frontier
+        self.admission = admission
         self.on_requeue = on_requeue
         self.fatal = fatal
         self.gate = RetiredDispatchGate()
@@ -166,16 +184,27 @@ class DispatchCoordinator:
         """Fence the commit: an input already analysed is dropped after-send (F313 D4)."""
         found = self.tables.find(rank)
         work_id = found[1].work_id if found else ""
-        start = self.tables.begin_commit(rank, token, lambda: work_id not in self.frontier.done)
+        stale = False
+
+        def fence() -> bool:
+            nonlocal stale
+            if work_id in self.frontier.done:
+                return False
+            stale = self.admission is not None and not self.admission.begin_commit(work_id)
+            return not stale
+
+        start = self.tables.begin_commit(rank, token, fence)
         if start is CommitStart.FENCED:
-            log.warning("rank %d analysed %s, which is already done: result dropped", rank,
-                        work_id[:12])
+            log.warning("rank %d analysed %s, %s: result dropped", rank, work_id[:12],
+                        "whose lease another master took over" if stale else "already done")
         return start
 
     def finish(self, rank: int, token: str) -> None:
         """The commit went through (the caller journalled the input as done)."""
         tx = self.tables.finish(rank, token)
         self.frontier.mark_done(tx.work_id)
+        if self.admission is not None:
+            self.admission.complete(tx.work_id)
 
     def commit_failed(self, rank: int, token: str) -> RecoveryOutcome | None:
         """The commit of `rank`'s dispatch raised before it finished: roll the dispatch back
@@ -229,6 +258,8 @@ class DispatchCoordinator:
     def dispatch(self, send: Send) -> int:
         """Hand frontier inputs to idle ranks; return how many WORK sends returned."""
         sent = 0
+        if self.admission is not None and self.idle:
+            self.admission.claim_ahead(islice(self.frontier.pending, CLAIM_AHEAD * len(self.idle)))
         while self.idle and self.frontier.pending:
             rank = self.idle.popleft()
             if self._dispatch_one(rank, send):
@@ -275,6 +306,10 @@ class DispatchCoordinator:
 
     def _dispatch_one(self, rank: int, send: Send) -> bool:
         digest = self.frontier.pending[0]
+        if self.admission is not None and not self.admission.admit(digest):
+            self.frontier.take()  # another master's: it analyses it
+            self.idle.appendleft(rank)
+            return False
         try:
             plan = self.objects.plan(rank, [digest], self.load)
         except (OSError, ObjectMismatch) as error:
@@ -321,6 +356,8 @@ class DispatchCoordinator:
 
     def _set_aside_unreadable(self, digest: str, error: Exception) -> None:
         self.unreadable.add(digest)
+        if self.admission is not None:
+            self.admission.abandon(digest)
         log.error("corpus input %s cannot be sent (%s): set aside in the deferred journal",
                   digest[:12], error)
         if self.deferrals is not None:

@@ -112,6 +112,7 @@ class MasterStats:
 class Master:
     def __init__(self, channel: Channel, config: CampaignConfig, campaign: CampaignDir,
                  *, triage=None, pruning: PruningLedger | None = None, reporter=None,
+                 federation=None,
                  deferrals=None, watchdog: WatchdogConfig, fault_tolerant: bool = False,
                  world_rank: int = 0):
         self.channel = channel
@@ -121,10 +122,11 @@ class Master:
         self.reporter = reporter
         self.frontier = campaign.inputs
         self.pruning = pruning
+        self.federation = federation  # the other masters (federation.py), if any
         self.dispatch = DispatchCoordinator(self.frontier, watchdog=watchdog,
                                             deferrals=deferrals, load=self._load_input,
                                             pruning=pruning, on_requeue=self._note_requeue,
-                                            fatal=(RankFailure,))
+                                            fatal=(RankFailure,), admission=federation)
         self.checkpoint = Checkpointer(campaign, pruning=pruning, triage=triage)
         self.faults = Faults(world_rank)  # a worker that took over keeps its own plan
         campaign.commit_probe = self.faults.commit_probe()
@@ -218,6 +220,8 @@ class Master:
                 # A dead worker with nothing pending is not reported by a probe (F443 §6.1).
                 self.next_failure_check = now + FAILURE_POLL
                 self.channel.check_peers()
+            if self.federation is not None:
+                self._federation_round(now)
             if handled:
                 for recovery in self.dispatch.join().recoveries:
                     self.sends.pop(recovery.token, None)
@@ -245,10 +249,27 @@ class Master:
                 rang = False
         with self._stopping_if_storage_refuses():
             self.checkpoint.after_round(final=True)
+        if self.federation is not None and self.federation.root:
+            self.federation.wait_for_final_figures(self)
         self.exit_status = self._exit_status()
         with self._stopping_if_storage_refuses():
             self.report(final=True)
         return self._exit_status()
+
+    def _federation_round(self, now: float) -> None:
+        federation = self.federation
+        with self._stopping_if_storage_refuses():
+            federation.round(self, now)
+        if federation.conflict:
+            from mpi4py import MPI
+
+            from ..federation import CONFLICT_EXIT
+
+            log.error("the masters disagree on the end of the campaign (%s); ending the job",
+                      federation.conflict)
+            for handler in logging.getLogger().handlers:
+                handler.flush()
+            MPI.COMM_WORLD.Abort(CONFLICT_EXIT)
 
     def _exit_status(self) -> int:
         if self.storage_problem:
@@ -397,6 +418,8 @@ class Master:
                     self._on_commit_failure(rank, result, error)
                     return
                 self.dispatch.finish(rank, result.token)
+                if self.federation is not None:
+                    self.federation.published(self.committer.published)
                 if self.fault_tolerant:
                     self._fault_in_commit("after-publish")
 
@@ -548,11 +571,21 @@ class Master:
     def _stop_reason(self, now: float) -> str:
         if self.stop_requested_by_signal:
             return "interrupted"
+        federation = self.federation
+        if federation is not None:
+            # The frontier is exhausted when every master agrees (quiescence.py); the other
+            # reasons root alone sees and relays (a stop request is removed once read).
+            if federation.stop_reason:
+                return federation.stop_reason
+            if federation.done:
+                return "frontier exhausted"
+            if not federation.root:
+                return ""
         if now >= self.next_stop_file_check:  # a stat per round would cost the master ~3% CPU
             self.next_stop_file_check = now + STOP_FILE_CHECK_INTERVAL
             if self._stop_requested():
                 return "stop requested"
-        if self.dispatch.exhausted:
+        if self.dispatch.exhausted and federation is None:
             return "frontier exhausted"
         elapsed = time.time() - self.budget_start
         if self.config.wall_timeout is not None and elapsed >= self.config.wall_timeout:
@@ -574,6 +607,8 @@ class Master:
 
     def _begin_stop(self, reason: str) -> None:
         log.info("stopping: %s", reason)
+        if self.federation is not None and not self.federation.done:
+            self.federation.stopping(reason)  # the others stop too
         self._drain(reason)
 
     def _drain(self, reason: str) -> None:

@@ -1,0 +1,371 @@
+"""Several masters, one campaign (`--masters M`, F320): what a master does about the others.
+
+The job's ranks form M groups (`groups`), each a master and its workers, and all share one OUT.
+A master analyses an input only if it owns it (rendezvous hashing, ownership.py) and wins its
+claim in the job's shared lease table (durable/leases.py); a result counts only if its lease
+is still current when its commit begins. Masters learn of each other's children from the
+publication logs (durable/hints.py) and of stalled work from expired leases; the campaign ends
+when all of them agree it is over (quiescence.py), never because one of them is idle.
+
+The first master (index 0, root) is also the campaign's AFL face: the others hand it what they
+keep and the crashes they find (`Finding`), and their figures (`Figures`), over the masters'
+communicator; it alone names queue/, crashes/, hangs/ entries (AFL's sync skips an id that
+appears after a higher one) and writes stats.json, fuzzer_stats and plot_data.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import time
+from collections.abc import Iterable
+from dataclasses import asdict, replace
+from pathlib import Path
+
+from .config import UsageError
+from .durable.hints import HintReader, PublicationLog
+from .durable.leases import FencedWorkLeaseTable, LeaseConfig
+from .durable.master_leases import WorkLeases
+from .ownership import lease_directory, owner
+from .protocol import SHA256_PATTERN, Figures, Finding, Stop, Tag
+from .report import CampaignSnapshot
+from .quiescence import (
+    Abort,
+    Ack,
+    Commit,
+    Coordinator,
+    Outcome,
+    Participant,
+    Prepare,
+    Status,
+    Vote,
+)
+
+log = logging.getLogger("symcc_mpi.federation")
+
+CONFLICT_EXIT = 70  # F320 §2.5 step 6: the control plane contradicted itself after COMMIT
+QUIESCENCE_WINDOW = 1.0  # seconds every master must stay idle before root proposes the end
+STATUS_REFRESH = 0.5  # an unchanged status is sent again this often, so root sees it fresh
+STATUS_STALE = 3.0  # root counts a status older than this as unknown
+DISCOVERY_INTERVAL = 0.1  # seconds between two reads of the others' publication logs
+RECOVERY_LIMIT = 16  # expired leases one scan takes over at most
+FINAL_FIGURES_WAIT = 60.0  # root waits this long for the others' final figures
+
+
+def groups(size: int, masters: int) -> list[range]:
+    """The world ranks of each master's group: contiguous blocks whose sizes differ by at most
+    one, the first rank of each its master. UsageError if a master would have no worker."""
+    if size < 2 * masters:
+        raise UsageError(f"--masters {masters} needs at least {2 * masters} MPI ranks (a "
+                         f"master and a worker each), not {size}")
+    base, extra = divmod(size, masters)
+    blocks, start = [], 0
+    for index in range(masters):
+        end = start + base + (index < extra)
+        blocks.append(range(start, end))
+        start = end
+    return blocks
+
+
+class Federation:
+    """One master's side of a campaign of several: admission, discovery, the end, the AFL face.
+
+    `channel` is a transport.Channel over the masters' communicator (rank = master index).
+    The master loop calls `round` once per loop round; the dispatch coordinator calls `admit`,
+    `begin_commit` and `complete` around each dispatch (dispatch/coordinator.py)."""
+
+    def __init__(self, channel, *, index: int, masters: int, out: Path, epoch: bytes,
+                 world_ranks: list[range], execution_timeout: float):
+        self.channel = channel
+        self.index = index
+        self.masters = masters
+        self.indices = tuple(range(masters))
+        self.world_ranks = world_ranks  # per master index, its group's ranks in COMM_WORLD
+        self.directory = lease_directory(out, epoch)
+        config = LeaseConfig.from_env(execution_timeout=execution_timeout)
+        for rejected in config.rejected:
+            log.warning("ignored %s: not a valid value", rejected)
+        table = FencedWorkLeaseTable(self.directory / "leases",
+                                     f"{epoch.hex()[:16]}-master-{index}", **config.options())
+        self.leases = WorkLeases(table)
+        self.held: dict[str, str] = {}  # digest -> token of the lease this master holds
+        self.publications = PublicationLog(self.directory, index)
+        self.hints = HintReader(self.directory, [m for m in self.indices if m != index])
+        self.participant = Participant(refresh=STATUS_REFRESH)
+        self.coordinator = Coordinator(masters, window=QUIESCENCE_WINDOW,
+                                       stale_after=STATUS_STALE) if index == 0 else None
+        self.active_since_status = False  # work admitted or committed since the last status
+        self.next_discovery = 0.0
+        self.stop_reason = ""  # root's STOP, relayed to this master
+        self.conflict = ""
+        self.figures: dict[int, dict] = {}  # root: each other master's latest snapshot
+        self.final: set[int] = set()  # root: the masters whose final figures arrived
+        self.findings = 0  # root: findings named for the others
+        self.not_owned = 0  # inputs dropped from this master's queue: another master's
+
+    @property
+    def root(self) -> bool:
+        return self.index == 0
+
+    @property
+    def done(self) -> bool:
+        """Every master agreed the campaign is over (F320 §2.5)."""
+        return self.participant.done and (self.coordinator is None
+                                          or self.coordinator.outcome is Outcome.COMMITTED)
+
+    def owns(self, digest: str) -> bool:
+        return owner(digest, self.indices) == self.index
+
+    # -- admission (dispatch/coordinator.py) ------------------------------------------------
+
+    def claim_ahead(self, digests: Iterable[str]) -> None:
+        """Claim, in one group, the owned inputs about to be dispatched (the head of the
+        frontier): a claim per input costs one lock of its shard, a group one per shard."""
+        wanted = [d for d in digests if d not in self.held and self.owns(d)]
+        if wanted:
+            self.held.update(self.leases.claim(wanted))
+
+    def admit(self, digest: str) -> bool:
+        """May this master dispatch `digest`: it holds the lease, or owns it and wins it."""
+        if digest not in self.held:
+            if not self.owns(digest):
+                self.not_owned += 1
+                return False
+            self.held.update(self.leases.claim([digest]))
+        if digest in self.held:
+            self.active_since_status = True
+            return True
+        return False
+
+    def begin_commit(self, digest: str) -> bool:
+        """The fence before any side effect of a result: False, the lease is no longer this
+        master's (it expired and another master took it): the result is stale."""
+        token = self.held.get(digest)
+        return token is not None and self.leases.begin_commit(digest, token)
+
+    def complete(self, digest: str) -> None:
+        token = self.held.pop(digest, None)
+        if token is not None:
+            self.leases.complete(digest, token)
+        self.active_since_status = True
+
+    def abandon(self, digest: str) -> None:
+        """Its corpus file is missing: give the lease up at once (F320 §2.3)."""
+        token = self.held.pop(digest, None)
+        if token is not None:
+            self.leases.abandon(digest, token)
+
+    def published(self, digests: list[str]) -> None:
+        """Children this master just promoted into corpus/: a hint for the others."""
+        if digests:
+            self.publications.append(digests)
+
+    # -- the round --------------------------------------------------------------------------
+
+    def round(self, master, now: float) -> None:
+        """Once per master loop round: messages from the other masters, heartbeats, discovery,
+        this master's status and (root) the quiescence decisions."""
+        while (incoming := self.channel.poll()) is not None:
+            self._on_message(master, incoming, now)
+        for digest in self.leases.heartbeat(self.held):
+            self.held.pop(digest, None)  # taken over after it expired: no longer ours
+        if not self.participant.frozen and now >= self.next_discovery:
+            self.next_discovery = now + DISCOVERY_INTERVAL
+            self.discover(master.frontier)
+        idle = master.dispatch.exhausted and not self.active_since_status
+        self.active_since_status = False
+        if (status := self.participant.status(idle, now)) is not None:
+            self._send_control(0, status, master, now)
+        if self.coordinator is not None:
+            for destination, message in self.coordinator.tick(now):
+                self._send_control(destination, message, master, now)
+            if self.coordinator.outcome is Outcome.CONFLICT:
+                self.conflict = self.coordinator.conflict or "quiescence conflict"
+
+    def discover(self, frontier) -> int:
+        """New work: the others' publications and the expired leases this master took over.
+        Returns how many inputs joined the frontier."""
+        found = 0
+        for digest in self.hints.poll():
+            found += frontier.add(digest)
+        recovered = self.leases.recover_expired(limit=RECOVERY_LIMIT)
+        found += self._take_recovered(frontier, recovered)
+        return found
+
+    def rescan(self, master) -> bool:
+        """F320 §2.5 step 3, before a vote: everything published or expired is looked at once
+        more, the whole corpus listed. True if the master is still idle."""
+        before = len(master.frontier)
+        for digest in self.hints.poll():
+            master.frontier.add(digest)
+        with os.scandir(master.campaign.corpus) as entries:  # misnamed files: root's to move
+            for entry in entries:
+                if SHA256_PATTERN.match(entry.name):
+                    master.frontier.add(entry.name)
+        self._take_recovered(master.frontier,
+                             self.leases.recover_expired(limit=RECOVERY_LIMIT, rescan=True))
+        owned = [d for d in master.frontier.pending if d in self.held or self.owns(d)]
+        return not owned and master.dispatch.exhausted and len(master.frontier) >= before \
+            and not self.active_since_status
+
+    def _take_recovered(self, frontier, recovered: dict[str, str]) -> int:
+        for digest, token in recovered.items():
+            log.warning("took over the expired lease of %s", digest[:12])
+            self.held[digest] = token
+            frontier.add(digest)
+            frontier.requeue(digest)
+        return len(recovered)
+
+    # -- the control plane ------------------------------------------------------------------
+
+    def _send_control(self, destination: int, message, master, now: float) -> None:
+        if destination == self.index:  # root's own participant: no MPI message
+            self._on_control(master, self.index, message, now)
+        else:
+            self.channel.send(destination, Tag.QUIESCENCE, message)
+
+    def _on_message(self, master, incoming, now: float) -> None:
+        source, tag = incoming.source, incoming.tag
+        if incoming.message is None:
+            master.stats.malformed_messages += 1
+            log.warning("malformed message from master %d: %s", source, incoming.error)
+        elif tag == Tag.QUIESCENCE:
+            self._on_control(master, source, incoming.message, now)
+        elif tag == Tag.FINDING and self.root:
+            self._name_finding(master, incoming.message)
+        elif tag == Tag.FIGURES and self.root:
+            self.figures[incoming.message.master] = incoming.message.snapshot
+            if incoming.message.final:
+                self.final.add(incoming.message.master)
+        elif tag == Tag.STOP and self.root:
+            self.stop_reason = self.stop_reason or \
+                f"master {source} stopped: {incoming.message.reason}"
+        elif tag == Tag.STOP and source == 0:
+            self.stop_reason = incoming.message.reason
+        else:
+            log.warning("unexpected %s from master %d", Tag(tag).name, source)
+
+    def _on_control(self, master, source: int, message, now: float) -> None:
+        coordinator, participant = self.coordinator, self.participant
+        reply = None
+        if isinstance(message, Status) and coordinator is not None:
+            coordinator.on_status(source, message, now)
+        elif isinstance(message, Vote) and coordinator is not None:
+            coordinator.on_vote(source, message)
+        elif isinstance(message, Ack) and coordinator is not None:
+            coordinator.on_ack(source, message)
+        elif isinstance(message, Prepare):
+            reply = participant.on_prepare(source, message, self.rescan(master))
+        elif isinstance(message, Abort):
+            participant.on_abort(source, message)
+        elif isinstance(message, Commit):
+            reply = participant.on_commit(source, message)
+        else:
+            log.warning("master %d: %s is not for master %d", source,
+                        type(message).__name__, self.index)
+        if reply is not None:
+            self._send_control(0, reply, master, now)
+
+    # -- root: the AFL face and the figures -------------------------------------------------
+
+    def _name_finding(self, master, finding: Finding) -> None:
+        campaign = master.campaign
+        if finding.kind == "queue":
+            named = campaign.queue_finding(finding.sha256, finding.parent)
+            master.frontier.add(finding.sha256)
+        else:
+            named = campaign.save_finding(finding.kind, finding.sha256, finding.parent or None,
+                                          finding.signal, data=finding.data or None)
+        self.findings += named
+
+    def forward(self, finding: Finding) -> None:
+        """Hand a finding to root (CampaignDir.forward_finding, masters other than root)."""
+        self.channel.send(0, Tag.FINDING, finding)
+
+    def stopping(self, reason: str) -> None:
+        """This master stops before the campaign's end was agreed: root tells every other
+        master why (a stop request, the budget: what only root watches); another master
+        tells root, which stops everyone (a campaign missing a master cannot be exhausted)."""
+        if self.root:
+            for destination in self.indices[1:]:
+                self.channel.send(destination, Tag.STOP, Stop(reason))
+        elif not self.stop_reason:  # not root's own STOP coming back
+            self.channel.send(0, Tag.STOP, Stop(reason))
+
+    def report(self, snapshot, final: bool) -> None:
+        """A master other than root: its figures go to root, which writes the reports."""
+        self.channel.send(0, Tag.FIGURES, Figures(self.index, _plain(asdict(snapshot)), final))
+
+    def wait_for_final_figures(self, master) -> None:
+        """Root, before its final report: every other master's final figures, bounded."""
+        deadline = time.monotonic() + FINAL_FIGURES_WAIT
+        missing = set(self.indices[1:]) - self.final
+        while missing and time.monotonic() < deadline:
+            incoming = self.channel.wait(deadline)
+            if incoming is not None:
+                self._on_message(master, incoming, time.monotonic())
+            missing = set(self.indices[1:]) - self.final
+        if missing:
+            log.warning("no final figures from master(s) %s within %g s: the summary counts "
+                        "their last report", ", ".join(map(str, sorted(missing))),
+                        FINAL_FIGURES_WAIT)
+
+    def statistics(self) -> dict:
+        figures = asdict(self.leases.statistics())
+        figures.update(not_owned=self.not_owned, hints=asdict(self.hints.statistics()),
+                       quiescence=asdict(self.participant.statistics()))
+        if self.coordinator is not None:
+            coordinator = asdict(self.coordinator.statistics())
+            coordinator["outcome"] = self.coordinator.outcome.value
+            figures["quiescence_root"] = coordinator
+            figures["findings_named"] = self.findings
+        return figures
+
+    def remove_lease_directory(self) -> None:
+        """Root, after the final barrier: the job's table is nobody's any more."""
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
+SUMMED = ("executions", "generated", "unique", "interesting", "pending", "crashes", "hangs",
+          "crashing_runs", "hanging_runs", "executor_time", "solver_time", "workers")
+LATEST = ("max_depth", "last_find", "last_crash", "last_hang")
+
+
+def combine(own: CampaignSnapshot, others: dict[int, dict],
+            world_ranks: list[range]) -> CampaignSnapshot:
+    """Root's snapshot of the whole campaign: its own figures and the latest of each other
+    master's, summed (the latest events: the latest of all); workers named by world rank,
+    and a breakdown by master in `extra["per_master"]`."""
+    masters = {0: asdict(own), **others}
+    combined = {name: sum(m.get(name) or 0 for m in masters.values()) for name in SUMMED}
+    for name in LATEST:
+        values = [m[name] for m in masters.values() if m.get(name) is not None]
+        combined[name] = max(values) if values else getattr(own, name)
+    per_worker = {}
+    per_master = {}
+    for index, figures in sorted(masters.items()):
+        start = world_ranks[index].start
+        for rank, worker in figures.get("per_worker", {}).items():
+            per_worker[start + int(rank)] = worker
+        extra = figures.get("extra", {})
+        federation = extra.get("federation", {})
+        per_master[str(index)] = {
+            "world_rank": start, "workers": figures.get("workers", 0),
+            "executions": figures.get("executions", 0),
+            "interesting": figures.get("interesting", 0),
+            "crashes": figures.get("crashes", 0), "pending": figures.get("pending", 0),
+            "in_flight": extra.get("in_flight", 0), "phase": extra.get("phase", "?"),
+            **{name: federation.get(name, 0) for name in (
+                "claims", "steals", "expiries", "stale_results", "refused", "not_owned")}}
+    extra = dict(own.extra, per_master=per_master)
+    return replace(own, per_worker=per_worker, extra=extra, **combined)
+
+
+def _plain(value):
+    """A snapshot as msgpack carries it: dict keys as strings, tuples as lists."""
+    if isinstance(value, dict):
+        return {str(key): _plain(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(item) for item in value]
+    return value
