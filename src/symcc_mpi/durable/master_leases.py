@@ -107,8 +107,9 @@ class WorkLeases:
         if limit <= 0 or (now < self._next_recovery and not rescan):
             return {}
         won = self._table.recover_expired(limit=limit)
-        if len(won) < limit:
-            self._next_recovery = now + self.heartbeat_interval
+        # A scan cut short by its limit may have left expired leases behind: no pause then.
+        full = len(won) >= limit
+        self._next_recovery = float("-inf") if full else now + self.heartbeat_interval
         return self._held({lease.digest: lease.token for lease in won})
 
     def statistics(self) -> LeaseFigures:
