@@ -8,12 +8,18 @@ What the package holds:
 - `generations.py`: `OUT/state/generations.jsonl`, F443's recovery state (generation,
   members, each recovery's plan and receipt), in the journal's line format.
 - `atomic.py`: the one atomic-write helper (`write_durable`).
-- `clock.py`: the injected clock the journals and the dispatch deadlines read.
+- `clock.py`: the injected clock the journals, the dispatch deadlines and the leases read.
+- `leases.py`, `master_leases.py`, `hints.py`: the several-master job's shared table (F320,
+  issue 11), under `OUT/.standalone-work-<epoch>/` for one job only: fenced work leases, a
+  master's handle on them, and the masters' publication logs (hints, never the authority).
+- `locks.py`: the lease table's bounded lock-directory lock (F320 §2.6).
 
-One lock mechanism, `flock`, used in two places with two scopes: corpus.py's campaign lock
+Two locks. `flock`, in two places with two scopes: corpus.py's campaign lock
 (`OUT/state/master.lock`, held for the master's whole life: one writer of done.jsonl) and the
 generation log's, held around one read-decide-append (several survivors of a failure write
-that log in turn). There is no lock implementation of our own.
+that log in turn). And locks.py's lock directory for the lease table, because its holders are
+masters on several hosts that must wait with a deadline and never break a lock for its age
+(F320 §2.6, F321); it uses `flock` only to prove a holder on this kernel dead.
 
 Filesystem semantics the campaign directory relies on, so that a master started on another
 node after a failure can rebuild the campaign from it alone:

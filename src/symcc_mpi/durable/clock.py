@@ -1,5 +1,5 @@
-"""Injected clocks: dispatch deadlines and journal timestamps read time only through a Clock,
-so tests move it."""
+"""Injected clocks: dispatch deadlines, journal timestamps, work leases and lock waits read time
+only through a Clock, so tests move it."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Protocol
 
 class Clock(Protocol):
     def time(self) -> float:
-        """Wall-clock Unix seconds: what a journal record or a quarantine name is stamped with."""
+        """Wall-clock Unix seconds, comparable across hosts: journal stamps, work-lease expiry."""
 
     def monotonic(self) -> float:
         """This process's monotonic seconds: for waits and deadlines."""
