@@ -83,14 +83,11 @@ class Federation:
         self.indices = tuple(range(masters))
         self.world_ranks = world_ranks  # per master index, its group's ranks in COMM_WORLD
         self.directory = lease_directory(out, epoch)
-        config = LeaseConfig.from_env(execution_timeout=execution_timeout)
-        for rejected in config.rejected:
-            log.warning("ignored %s: not a valid value", rejected)
-        table = FencedWorkLeaseTable(self.directory / "leases",
-                                     f"{epoch.hex()[:16]}-master-{index}", **config.options())
-        self.leases = WorkLeases(table)
+        self.owner_name = f"{epoch.hex()[:16]}-master-{index}"
+        self.execution_timeout = execution_timeout
+        self.leases: WorkLeases | None = None  # once OUT is open (`open`)
+        self.publications: PublicationLog | None = None
         self.held: dict[str, str] = {}  # digest -> token of the lease this master holds
-        self.publications = PublicationLog(self.directory, index)
         self.hints = HintReader(self.directory, [m for m in self.indices if m != index])
         self.participant = Participant(refresh=STATUS_REFRESH)
         self.coordinator = Coordinator(masters, window=QUIESCENCE_WINDOW,
@@ -103,6 +100,16 @@ class Federation:
         self.final: set[int] = set()  # root: the masters whose final figures arrived
         self.findings = 0  # root: findings named for the others
         self.not_owned = 0  # inputs dropped from this master's queue: another master's
+
+    def open(self) -> None:
+        """The job's lease table and this master's publication log, in OUT: once the first
+        master has checked and created OUT (nothing may be written there before)."""
+        config = LeaseConfig.from_env(execution_timeout=self.execution_timeout)
+        for rejected in config.rejected:
+            log.warning("ignored %s: not a valid value", rejected)
+        self.leases = WorkLeases(FencedWorkLeaseTable(self.directory / "leases",
+                                                      self.owner_name, **config.options()))
+        self.publications = PublicationLog(self.directory, self.index)
 
     @property
     def root(self) -> bool:

@@ -249,7 +249,7 @@ def _run_federated(world, config: CampaignConfig) -> int:
     workers each; the first master opens the campaign before the others join it."""
     from mpi4py import MPI
 
-    from .federation import Federation, groups
+    from .federation import CONFLICT_EXIT, Federation, groups
     from .ownership import new_epoch
     from .transport import Channel
 
@@ -275,6 +275,10 @@ def _run_federated(world, config: CampaignConfig) -> int:
         status = _run_federated_master(group, masters_comm, federation, config)
         _flush(federation.channel, world.rank)
         return status
+    except TimeoutError as error:  # a shared lock held past its deadline (F320 §2.6)
+        log.error("rank %d: %s; ending the job", world.rank, error)
+        MPI.COMM_WORLD.Abort(CONFLICT_EXIT)
+        raise
     except Exception:
         log.exception("rank %d failed; ending the job", world.rank)
         MPI.COMM_WORLD.Abort(ABORT_STATUS)
@@ -306,6 +310,7 @@ def _run_federated_master(group, masters_comm, federation, config: CampaignConfi
             _refuse_workers(group, "; ".join(filter(None, refusals)))
         return status if master is None else 2
     try:
+        federation.open()
         status = master.run()
     finally:
         master.close()

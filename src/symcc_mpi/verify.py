@@ -6,9 +6,10 @@ import json
 from collections import Counter
 from pathlib import Path
 
-from .corpus import MARKER, CampaignDir, CampaignError, outstanding, sha256_file
+from .corpus import MARKER, CampaignDir, CampaignError, done_journals, outstanding, sha256_file
 from .durable.generations import GENERATIONS_JOURNAL, GenerationLog, GenerationLogError
 from .durable.journal import DEFERRED_JOURNAL_NAME, inspect
+from .ownership import LEASE_DIRECTORY_PREFIX
 
 
 def verify_campaign(out: Path) -> tuple[list[str], dict]:
@@ -30,9 +31,16 @@ def verify_campaign(out: Path) -> tuple[list[str], dict]:
         corpus[path.name] = digest
         if digest != path.name:
             problems.append(f"corpus/{path.name} holds bytes whose SHA-256 is {digest}")
-    journal, torn = campaign.inspect_journal()
-    records = [record for record in journal if "kind" not in record]
-    done = [record["sha256"] for record in records]
+    # One done journal per master that ever ran (--masters): together, the analysed set.
+    journals = {path: campaign.inspect_journal(path) for path in done_journals(out)}
+    journal, torn = journals.pop(campaign.done_journal, ([], None))
+    done = [r["sha256"] for r in journal if "kind" not in r]
+    per_master = [len(done)]
+    for other, _ in journals.values():
+        per_master.append(sum(1 for r in other if "kind" not in r))
+        done += [r["sha256"] for r in other if "kind" not in r]
+    torn_elsewhere = [f"{path.parent.name}: line {damage.line}"
+                      for path, (_, damage) in journals.items() if damage is not None]
     observations = Counter(done)
     twice = sorted(d for d, n in observations.items() if n > 1)
     if twice:
@@ -47,9 +55,13 @@ def verify_campaign(out: Path) -> tuple[list[str], dict]:
     leftovers = campaign.leftover_staging()
     if leftovers:
         problems.append(f"{len(leftovers)} staging directories left in {campaign.staging}")
-    deferred, damaged = _read_deferred(campaign.state / DEFERRED_JOURNAL_NAME)
-    if damaged:
-        problems.append(f"{damaged} damaged lines in state/{DEFERRED_JOURNAL_NAME}")
+    deferred: set[str] = set()
+    for path in [campaign.state / DEFERRED_JOURNAL_NAME,
+                 *(journal.parent / DEFERRED_JOURNAL_NAME for journal in journals)]:
+        set_aside, damaged = _read_deferred(path)
+        deferred |= set_aside
+        if damaged:
+            problems.append(f"{damaged} damaged lines in {path.relative_to(out)}")
     pending = set(corpus) - set(observations)
     extra = _read_stats(out).get("extra", {})
     stop_reason = extra.get("stop_reason", "?")
@@ -61,6 +73,9 @@ def verify_campaign(out: Path) -> tuple[list[str], dict]:
     held = sum(dispatch.get(table, 0) for table in ("preparing", "active", "committing"))
     if extra.get("phase") == "done" and held:
         problems.append(f"the master ended holding {held} dispatch transactions")
+    lease_tables = sorted(p.name for p in out.glob(f"{LEASE_DIRECTORY_PREFIX}*"))
+    if extra.get("phase") == "done" and lease_tables:
+        problems.append(f"the lease table of an ended job is left in OUT: {lease_tables[0]}")
     work_problems, work_facts = _check_work(journal, set(corpus), extra)
     problems += work_problems
     generation_problems, generation_facts = _check_generations(out, journal)
@@ -76,6 +91,9 @@ def verify_campaign(out: Path) -> tuple[list[str], dict]:
         "hangs": sum(1 for p in campaign.hangs.iterdir() if p.name.startswith("id:")),
         "stop reason": stop_reason,
         "done journal": f"torn last line {torn.line}, left in place" if torn else "intact",
+        **({"analysed per master": " + ".join(map(str, per_master)),
+            "other masters' journals": ", ".join(torn_elsewhere) or "intact"}
+           if journals else {}),
         **work_facts,
         **generation_facts,
     }
