@@ -87,8 +87,10 @@ def decode_manifest(text: str) -> Result:
 
 
 class Committer:
-    def __init__(self, campaign, frontier, stats, *, triage, pruning, checkpoint):
+    def __init__(self, campaign, frontier, stats, *, triage, pruning, checkpoint,
+                 shared_corpus: bool = False):
         self.campaign = campaign  # corpus.CampaignDir
+        self.shared_corpus = shared_corpus  # other masters publish into corpus/ too
         self.frontier = frontier
         self.stats = stats  # roles.master.MasterStats: updated as results commit
         self.triage = triage  # triage.CoverageMap, or None: novelty by content hash alone
@@ -199,7 +201,12 @@ class Committer:
         self.stats.unique += 1
 
     def _keep(self, digest: str, data: bytes, parent: str, now: float) -> None:
-        self.campaign.promote(digest, data)
+        if not self.campaign.promote(digest, data) and self.shared_corpus:
+            # Another master generated it too and published it first: its find, which its
+            # owner will analyse. (A lone master meets its own file only when its earlier
+            # commit of this result failed after the promotion: then it queues it now.)
+            self.frontier.add(digest)
+            return
         self.campaign.add_to_queue(digest, parent)
         self.published.append(digest)
         depth = (self.frontier.depth(parent) or 1) + 1  # AFL counts seeds as depth 1

@@ -41,12 +41,16 @@ over as master fires the master's points:
 - `die@1=closing` (master): SIGKILL itself when it closes the campaign, after every worker
   acknowledged STOP and before the last group commit and the RELEASE.
 
-Master kinds (rank 0), counting WORK sends:
+Master kinds, counting WORK sends (rank 0, and with --masters the first rank of each group):
 
 - `send-fail`: the N-th WORK send raises instead of sending;
 - `send-ambiguous`: the N-th WORK send delivers, then raises (F313 §4: the master cannot
   tell, undoes the dispatch as unsent, and the worker's RESULT must then be refused);
-- `object-send-fail`: the N-th WORK that carries object content raises instead of sending.
+- `object-send-fail`: the N-th WORK that carries object content raises instead of sending;
+- `pause@N=SECONDS`: right after the N-th WORK send, stop itself (SIGSTOP) for SECONDS
+  (default 5): a master paused past its leases' TTL (--masters, F320 §2.3).
+
+With --masters, `mK:KIND@N` plans a master kind for master K, whatever its rank.
 
 Master kinds (rank 0), counting the group commits of the done journal that carry records
 (`CampaignDir.sync_done`); each `kill-*` SIGKILLs the master itself at its step of the N-th:
@@ -65,6 +69,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -79,7 +84,7 @@ HOSTILE_FIELDS = tuple(f.value for f in ResultField if f is not ResultField.UNDE
 HOSTILE_MARK = b"hostile result: must never reach the corpus "
 COMMIT_KILL_STEPS = ("before-children-sync", "before-done-append", "after-done-fsync")
 MASTER_KINDS = ("send-fail", "send-ambiguous", "object-send-fail", "torn-done-append", "die",
-                *(f"kill-{step}" for step in COMMIT_KILL_STEPS))
+                "pause", *(f"kill-{step}" for step in COMMIT_KILL_STEPS))
 DEFAULT_STOP_SECONDS = 5.0
 RELEASE_FILE = ".fault-release"
 RELEASE_WAIT = 3600.0
@@ -88,18 +93,20 @@ log = logging.getLogger("symcc_mpi.faults")
 
 
 class Faults:
-    def __init__(self, rank: int, spec: str | None = None):
+    def __init__(self, rank: int, spec: str | None = None, *, master_index: int | None = None):
+        """The plan for world rank `rank`, which is master `master_index` if a master."""
         spec = os.environ.get("SYMCC_MPI_FAULTS", "") if spec is None else spec
         self.planned: dict[tuple[str, int], str] = {}
         for item in filter(None, (part.strip() for part in spec.split(","))):
             target, _, rest = item.partition(":")
             kind, _, when = rest.partition("@")
             number, _, argument = when.partition("=")
-            kinds = MASTER_KINDS if target == "0" else WORKER_KINDS
-            if kind not in kinds or not target.isdigit() or not number.isdigit() \
+            master = target[1:] if target.startswith("m") else None
+            kinds = MASTER_KINDS if target == "0" or master is not None else WORKER_KINDS
+            if kind not in kinds or not (master or target).isdigit() or not number.isdigit() \
                     or not _argument_fits(kind, argument):
                 raise ValueError(f"SYMCC_MPI_FAULTS: cannot parse {item!r}")
-            if int(target) == rank:
+            if (int(master) == master_index) if master is not None else int(target) == rank:
                 self.planned[(kind, int(number))] = argument
 
     def fire(self, kind: str, number: int) -> bool:
@@ -111,8 +118,8 @@ class Faults:
         """Whether `kind@number=point` is planned."""
         return self.planned.get((kind, number)) == point
 
-    def stop_seconds(self, number: int) -> float:
-        return float(self.planned.get(("stop", number)) or DEFAULT_STOP_SECONDS)
+    def stop_seconds(self, number: int, kind: str = "stop") -> float:
+        return float(self.planned.get((kind, number)) or DEFAULT_STOP_SECONDS)
 
     def hostile_field(self, number: int) -> str | None:
         """The field to make hostile in the RESULT of dispatch `number`, if any."""
@@ -166,6 +173,8 @@ def die(reason: str) -> None:
 
 
 def _argument_fits(kind: str, argument: str) -> bool:
+    if kind == "pause":
+        return not argument or _is_seconds(argument)
     if kind == "hostile":
         return argument in HOSTILE_FIELDS
     if kind == "die":  # any rank: a worker may become the master (ulfm/)
@@ -178,3 +187,33 @@ def _is_seconds(text: str) -> bool:
         return 0 < float(text) < 3600
     except ValueError:
         return False
+
+
+# Runs in a process of its own: continues the stopped rank at `until` (the system-wide
+# monotonic clock), once it is really stopped, and gives up if the rank is gone first, so
+# that a rank killed while stopped leaves nothing behind.
+_CONTINUE_AT = """
+import os, signal, sys, time
+pid, until = int(sys.argv[1]), float(sys.argv[2])
+def state():
+    with open(f"/proc/{pid}/stat") as stat:
+        return stat.read().rsplit(")", 1)[1].split()[0]
+try:
+    while (now := time.monotonic()) < until or state() != "T":
+        if state() == "Z":
+            sys.exit()
+        time.sleep(min(0.5, max(0.01, until - now)))
+    os.kill(pid, signal.SIGCONT)
+except (ProcessLookupError, FileNotFoundError):
+    pass
+"""
+
+
+def stop_self(until: float) -> None:
+    """Hang, as a rank stuck in a syscall would, until `until` (time.monotonic()): the
+    hold ends at a time the test chose, however long the work before it took."""
+    if until <= time.monotonic():
+        return
+    subprocess.Popen([sys.executable, "-c", _CONTINUE_AT, str(os.getpid()), repr(until)],
+                     start_new_session=True)
+    os.kill(os.getpid(), signal.SIGSTOP)

@@ -100,6 +100,7 @@ class Federation:
         self.final: set[int] = set()  # root: the masters whose final figures arrived
         self.findings = 0  # root: findings named for the others
         self.not_owned = 0  # inputs dropped from this master's queue: another master's
+        self.stale_results = 0  # results whose lease another master had taken over
 
     def open(self) -> None:
         """The job's lease table and this master's publication log, in OUT: once the first
@@ -149,7 +150,10 @@ class Federation:
         """The fence before any side effect of a result: False, the lease is no longer this
         master's (it expired and another master took it): the result is stale."""
         token = self.held.get(digest)
-        return token is not None and self.leases.begin_commit(digest, token)
+        if token is not None and self.leases.begin_commit(digest, token):
+            return True
+        self.stale_results += 1  # its lease lost at a heartbeat already, or now
+        return False
 
     def complete(self, digest: str) -> None:
         token = self.held.pop(digest, None)
@@ -320,7 +324,8 @@ class Federation:
 
     def statistics(self) -> dict:
         figures = asdict(self.leases.statistics())
-        figures.update(not_owned=self.not_owned, hints=asdict(self.hints.statistics()),
+        figures.update(not_owned=self.not_owned, stale_results=self.stale_results,
+                       hints=asdict(self.hints.statistics()),
                        quiescence=asdict(self.participant.statistics()))
         if self.coordinator is not None:
             coordinator = asdict(self.coordinator.statistics())

@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from symcc_mpi.corpus import CampaignDir
+from symcc_mpi.corpus import CampaignDir, done_journals
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
@@ -64,8 +64,11 @@ def stats(out: Path) -> dict:
 
 
 def done_hashes(out: Path) -> list[str]:
-    """The inputs the done journal names, read-only (a torn last line is left alone)."""
-    return [record["sha256"] for record in CampaignDir(out).read_done()]
+    """The inputs every master's done journal names, read-only (a torn last line is left
+    alone); an input twice in the list was analysed twice."""
+    campaign = CampaignDir(out)
+    return [record["sha256"] for path in done_journals(out)
+            for record in campaign.inspect_journal(path)[0] if "kind" not in record]
 
 
 def crash_files(out: Path) -> list[Path]:

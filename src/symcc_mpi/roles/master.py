@@ -31,7 +31,7 @@ from ..dispatch.coordinator import DispatchCoordinator
 from ..dispatch.tables import CommitStart, ResultClass
 from ..dispatch.watchdog import WatchdogConfig
 from ..doorbell import Doorbell
-from ..faults import Faults, die
+from ..faults import Faults, die, stop_self
 from ..protocol import (
     INVALID_INPUT,
     STORAGE_REFUSED,
@@ -128,7 +128,8 @@ class Master:
                                             pruning=pruning, on_requeue=self._note_requeue,
                                             fatal=(RankFailure,), admission=federation)
         self.checkpoint = Checkpointer(campaign, pruning=pruning, triage=triage)
-        self.faults = Faults(world_rank)  # a worker that took over keeps its own plan
+        # A worker that took over keeps its own plan.
+        self.faults = Faults(world_rank, master_index=federation.index if federation else 0)
         campaign.commit_probe = self.faults.commit_probe()
         self.work_sends = 0
         self.sends_since_recovery: int | None = None  # counted from the first (faults)
@@ -148,7 +149,8 @@ class Master:
         # would otherwise take the campaign over (session.py leaves the end on record).
         self.before_abort: Callable[[int, str], object] | None = None
         self.committer = Committer(campaign, self.frontier, self.stats, triage=triage,
-                                   pruning=pruning, checkpoint=self.checkpoint)
+                                   pruning=pruning, checkpoint=self.checkpoint,
+                                   shared_corpus=federation is not None)
         self.phase = Phase.RUNNING
         self.stop_requested_by_signal = False
         self.storage_problem = ""  # set once OUT refused a write: the campaign is stopping
@@ -334,6 +336,9 @@ class Master:
                 if self.faults.fire_at("die", "after-recovery", self.sends_since_recovery):
                     die("fault: SIGKILL of the master after WORK send "
                         f"#{self.sends_since_recovery} since its first recovery")
+            if self.faults.fire("pause", self.work_sends):
+                log.warning("fault: SIGSTOP of the master after WORK send #%d", self.work_sends)
+                stop_self(time.monotonic() + self.faults.stop_seconds(self.work_sends, "pause"))
             if self.faults.fire("send-ambiguous", self.work_sends):
                 raise OSError(f"injected: WORK send #{self.work_sends} to rank {rank} "
                               "delivered, then reported failure")

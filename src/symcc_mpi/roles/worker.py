@@ -156,7 +156,7 @@ class Worker:
         if faults.fire("stale-result", number) and previous_token is not None:
             _send_unowned_result(channel, self.config, result, previous_token)
         if faults.fire("stop", number):
-            _stop_self(until=received + faults.stop_seconds(number))
+            stop_self(until=received + faults.stop_seconds(number))
         if hostile := faults.hostile_field(number):
             channel.send_raw(MASTER, Tag.RESULT, _hostile_result(self.config, result, hostile))
             return True
@@ -443,36 +443,6 @@ def _hostile_result(config: CampaignConfig, real: Result, field: str) -> bytes:
         message["generated"] += len(entries)
     message["staged"] = entries + message["staged"]
     return msgspec.msgpack.encode(message)
-
-
-# Runs in a process of its own: continues the stopped worker at `until` (the system-wide
-# monotonic clock), once it is really stopped, and gives up if the worker is gone first, so
-# that a worker killed while stopped leaves nothing behind.
-_CONTINUE_AT = """
-import os, signal, sys, time
-pid, until = int(sys.argv[1]), float(sys.argv[2])
-def state():
-    with open(f"/proc/{pid}/stat") as stat:
-        return stat.read().rsplit(")", 1)[1].split()[0]
-try:
-    while (now := time.monotonic()) < until or state() != "T":
-        if state() == "Z":
-            sys.exit()
-        time.sleep(min(0.5, max(0.01, until - now)))
-    os.kill(pid, signal.SIGCONT)
-except (ProcessLookupError, FileNotFoundError):
-    pass
-"""
-
-
-def _stop_self(until: float) -> None:
-    """Hang, as a worker stuck in a syscall would, until `until` (time.monotonic()): the
-    hold ends at a time the test chose, however long the execution before it took."""
-    if until <= time.monotonic():
-        return
-    subprocess.Popen([sys.executable, "-c", _CONTINUE_AT, str(os.getpid()), repr(until)],
-                     start_new_session=True)
-    os.kill(os.getpid(), signal.SIGSTOP)
 
 
 def _wait_for(channel: Channel, *tags: Tag):

@@ -1,0 +1,137 @@
+"""Several masters, one campaign (issue 11, F320 §5.2): real mpiexec runs where 2 or 3
+masters share one OUT and each input is analysed once across all of them."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from harness import assert_oracles, done_hashes, explore, stats, verify
+
+from symcc_mpi.corpus import sha256_bytes
+from symcc_mpi.ownership import LEASE_DIRECTORY_PREFIX, owner
+
+pytestmark = [pytest.mark.mpi, pytest.mark.timeout(600)]
+
+
+def seeds_of(tmp_path, contents: list[bytes]):
+    seeds = tmp_path / "seeds"
+    seeds.mkdir()
+    for number, data in enumerate(contents):
+        (seeds / f"seed{number:02d}").write_bytes(data)
+    return seeds
+
+
+def script(tmp_path, name: str, body: str):
+    """A target under SymCC's contract: what it writes into $SYMCC_OUTPUT_DIR is generated."""
+    path = tmp_path / name
+    path.write_text("#!/bin/sh\n" + body)
+    path.chmod(0o755)
+    return path
+
+
+def campaign(out, target, seeds, *extra, masters=2, workers=2, env=None):
+    return explore(out, "--executor", "symcc", "--target", target, "--seeds", seeds,
+                   "--workers", workers, "--masters", masters, "--fault-tolerance", "off",
+                   *extra, env=env)
+
+
+def per_master(out) -> dict[int, dict]:
+    return {int(k): v for k, v in stats(out)["extra"]["per_master"].items()}
+
+
+def facts(out) -> dict[str, str]:
+    checked = verify(out)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    return dict(line.strip().split(": ", 1) for line in checked.stdout.splitlines()
+                if ": " in line)
+
+
+def assert_ended_cleanly(out, process) -> None:
+    assert_oracles(out, process)
+    assert not list(out.glob(LEASE_DIRECTORY_PREFIX + "*")), "the job's lease table is left"
+    assert stats(out)["extra"]["stop_reason"] == "frontier exhausted"
+
+
+def test_one_seed_two_masters_one_observation(tmp_path):
+    out = tmp_path / "out"
+    process = campaign(out, script(tmp_path, "true", "exit 0\n"), seeds_of(tmp_path, [b"x"]))
+    assert_ended_cleanly(out, process)
+    assert facts(out)["analysed (observations)"] == "1"
+    assert sorted(per_master(out)) == [0, 1]
+
+
+def test_24_distinct_seeds_are_split_between_two_masters_by_owner(tmp_path):
+    out = tmp_path / "out"
+    contents = [b"seed %d" % number for number in range(24)]
+    process = campaign(out, script(tmp_path, "true", "exit 0\n"), seeds_of(tmp_path, contents))
+    assert_ended_cleanly(out, process)
+    assert sorted(done_hashes(out)) == sorted(map(sha256_bytes, contents))
+    assert len(list((out / "corpus").iterdir())) == 24
+    owners = [owner(sha256_bytes(data), (0, 1)) for data in contents]
+    # No master paused: each analysed exactly what rendezvous hashing gave it.
+    executions = {k: m["executions"] for k, m in per_master(out).items()}
+    assert executions == {0: owners.count(0), 1: owners.count(1)}
+    assert all(executions.values())
+    assert "master 1 (rank " in process.stdout  # the summary breaks the figures down
+
+
+def test_a_child_that_12_seeds_generate_is_analysed_once(tmp_path):
+    out = tmp_path / "out"
+    target = script(tmp_path, "same-child", 'printf child > "$SYMCC_OUTPUT_DIR/out"\n')
+    contents = [b"seed %d" % number for number in range(12)]
+    process = campaign(out, target, seeds_of(tmp_path, contents), masters=3, workers=3)
+    assert_ended_cleanly(out, process)
+    done = done_hashes(out)
+    assert len(done) == len(set(done)) == 13
+    assert sha256_bytes(b"child") in done
+    figures = stats(out)
+    assert figures["executions"] == 13 and figures["interesting"] == 1
+    assert len(list((out / "queue").iterdir())) == 13  # named once, by the first master
+
+
+def test_the_triton_example_with_two_masters_finds_the_bug_as_one_master_does(build,
+                                                                              tmp_path):
+    out = tmp_path / "out"
+    process = explore(out, "--target", f"{build / 'magic'} @@", "--seeds",
+                      build.parent / "seeds" / "magic", "--workers", 2, "--masters", 2,
+                      "--fault-tolerance", "off", "--timeout", 20)
+    assert_ended_cleanly(out, process)
+    assert list((out / "crashes").glob("id:*"))
+    assert facts(out)["observations / unique"] == "1.0"
+    assert all(m["executions"] for m in per_master(out).values())
+
+
+def test_a_master_paused_past_its_lease_ttl_loses_its_work_to_another(tmp_path):
+    # Master 1 stops (SIGSTOP) right after its 2nd WORK, for 8 s, with a 2 s lease TTL: master
+    # 0 takes the expired lease over and analyses the input; the paused master's result,
+    # committed late, is stale and changes nothing.
+    out = tmp_path / "out"
+    contents = [b"seed %d" % number for number in range(16)]
+    target = script(tmp_path, "slow", "sleep 0.5\n")
+    env = dict(os.environ, SYMCC_MPI_FAULTS="m1:pause@2=8",
+               SYMCC_STANDALONE_WORK_LEASE_TTL="2")
+    process = campaign(out, target, seeds_of(tmp_path, contents), env=env)
+    assert_ended_cleanly(out, process)
+    assert sorted(done_hashes(out)) == sorted(map(sha256_bytes, contents))
+    masters = per_master(out)
+    assert masters[0]["steals"] >= 1, masters
+    assert masters[1]["stale_results"] >= 1, masters
+    assert "whose lease another master took over" in process.stdout + process.stderr
+
+
+def test_a_single_master_keeps_its_layout(tmp_path):
+    out = tmp_path / "out"
+    process = campaign(out, script(tmp_path, "true", "exit 0\n"),
+                       seeds_of(tmp_path, [b"a", b"b"]), masters=1)
+    assert_oracles(out, process)
+    assert not list((out / "state").glob("master-*"))
+    assert "per_master" not in stats(out)["extra"]
+
+
+def test_too_few_ranks_for_the_masters_is_one_line(tmp_path):
+    process = campaign(tmp_path / "out", script(tmp_path, "true", "exit 0\n"),
+                       seeds_of(tmp_path, [b"a"]), masters=3, workers=2)
+    assert process.returncode == 2
+    assert process.stderr.strip().splitlines() == [
+        "symcc-mpi: error: --masters 3 needs at least one worker each (--workers 2)"]
