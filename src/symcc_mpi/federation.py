@@ -27,7 +27,7 @@ from .config import UsageError
 from .durable.hints import HintReader, PublicationLog
 from .durable.leases import FencedWorkLeaseTable, LeaseConfig
 from .durable.master_leases import WorkLeases
-from .ownership import lease_directory, owner
+from .ownership import LEASE_DIRECTORY_PREFIX, lease_directory, owner
 from .protocol import SHA256_PATTERN, Figures, Finding, Stop, Tag
 from .report import CampaignSnapshot
 from .quiescence import (
@@ -108,6 +108,10 @@ class Federation:
         config = LeaseConfig.from_env(execution_timeout=self.execution_timeout)
         for rejected in config.rejected:
             log.warning("ignored %s: not a valid value", rejected)
+        if self.root:  # the campaign lock is root's: no other job uses OUT
+            for stale in self.directory.parent.glob(LEASE_DIRECTORY_PREFIX + "*"):
+                if stale != self.directory:  # of a job that ended without its last barrier
+                    shutil.rmtree(stale, ignore_errors=True)
         self.leases = WorkLeases(FencedWorkLeaseTable(self.directory / "leases",
                                                       self.owner_name, **config.options()))
         self.publications = PublicationLog(self.directory, self.index)

@@ -22,6 +22,7 @@ log = logging.getLogger("symcc_mpi.session")
 SEND_FLUSH_TIMEOUT = 10.0
 ABORT_STATUS = 1  # MPI_Abort's status when a rank fails with an unexpected error
 FINALIZE_DEADLINE = 10  # seconds (signal.alarm)
+FINAL_BARRIER_DEADLINE = 120.0  # seconds the masters wait for each other at the end
 TAKEOVER_LOCK_WAIT = 120.0  # NFS keeps a dead client's locks until its lease expires (~90 s)
 
 
@@ -38,6 +39,9 @@ def run_rank(config: CampaignConfig) -> int:
         # Ctrl-C on a terminal reaches every rank; only the master decides when work stops.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
     if config.masters > 1:
+        if world.rank == 0:
+            log.info("fault tolerance off: not with several masters yet (a rank's death ends "
+                     "the job; --resume continues it)")
         return _run_federated(world, config)
     decision = decide(MPI.COMM_WORLD, FaultTolerance(config.fault_tolerance))
     if world.rank == 0:
@@ -315,10 +319,23 @@ def _run_federated_master(group, masters_comm, federation, config: CampaignConfi
     finally:
         master.close()
     master.release_workers()
-    masters_comm.Barrier()  # every master is done with the lease table
-    if federation.root:
+    # Every master is done with the lease table; a master stuck past the deadline keeps it.
+    if _barrier_within(masters_comm, FINAL_BARRIER_DEADLINE) and federation.root:
         federation.remove_lease_directory()
     return STORAGE_EXIT if master.storage_problem else status
+
+
+def _barrier_within(comm, seconds: float) -> bool:
+    """A barrier that gives up after `seconds` (F320 §2.6: every wait is bounded)."""
+    request = comm.Ibarrier()
+    deadline = time.monotonic() + seconds
+    while not request.Test():
+        if time.monotonic() >= deadline:
+            log.warning("the other masters did not finish within %g s: the job's lease table "
+                        "stays in OUT (harmless: the next run has its own)", seconds)
+            return False
+        time.sleep(0.01)
+    return True
 
 
 def _refuse_workers(channel, problem: str) -> None:

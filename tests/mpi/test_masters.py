@@ -135,3 +135,26 @@ def test_too_few_ranks_for_the_masters_is_one_line(tmp_path):
     assert process.returncode == 2
     assert process.stderr.strip().splitlines() == [
         "symcc-mpi: error: --masters 3 needs at least one worker each (--workers 2)"]
+
+
+@pytest.mark.parametrize("masters_after", [1, 3])
+def test_a_budget_stops_every_master_and_a_resume_with_other_masters_finishes(tmp_path,
+                                                                              masters_after):
+    out = tmp_path / "out"
+    contents = [b"seed %d" % number for number in range(40)]
+    seeds = seeds_of(tmp_path, contents)
+    target = script(tmp_path, "slow", "sleep 0.4\n")
+    first = campaign(out, target, seeds, "--wall-timeout", 3)
+    assert_oracles(out, first)
+    assert stats(out)["extra"]["stop_reason"] == "wall-clock budget spent"
+    analysed_first = done_hashes(out)
+    assert 0 < len(analysed_first) < 40
+    # Root saw the budget and told the other master, which stopped too.
+    for rank in (0, 2):
+        assert f"rank {rank} INFO stopping: wall-clock budget spent" in first.stdout
+    second = explore(out, "--resume", "--executor", "symcc", "--target", target,
+                     "--workers", 3, "--masters", masters_after, "--fault-tolerance", "off")
+    assert_ended_cleanly(out, second)
+    done = done_hashes(out)
+    assert sorted(done) == sorted(map(sha256_bytes, contents))  # each once, over all journals
+    assert set(analysed_first) <= set(done)

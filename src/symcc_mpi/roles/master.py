@@ -596,7 +596,9 @@ class Master:
         if self.config.wall_timeout is not None and elapsed >= self.config.wall_timeout:
             return "wall-clock budget spent"
         if self.config.max_idle is not None:
-            last = max(self.stats.last_find, self.stats.start_time)
+            last = max(self.stats.last_find, self.stats.start_time,
+                       *(f.get("last_find") or 0 for f in self.federation.figures.values())
+                       if self.federation is not None else ())
             if time.time() - last >= self.config.max_idle:
                 return f"no new finding for {self.config.max_idle:g} s"
         return ""
