@@ -373,7 +373,8 @@ def combine(own: CampaignSnapshot, others: dict[int, dict],
             "crashes": figures.get("crashes", 0), "pending": figures.get("pending", 0),
             "in_flight": extra.get("in_flight", 0), "phase": extra.get("phase", "?"),
             **{name: federation.get(name, 0) for name in (
-                "claims", "steals", "expiries", "stale_results", "refused", "not_owned")}}
+                "claims", "steals", "expiries", "stale_results", "refused", "not_owned",
+                "writes", "lock_wait_seconds")}}
     extra = dict(own.extra, per_master=per_master)
     return replace(own, per_worker=per_worker, extra=extra, **combined)
 

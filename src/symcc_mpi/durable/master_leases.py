@@ -40,6 +40,7 @@ class LeaseFigures:
     quarantined: int  # corrupt records moved aside
     lock_waits: int
     lock_wait_seconds: float
+    writes: int  # records written (claims, heartbeats, commits, releases)
 
 
 class WorkLeases:
@@ -119,7 +120,7 @@ class WorkLeases:
             stale_results=self._stale_results, refused=table.refused,
             heartbeats=table.heartbeats, completed=table.completed, abandoned=table.abandoned,
             quarantined=table.quarantined, lock_waits=table.lock_waits,
-            lock_wait_seconds=table.lock_wait_seconds)
+            lock_wait_seconds=table.lock_wait_seconds, writes=table.writes)
 
     def _held(self, tokens: dict[str, str]) -> dict[str, str]:
         now = self._clock.monotonic()
