@@ -30,6 +30,7 @@ from .durable.master_leases import WorkLeases
 from .ownership import LEASE_DIRECTORY_PREFIX, lease_directory, owner
 from .protocol import SHA256_PATTERN, Figures, Finding, Stop, Tag
 from .report import CampaignSnapshot
+from .roles.master import SHUTDOWN_GRACE
 from .quiescence import (
     Abort,
     Ack,
@@ -105,7 +106,8 @@ class Federation:
     def open(self) -> None:
         """The job's lease table and this master's publication log, in OUT: once the first
         master has checked and created OUT (nothing may be written there before)."""
-        config = LeaseConfig.from_env(execution_timeout=self.execution_timeout)
+        config = LeaseConfig.from_env(execution_timeout=self.execution_timeout,
+                                      shutdown_grace=SHUTDOWN_GRACE)
         for rejected in config.rejected:
             log.warning("ignored %s: not a valid value", rejected)
         if self.root:  # the campaign lock is root's: no other job uses OUT
