@@ -155,8 +155,9 @@ class Federation:
     def begin_commit(self, digest: str) -> bool:
         """The fence before any side effect of a result: False, the lease is no longer this
         master's (it expired and another master took it): the result is stale."""
-        token = self.held.get(digest)
+        token = self.held.pop(digest, None)
         if token is not None and self.leases.begin_commit(digest, token):
+            self.held[digest] = token  # until `complete`
             return True
         self.stale_results += 1  # its lease lost at a heartbeat already, or now
         return False

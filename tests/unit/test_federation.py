@@ -1,0 +1,105 @@
+"""federation.py without MPI: the rank layout, admission by owner and lease, the figures
+root combines, and the fault plans addressed to a master by index."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from symcc_mpi.config import UsageError
+from symcc_mpi.corpus import sha256_bytes
+from symcc_mpi.faults import Faults
+from symcc_mpi.federation import Federation, combine, groups
+from symcc_mpi.frontier import Frontier
+from symcc_mpi.ownership import new_epoch, owner
+from symcc_mpi.report import CampaignSnapshot
+
+DIGESTS = [sha256_bytes(b"input %d" % number) for number in range(40)]
+
+
+def test_groups_are_contiguous_blocks_that_differ_by_at_most_one_rank():
+    assert groups(5, 2) == [range(0, 3), range(3, 5)]
+    assert groups(8, 3) == [range(0, 3), range(3, 6), range(6, 8)]
+    for size in range(4, 30):
+        for masters in range(1, size // 2 + 1):
+            blocks = groups(size, masters)
+            assert [r for block in blocks for r in block] == list(range(size))
+            assert max(map(len, blocks)) - min(map(len, blocks)) <= 1
+            assert min(map(len, blocks)) >= 2  # a master and a worker at least
+    with pytest.raises(UsageError, match="--masters 3 needs at least 6 MPI ranks"):
+        groups(5, 3)
+
+
+def federations(tmp_path, masters=2, **environment):
+    epoch = new_epoch()
+    made = []
+    for index in range(masters):
+        federation = Federation(None, index=index, masters=masters, out=tmp_path,
+                                epoch=epoch, world_ranks=groups(2 * masters, masters),
+                                execution_timeout=1.0)
+        federation.open()
+        made.append(federation)
+    return made
+
+
+def test_a_master_admits_only_what_it_owns_and_wins(tmp_path):
+    first, second = federations(tmp_path)
+    mine = [d for d in DIGESTS if owner(d, (0, 1)) == 0]
+    theirs = [d for d in DIGESTS if owner(d, (0, 1)) == 1]
+    assert mine and theirs
+    assert all(first.admit(d) for d in mine)
+    assert not any(first.admit(d) for d in theirs)  # not claimed either
+    assert first.not_owned == len(theirs)
+    assert all(second.admit(d) for d in theirs)
+
+
+def test_a_commit_goes_through_only_while_the_lease_is_current(tmp_path, monkeypatch):
+    monkeypatch.setenv("SYMCC_STANDALONE_WORK_LEASE_TTL", "0.2")
+    first, second = federations(tmp_path)
+    digest = next(d for d in DIGESTS if owner(d, (0, 1)) == 0)
+    assert first.admit(digest)
+    time.sleep(0.3)  # past the TTL: the lease may be taken over (it never expires too early)
+    frontier = Frontier()
+    assert second._take_recovered(frontier, second.leases.recover_expired(4, rescan=True)) == 1
+    assert digest in frontier.pending and second.admit(digest)
+    assert not first.begin_commit(digest)  # stale: its result changes nothing
+    assert first.stale_results == 1
+    assert second.begin_commit(digest)
+    second.complete(digest)
+    assert not first.admit(digest) and not second.admit(digest)  # done for the whole job
+
+
+def test_claims_ahead_take_only_owned_inputs(tmp_path):
+    first, _ = federations(tmp_path)
+    first.claim_ahead(DIGESTS)
+    assert set(first.held) == {d for d in DIGESTS if owner(d, (0, 1)) == 0}
+
+
+def test_root_combines_every_masters_figures():
+    own = CampaignSnapshot(start_time=1.0, now=5.0, executions=3, interesting=2, workers=1,
+                           last_find=4.0, per_worker={1: {"executions": 3}},
+                           extra={"federation": {"claims": 3}, "in_flight": 0})
+    other = {"executions": 5, "interesting": 1, "workers": 2, "last_find": 4.5,
+             "per_worker": {"1": {"executions": 2}, "2": {"executions": 3}},
+             "extra": {"federation": {"claims": 6, "steals": 1}, "in_flight": 1}}
+    combined = combine(own, {1: other}, [range(0, 2), range(2, 5)])
+    assert (combined.executions, combined.interesting, combined.workers) == (8, 3, 3)
+    assert combined.last_find == 4.5
+    assert sorted(combined.per_worker) == [1, 3, 4]  # world ranks
+    assert combined.extra["per_master"]["1"]["claims"] == 6
+    assert combined.extra["per_master"]["1"]["steals"] == 1
+    assert combined.extra["per_master"]["0"]["world_rank"] == 0
+
+
+def test_a_master_plan_is_addressed_by_index_whatever_its_rank():
+    assert Faults(3, "m1:pause@2=4", master_index=1).stop_seconds(2, "pause") == 4.0
+    assert not Faults(3, "m1:pause@2=4", master_index=2).planned
+    assert not Faults(1, "m1:pause@2=4").planned  # a worker: no master plan
+    with pytest.raises(ValueError, match="SYMCC_MPI_FAULTS"):
+        Faults(0, "m1:hostile@1=size")  # a worker kind, addressed to a master
+    with pytest.raises(ValueError, match="SYMCC_MPI_FAULTS"):
+        Faults(0, "mx:pause@1")
+
+
+
