@@ -190,7 +190,7 @@ class Federation:
             self.held.pop(digest, None)  # taken over after it expired: no longer ours
         if not self.participant.frozen and now >= self.next_discovery:
             self.next_discovery = now + DISCOVERY_INTERVAL
-            self.discover(master.frontier)
+            self.discover(master)
         idle = master.dispatch.exhausted and not self.active_since_status
         self.active_since_status = False
         if (status := self.participant.status(idle, now)) is not None:
@@ -201,15 +201,14 @@ class Federation:
             if self.coordinator.outcome is Outcome.CONFLICT:
                 self.conflict = self.coordinator.conflict or "quiescence conflict"
 
-    def discover(self, frontier) -> int:
+    def discover(self, master) -> int:
         """New work: the others' publications and the expired leases this master took over.
         Returns how many inputs joined the frontier."""
         found = 0
         for digest in self.hints.poll():
-            found += frontier.add(digest)
+            found += master.frontier.add(digest)
         recovered = self.leases.recover_expired(limit=RECOVERY_LIMIT)
-        found += self._take_recovered(frontier, recovered)
-        return found
+        return found + self._take_recovered(master.frontier, recovered, master.campaign.corpus)
 
     def rescan(self, master) -> bool:
         """F320 §2.5 step 3, before a vote: everything published or expired is looked at once
@@ -222,18 +221,26 @@ class Federation:
                 if SHA256_PATTERN.match(entry.name):
                     master.frontier.add(entry.name)
         self._take_recovered(master.frontier,
-                             self.leases.recover_expired(limit=RECOVERY_LIMIT, rescan=True))
+                             self.leases.recover_expired(limit=RECOVERY_LIMIT, rescan=True),
+                             master.campaign.corpus)
         owned = [d for d in master.frontier.pending if d in self.held or self.owns(d)]
         return not owned and master.dispatch.exhausted and len(master.frontier) >= before \
             and not self.active_since_status
 
-    def _take_recovered(self, frontier, recovered: dict[str, str]) -> int:
+    def _take_recovered(self, frontier, recovered: dict[str, str], corpus: Path) -> int:
+        taken = 0
         for digest, token in recovered.items():
-            log.warning("took over the expired lease of %s", digest[:12])
             self.held[digest] = token
+            if not (corpus / digest).exists():  # nothing to run: not held for ever (F320 §2.3)
+                log.warning("the expired lease of %s names no corpus file: abandoned",
+                            digest[:12])
+                self.abandon(digest)
+                continue
+            log.warning("took over the expired lease of %s", digest[:12])
             frontier.add(digest)
             frontier.requeue(digest)
-        return len(recovered)
+            taken += 1
+        return taken
 
     # -- the control plane ------------------------------------------------------------------
 

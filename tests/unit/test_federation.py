@@ -61,7 +61,9 @@ def test_a_commit_goes_through_only_while_the_lease_is_current(tmp_path, monkeyp
     assert first.admit(digest)
     time.sleep(0.3)  # past the TTL: the lease may be taken over (it never expires too early)
     frontier = Frontier()
-    assert second._take_recovered(frontier, second.leases.recover_expired(4, rescan=True)) == 1
+    (tmp_path / digest).write_bytes(b"input")
+    assert second._take_recovered(frontier, second.leases.recover_expired(4, rescan=True),
+                                  tmp_path) == 1
     assert digest in frontier.pending and second.admit(digest)
     assert not first.begin_commit(digest)  # stale: its result changes nothing
     assert first.stale_results == 1
@@ -103,3 +105,16 @@ def test_a_master_plan_is_addressed_by_index_whatever_its_rank():
 
 
 
+
+
+def test_an_expired_lease_whose_file_is_missing_is_abandoned_at_once(tmp_path, monkeypatch):
+    monkeypatch.setenv("SYMCC_STANDALONE_WORK_LEASE_TTL", "0.2")
+    first, second = federations(tmp_path)
+    digest = next(d for d in DIGESTS if owner(d, (0, 1)) == 0)
+    assert first.admit(digest)
+    time.sleep(0.3)
+    frontier = Frontier()
+    assert second._take_recovered(frontier, second.leases.recover_expired(4, rescan=True),
+                                  tmp_path) == 0
+    assert digest not in second.held and not frontier.pending
+    assert second.leases.statistics().abandoned == 1
