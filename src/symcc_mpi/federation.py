@@ -213,7 +213,6 @@ class Federation:
     def rescan(self, master) -> bool:
         """F320 §2.5 step 3, before a vote: everything published or expired is looked at once
         more, the whole corpus listed. True if the master is still idle."""
-        before = len(master.frontier)
         for digest in self.hints.poll():
             master.frontier.add(digest)
         with os.scandir(master.campaign.corpus) as entries:  # misnamed files: root's to move
@@ -223,9 +222,9 @@ class Federation:
         self._take_recovered(master.frontier,
                              self.leases.recover_expired(limit=RECOVERY_LIMIT, rescan=True),
                              master.campaign.corpus)
+        # Others' inputs in the frontier are no work of this master's (dropped at dispatch).
         owned = [d for d in master.frontier.pending if d in self.held or self.owns(d)]
-        return not owned and master.dispatch.exhausted and len(master.frontier) >= before \
-            and not self.active_since_status
+        return not owned and not master.dispatch.in_flight and not self.active_since_status
 
     def _take_recovered(self, frontier, recovered: dict[str, str], corpus: Path) -> int:
         taken = 0
@@ -298,7 +297,6 @@ class Federation:
         campaign = master.campaign
         if finding.kind == "queue":
             named = campaign.queue_finding(finding.sha256, finding.parent)
-            master.frontier.add(finding.sha256)
         else:
             named = campaign.save_finding(finding.kind, finding.sha256, finding.parent or None,
                                           finding.signal, data=finding.data or None)
