@@ -66,7 +66,7 @@ def cli() -> None:
 def explore(target, seeds, out, workers, masters, executor, afl_target, timeout, memory_limit,
             wall_timeout, max_idle, pruning, fault_tolerance, resume, no_live) -> None:
     """Explore a target from seed inputs with N workers until the frontier is exhausted."""
-    from .launch import check_workers, launch, under_mpi
+    from .launch import check_workers, launch, launched_by_us, under_mpi
     from .session import check_config, run_rank
 
     try:
@@ -86,7 +86,7 @@ def explore(target, seeds, out, workers, masters, executor, afl_target, timeout,
             max_idle=max_idle,
             pruning=pruning,
             resume=resume,
-            fault_tolerance=fault_tolerance or default_fault_tolerance(masters),
+            fault_tolerance=fault_tolerance or ("on" if launched_by_us() else "auto"),
         )
         if under_mpi():
             sys.exit(run_rank(config))
@@ -128,14 +128,6 @@ def verify(out: Path) -> None:
     click.echo("OK")
 
 
-def default_fault_tolerance(masters: int) -> str:
-    """On where symcc-mpi launches the job itself, auto under the user's launcher; off with
-    several masters, which do not survive a rank's death yet."""
-    from .launch import launched_by_us
-
-    if masters > 1:
-        return "off"
-    return "on" if launched_by_us() else "auto"
 
 
 def main() -> None:

@@ -102,9 +102,6 @@ def check_numbers(config: CampaignConfig) -> None:
         raise UsageError(f"--workers must be at least 1 (got {config.workers})")
     if config.masters < 1:
         raise UsageError(f"--masters must be at least 1 (got {config.masters})")
-    if config.masters > 1 and config.fault_tolerance == "on":
-        raise UsageError("--fault-tolerance on does not work with --masters yet: with several "
-                         "masters a rank's death ends the job, and --resume continues it")
     if config.workers < config.masters:
         raise UsageError(f"--masters {config.masters} needs at least one worker each "
                          f"(--workers {config.workers})")

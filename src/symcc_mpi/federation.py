@@ -31,6 +31,7 @@ from .ownership import LEASE_DIRECTORY_PREFIX, lease_directory, owner
 from .protocol import SHA256_PATTERN, Figures, Finding, Stop, Tag
 from .report import CampaignSnapshot
 from .roles.master import SHUTDOWN_GRACE
+from .transport import RankFailure
 from .quiescence import (
     Abort,
     Ack,
@@ -96,6 +97,8 @@ class Federation:
         self.active_since_status = False  # work admitted or committed since the last status
         self.next_discovery = 0.0
         self.stop_reason = ""  # root's STOP, relayed to this master
+        self.lost = False  # a rank of the job died (ULFM): the campaign ends unfinished
+        self.dead: set[int] = set()  # masters known dead
         self.conflict = ""
         self.figures: dict[int, dict] = {}  # root: each other master's latest snapshot
         self.final: set[int] = set()  # root: the masters whose final figures arrived
@@ -184,8 +187,11 @@ class Federation:
     def round(self, master, now: float) -> None:
         """Once per master loop round: messages from the other masters, heartbeats, discovery,
         this master's status and (root) the quiescence decisions."""
-        while (incoming := self.channel.poll()) is not None:
-            self._on_message(master, incoming, now)
+        try:
+            while (incoming := self.channel.poll()) is not None:
+                self._on_message(master, incoming, now)
+        except RankFailure:
+            self._masters_died()
         for digest in self.leases.heartbeat(self.held):
             self.held.pop(digest, None)  # taken over after it expired: no longer ours
         if not self.participant.frozen and now >= self.next_discovery:
@@ -247,7 +253,28 @@ class Federation:
         if destination == self.index:  # root's own participant: no MPI message
             self._on_control(master, self.index, message, now)
         else:
-            self.channel.send(destination, Tag.QUIESCENCE, message)
+            self._send(destination, Tag.QUIESCENCE, message)
+
+    def _send(self, destination: int, tag: Tag, message) -> None:
+        """To another master; one that died gets nothing (ULFM reports its death)."""
+        if destination in self.dead:
+            return
+        try:
+            self.channel.send(destination, tag, message)
+        except RankFailure:
+            self._masters_died()
+
+    def _masters_died(self) -> None:
+        """Masters died (ULFM): the campaign cannot end exhausted any more. What the others
+        have in flight is committed, and the job ends for `--resume` to continue."""
+        dead = self.channel.failed_ranks() - self.dead
+        self.dead |= dead
+        self.lost = True
+        for index in sorted(dead):
+            log.error("master %d (world rank %d) died", index, self.world_ranks[index].start)
+            if not self.stop_reason:
+                self.stop_reason = (f"{'the first master' if index == 0 else f'master {index}'}"
+                                    " died: continue with --resume")
 
     def _on_message(self, master, incoming, now: float) -> None:
         source, tag = incoming.source, incoming.tag
@@ -262,11 +289,11 @@ class Federation:
             self.figures[incoming.message.master] = incoming.message.snapshot
             if incoming.message.final:
                 self.final.add(incoming.message.master)
-        elif tag == Tag.STOP and self.root:
-            self.stop_reason = self.stop_reason or \
-                f"master {source} stopped: {incoming.message.reason}"
-        elif tag == Tag.STOP and source == 0:
-            self.stop_reason = incoming.message.reason
+        elif tag == Tag.STOP and (self.root or source == 0):
+            self.lost |= incoming.message.failure
+            self.stop_reason = self.stop_reason or (
+                incoming.message.reason if source == 0
+                else f"master {source} stopped: {incoming.message.reason}")
         else:
             log.warning("unexpected %s from master %d", Tag(tag).name, source)
 
@@ -303,32 +330,40 @@ class Federation:
         self.findings += named
 
     def forward(self, finding: Finding) -> None:
-        """Hand a finding to root (CampaignDir.forward_finding, masters other than root)."""
-        self.channel.send(0, Tag.FINDING, finding)
+        """Hand a finding to root (CampaignDir.forward_finding, masters other than root). If
+        root is dead, the next run's root names it: from corpus/, or from this master's
+        state (a crash's or hang's bytes, kept there first)."""
+        self._send(0, Tag.FINDING, finding)
 
-    def stopping(self, reason: str) -> None:
+    def stopping(self, reason: str, *, failure: bool = False) -> None:
         """This master stops before the campaign's end was agreed: root tells every other
         master why (a stop request, the budget: what only root watches); another master
-        tells root, which stops everyone (a campaign missing a master cannot be exhausted)."""
+        tells root, which stops everyone (a campaign missing a master cannot be exhausted).
+        `failure`: because a rank died."""
+        self.lost |= failure
         if self.root:
             for destination in self.indices[1:]:
-                self.channel.send(destination, Tag.STOP, Stop(reason))
+                self._send(destination, Tag.STOP, Stop(reason, self.lost))
         elif not self.stop_reason:  # not root's own STOP coming back
-            self.channel.send(0, Tag.STOP, Stop(reason))
+            self._send(0, Tag.STOP, Stop(reason, self.lost))
 
     def report(self, snapshot, final: bool) -> None:
         """A master other than root: its figures go to root, which writes the reports."""
-        self.channel.send(0, Tag.FIGURES, Figures(self.index, _plain(asdict(snapshot)), final))
+        self._send(0, Tag.FIGURES, Figures(self.index, _plain(asdict(snapshot)), final))
 
     def wait_for_final_figures(self, master) -> None:
         """Root, before its final report: every other master's final figures, bounded."""
         deadline = time.monotonic() + FINAL_FIGURES_WAIT
-        missing = set(self.indices[1:]) - self.final
+        missing = set(self.indices[1:]) - self.final - self.dead
         while missing and time.monotonic() < deadline:
-            incoming = self.channel.wait(deadline)
+            try:
+                incoming = self.channel.wait(deadline)
+            except RankFailure:
+                self._masters_died()
+                incoming = None
             if incoming is not None:
                 self._on_message(master, incoming, time.monotonic())
-            missing = set(self.indices[1:]) - self.final
+            missing = set(self.indices[1:]) - self.final - self.dead
         if missing:
             log.warning("no final figures from master(s) %s within %g s: the summary counts "
                         "their last report", ", ".join(map(str, sorted(missing))),

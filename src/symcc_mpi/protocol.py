@@ -129,6 +129,7 @@ class Result(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
 
 class Stop(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     reason: str = ""
+    failure: bool = False  # between masters: the campaign stops because a rank died
 
 
 class StopAck(msgspec.Struct, forbid_unknown_fields=True, frozen=True):

@@ -38,14 +38,11 @@ def run_rank(config: CampaignConfig) -> int:
     if world.rank != 0:
         # Ctrl-C on a terminal reaches every rank; only the master decides when work stops.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
-    if config.masters > 1:
-        if world.rank == 0:
-            log.info("fault tolerance off: not with several masters yet (a rank's death ends "
-                     "the job; --resume continues it)")
-        return _run_federated(world, config)
     decision = decide(MPI.COMM_WORLD, FaultTolerance(config.fault_tolerance))
     if world.rank == 0:
         log.info("fault tolerance %s", decision.reason)
+    if config.masters > 1:
+        return _run_federated(world, config, outlive_ranks=decision.enabled)
     job = Generations(config) if decision.enabled else None
     try:
         if job is None:
@@ -248,9 +245,11 @@ class Generations:
         self._adopt(master)
 
 
-def _run_federated(world, config: CampaignConfig) -> int:
+def _run_federated(world, config: CampaignConfig, *, outlive_ranks: bool) -> int:
     """Several masters (federation.py): the ranks split into groups, a master and its
-    workers each; the first master opens the campaign before the others join it."""
+    workers each; the first master opens the campaign before the others join it.
+    `outlive_ranks` (ULFM): a rank's death stops the campaign cleanly, everything the
+    survivors hold committed, instead of ending the job at once."""
     from mpi4py import MPI
 
     from .federation import CONFLICT_EXIT, Federation, groups
@@ -264,20 +263,30 @@ def _run_federated(world, config: CampaignConfig) -> int:
             print(f"symcc-mpi: error: {error}", flush=True)
         return 2
     index = next(k for k, ranks in enumerate(layout) if world.rank in ranks)
-    group = Channel(MPI.COMM_WORLD.Split(index, world.rank))
-    is_master = group.rank == 0
+    group_comm = MPI.COMM_WORLD.Split(index, world.rank)
+    is_master = group_comm.Get_rank() == 0
     masters_comm = MPI.COMM_WORLD.Split(0 if is_master else MPI.UNDEFINED, world.rank)
+    for comm in (group_comm, masters_comm) if outlive_ranks else ():
+        if comm != MPI.COMM_NULL:
+            comm.Set_errhandler(MPI.ERRORS_RETURN)
+    group = Channel(group_comm)
     epoch = MPI.COMM_WORLD.bcast(new_epoch() if world.rank == 0 else None, root=0)
     try:
         if not is_master:
             from .roles.worker import run_worker
 
-            return run_worker(group, config)
-        federation = Federation(Channel(masters_comm), index=index, masters=config.masters,
-                                out=config.out, epoch=epoch, world_ranks=layout,
-                                execution_timeout=config.timeout)
-        status = _run_federated_master(group, masters_comm, federation, config)
-        _flush(federation.channel, world.rank)
+            status = run_worker(group, config, fault_rank=world.rank,
+                                outlive_master=outlive_ranks)
+        else:
+            federation = Federation(Channel(masters_comm), index=index,
+                                    masters=config.masters, out=config.out, epoch=epoch,
+                                    world_ranks=layout, execution_timeout=config.timeout)
+            status = _run_federated_master(group, masters_comm, federation, config,
+                                           outlive_ranks=outlive_ranks)
+            _flush(federation.channel, world.rank)
+        if outlive_ranks:  # after a death, MPI_Finalize may wait for ever (DESIGN §8)
+            _flush(group, world.rank)
+            _finalize_within(FINALIZE_DEADLINE)
         return status
     except TimeoutError as error:  # a shared lock held past its deadline (F320 §2.6)
         log.error("rank %d: %s; ending the job", world.rank, error)
@@ -291,7 +300,8 @@ def _run_federated(world, config: CampaignConfig) -> int:
         _flush(group, world.rank)
 
 
-def _run_federated_master(group, masters_comm, federation, config: CampaignConfig) -> int:
+def _run_federated_master(group, masters_comm, federation, config: CampaignConfig, *,
+                          outlive_ranks: bool) -> int:
     """Root opens OUT (checks, creates, adds the seeds), then the others open their state;
     any master's refusal refuses the whole job. After the campaign, the masters meet once
     more and root removes the job's lease table."""
@@ -313,6 +323,7 @@ def _run_federated_master(group, masters_comm, federation, config: CampaignConfi
             master.close()
             _refuse_workers(group, "; ".join(filter(None, refusals)))
         return status if master is None else 2
+    master.outlives_ranks = outlive_ranks
     try:
         federation.open()
         status = master.run()
@@ -326,15 +337,22 @@ def _run_federated_master(group, masters_comm, federation, config: CampaignConfi
 
 
 def _barrier_within(comm, seconds: float) -> bool:
-    """A barrier that gives up after `seconds` (F320 §2.6: every wait is bounded)."""
-    request = comm.Ibarrier()
+    """A barrier that gives up after `seconds` (F320 §2.6: every wait is bounded), or when a
+    master died (ULFM); False then, and the job's lease table stays in OUT (harmless: the
+    next run's first master removes it)."""
+    from mpi4py import MPI
+
     deadline = time.monotonic() + seconds
-    while not request.Test():
-        if time.monotonic() >= deadline:
-            log.warning("the other masters did not finish within %g s: the job's lease table "
-                        "stays in OUT (harmless: the next run has its own)", seconds)
-            return False
-        time.sleep(0.01)
+    try:
+        request = comm.Ibarrier()
+        while not request.Test():
+            if time.monotonic() >= deadline:
+                log.warning("the other masters did not finish within %g s", seconds)
+                return False
+            time.sleep(0.01)
+    except MPI.Exception as error:
+        log.warning("the masters' last meeting failed: %s", error)
+        return False
     return True
 
 
@@ -417,6 +435,8 @@ def open_master(channel, config: CampaignConfig, *, fault_tolerant: bool = False
     from .roles.master import Master
 
     joining = federation is not None and not federation.root
+    if federation is not None:
+        world_rank = federation.world_ranks[federation.index].start
     campaign = CampaignDir(config.out, master=federation.index if federation else 0)
     if taking_over:  # the dead master's lock may outlive it a little (NFS)
         campaign.lock(wait=TAKEOVER_LOCK_WAIT)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections import deque
+from collections.abc import Collection
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -148,15 +149,30 @@ class Channel:
         with failures_raised():
             self.comm.Send([payload, MPI.BYTE], dest=dest, tag=int(tag))
 
-    def check_peers(self) -> None:
-        """Raise RankFailure if MPI knows of a dead rank in this communicator (ULFM): a
-        probe for messages does not report a peer that died with nothing pending."""
+    def check_peers(self, known: Collection[int] = ()) -> None:
+        """Raise RankFailure if MPI knows of a dead rank in this communicator (ULFM) other
+        than those `known`: a probe for messages does not report a peer that died with
+        nothing pending."""
         with failures_raised():
             failed = self.comm.Get_failed()
         try:
-            if failed.Get_size():
+            if failed.Get_size() > len(known):
                 raise RankFailure(MPI.Exception(MPI.ERR_PROC_FAILED))
         finally:
+            failed.Free()
+
+    def failed_ranks(self) -> set[int]:
+        """The ranks of this communicator MPI knows dead, acknowledged: a receive from any
+        source works again (ULFM fails it while a failure is not acknowledged)."""
+        with failures_raised():
+            self.comm.Ack_failed()
+            failed = self.comm.Get_failed()
+        group = self.comm.Get_group()
+        try:
+            return set(MPI.Group.Translate_ranks(failed, list(range(failed.Get_size())),
+                                                 group))
+        finally:
+            group.Free()
             failed.Free()
 
     def check_master(self, master: int) -> None:
@@ -181,11 +197,13 @@ class Channel:
             nap = min(nap * NAP_GROWTH, self.max_nap)
         return True
 
-    def poll(self) -> Incoming | None:
-        """Receive one pending message from anyone, if there is one."""
+    def poll(self, source: int = MPI.ANY_SOURCE) -> Incoming | None:
+        """Receive one pending message from `source` (anyone), if there is one. Under ULFM
+        a receive from anyone fails while a death in the communicator is unacknowledged; one
+        from a rank that lives does not."""
         self._progress_sends()
         with failures_raised():
-            if not self.comm.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG, self._status):
+            if not self.comm.Iprobe(source, MPI.ANY_TAG, self._status):
                 return None
             source, tag = self._status.Get_source(), self._status.Get_tag()
             buffer = bytearray(self._status.Get_count(MPI.BYTE))
@@ -195,11 +213,12 @@ class Channel:
         except MalformedMessage as error:
             return Incoming(source, tag, None, str(error), error.field)
 
-    def wait(self, deadline: float | None = None) -> Incoming | None:
+    def wait(self, deadline: float | None = None,
+             source: int = MPI.ANY_SOURCE) -> Incoming | None:
         """Poll until a message arrives or the monotonic deadline passes."""
         nap = MIN_NAP
         while True:
-            incoming = self.poll()
+            incoming = self.poll(source)
             if incoming is not None:
                 return incoming
             if deadline is not None and time.monotonic() >= deadline:

@@ -158,3 +158,33 @@ def test_a_budget_stops_every_master_and_a_resume_with_other_masters_finishes(tm
     done = done_hashes(out)
     assert sorted(done) == sorted(map(sha256_bytes, contents))  # each once, over all journals
     assert set(analysed_first) <= set(done)
+
+
+@pytest.mark.parametrize(("faults", "reason"), [
+    ("3:die@2", "master 1 stopped: a worker died (rank 1): continue with --resume"),
+    ("2:die@3", "master 1 died: continue with --resume"),
+    ("0:die@3", None),  # the first master: nobody writes the final report
+], ids=["a-worker", "a-master", "the-first-master"])
+def test_under_ulfm_a_dead_rank_ends_the_campaign_cleanly_and_resume_finishes_it(
+        tmp_path, faults, reason):
+    # Ranks 0 and 2 are the masters, 1 and 3 their workers (MPI_COMM_WORLD).
+    out = tmp_path / "out"
+    contents = [b"seed %d" % number for number in range(24)]
+    seeds = seeds_of(tmp_path, contents)
+    target = script(tmp_path, "slow", "sleep 0.3\n")
+    arguments = ["--executor", "symcc", "--target", target, "--workers", 2, "--masters", 2,
+                 "--fault-tolerance", "on"]
+    first = explore(out, *arguments, "--seeds", seeds,
+                    env=dict(os.environ, SYMCC_MPI_FAULTS=faults))
+    output = first.stdout + first.stderr
+    assert first.returncode != 0, output
+    assert "continue with --resume" in output
+    if reason is not None:  # what the survivors committed is whole
+        assert stats(out)["extra"]["stop_reason"] == reason
+        assert stats(out)["extra"]["phase"] == "done"
+    done_before = done_hashes(out)
+    assert len(done_before) == len(set(done_before))
+    second = explore(out, "--resume", *arguments)
+    assert_ended_cleanly(out, second)
+    done = done_hashes(out)
+    assert sorted(done) == sorted(map(sha256_bytes, contents))  # each once, none lost

@@ -141,6 +141,10 @@ class Master:
         self.fault_tolerant = fault_tolerant
         self.members: tuple[str, ...] = ()
         self.next_failure_check = 0.0
+        # With several masters under ULFM (federation.py): a dead worker ends this master's
+        # part cleanly (the rest drained and committed) instead of a repair of its group.
+        self.outlives_ranks = False
+        self.failed_ranks: set[int] = set()
         self.in_flight_at_takeover: list[str] = []  # set by open_master (session.py)
         # The campaign's verdict, in the final stats.json: the launcher's exit status even
         # when mpiexec reports the ranks that died on the way (launch.py).
@@ -203,52 +207,18 @@ class Master:
                 ok=True, doorbell=self.doorbell.address, generation=self.generation))
         if self.phase is Phase.STOPPING:  # a generation that began while workers were stopping
             self._send_stops()
-        next_report = 0.0
-        rang = False
+        self.next_report = self.next_sweep = 0.0
+        self.rang = False
         if not self.loop_cpu_start:  # the figures span every generation this master serves
             self.loop_cpu_start = time.process_time()
             self.loop_started = time.monotonic()
-        next_sweep = 0.0
         while self.phase is not Phase.DONE:
-            handled = 0
-            while (incoming := self.channel.poll()) is not None:
-                self._handle(incoming)
-                handled += 1
-            # F317 round order: messages, then the join, then dispatch, then the deadlines.
-            # A round that received nothing has nothing to join, and deadlines (seconds) are
-            # swept every SWEEP_INTERVAL: an idle round then costs little more than a probe.
-            now = time.monotonic()
-            if self.fault_tolerant and now >= self.next_failure_check:
-                # A dead worker with nothing pending is not reported by a probe (F443 §6.1).
-                self.next_failure_check = now + FAILURE_POLL
-                self.channel.check_peers()
-            if self.federation is not None:
-                self._federation_round(now)
-            if handled:
-                for recovery in self.dispatch.join().recoveries:
-                    self.sends.pop(recovery.token, None)
-                    self._discard_staging(recovery.token)  # its worker is done with it
-            if self.phase is Phase.RUNNING:
-                self.dispatch_mark = time.perf_counter()
-                handled += self.dispatch.dispatch(self._send_work)
-                if len(self.dispatch.retired) >= len(self.workers):  # sends kept failing
-                    self._stop_if_no_worker_left("every worker retired")
-            if handled or now >= next_sweep:
-                next_sweep = now + SWEEP_INTERVAL
-                for recovery in self.dispatch.sweep():
-                    self.sends.pop(recovery.token, None)  # its staging may still grow
-                with self._stopping_if_storage_refuses():
-                    self.checkpoint.after_round()
-                self._advance_phase()
-            if now >= next_report:
-                with self._stopping_if_storage_refuses():
-                    self.report()
-                next_report = now + REPORT_INTERVAL
-            if nap := self.naps.after(active=handled > 0, rang=rang):
-                rang = self.doorbell.wait(nap)
-                self.wakeups += 1
-            else:
-                rang = False
+            try:
+                self._round()
+            except RankFailure as failure:
+                if not self.outlives_ranks:
+                    raise  # the job repairs the communicator (ulfm/), or ends
+                self._stop_after_failure(failure)
         with self._stopping_if_storage_refuses():
             self.checkpoint.after_round(final=True)
         if self.federation is not None and self.federation.root:
@@ -257,6 +227,67 @@ class Master:
         with self._stopping_if_storage_refuses():
             self.report(final=True)
         return self._exit_status()
+
+    def _round(self) -> None:
+        """One round of the loop: messages, the join, dispatch, deadlines, reports, a nap."""
+        handled = 0
+        while (incoming := self.channel.poll()) is not None:
+            self._handle(incoming)
+            handled += 1
+        # F317 round order: messages, then the join, then dispatch, then the deadlines.
+        # A round that received nothing has nothing to join, and deadlines (seconds) are
+        # swept every SWEEP_INTERVAL: an idle round then costs little more than a probe.
+        now = time.monotonic()
+        if (self.fault_tolerant or self.outlives_ranks) and now >= self.next_failure_check:
+            # A dead worker with nothing pending is not reported by a probe (F443 §6.1).
+            self.next_failure_check = now + FAILURE_POLL
+            self.channel.check_peers(known=self.failed_ranks)
+        if self.federation is not None:
+            self._federation_round(now)
+        if handled:
+            for recovery in self.dispatch.join().recoveries:
+                self.sends.pop(recovery.token, None)
+                self._discard_staging(recovery.token)  # its worker is done with it
+        if self.phase is Phase.RUNNING:
+            self.dispatch_mark = time.perf_counter()
+            handled += self.dispatch.dispatch(self._send_work)
+            if len(self.dispatch.retired) >= len(self.workers):  # sends kept failing
+                self._stop_if_no_worker_left("every worker retired")
+        if handled or now >= self.next_sweep:
+            self.next_sweep = now + SWEEP_INTERVAL
+            for recovery in self.dispatch.sweep():
+                self.sends.pop(recovery.token, None)  # its staging may still grow
+            with self._stopping_if_storage_refuses():
+                self.checkpoint.after_round()
+            self._advance_phase()
+        if now >= self.next_report:
+            with self._stopping_if_storage_refuses():
+                self.report()
+            self.next_report = now + REPORT_INTERVAL
+        if nap := self.naps.after(active=handled > 0, rang=self.rang):
+            self.rang = self.doorbell.wait(nap)
+            self.wakeups += 1
+        else:
+            self.rang = False
+
+    def _stop_after_failure(self, failure: RankFailure) -> None:
+        """Ranks of this master's group died (ULFM reported it): their work goes back to the
+        frontier, nothing more is sent to them, and the campaign stops with what the others
+        commit; `--resume` continues it."""
+        dead = self.channel.failed_ranks() - self.failed_ranks
+        if not dead:
+            raise failure  # not a dead peer (a revoked communicator): nothing to go on with
+        self.failed_ranks |= dead
+        for rank in sorted(dead):
+            log.error("rank %d died (%s)", rank, failure)
+            for token in self.dispatch.retire(rank, "it died"):
+                self._discard_staging(token)
+            self.acked.add(rank)  # no STOP_ACK will come
+        if self.phase is Phase.RUNNING:
+            self._begin_stop(f"a worker died (rank{'s' if len(dead) > 1 else ''} "
+                             f"{', '.join(map(str, sorted(dead)))}): continue with --resume")
+        elif self.phase is Phase.STOPPING:
+            self._send_stops()  # those the failure interrupted; a second STOP is ignored
 
     def _federation_round(self, now: float) -> None:
         federation = self.federation
@@ -276,7 +307,8 @@ class Master:
     def _exit_status(self) -> int:
         if self.storage_problem:
             return STORAGE_EXIT
-        return 1 if self.stats.stop_reason.startswith("no usable worker") else 0
+        lost = self.failed_ranks or (self.federation is not None and self.federation.lost)
+        return 1 if lost or self.stats.stop_reason.startswith("no usable worker") else 0
 
     def _handle(self, incoming) -> None:
         message = incoming.message
@@ -518,7 +550,8 @@ class Master:
 
     def _send_stops(self) -> None:
         for rank in self.workers:
-            self.channel.send(rank, Tag.STOP, Stop(self.stats.stop_reason))
+            if rank not in self.failed_ranks and rank not in self.acked:
+                self.channel.send(rank, Tag.STOP, Stop(self.stats.stop_reason))
         self.ack_deadline = time.monotonic() + SHUTDOWN_GRACE
 
     # -- generations (ulfm/) -------------------------------------------------------------
@@ -615,7 +648,7 @@ class Master:
     def _begin_stop(self, reason: str) -> None:
         log.info("stopping: %s", reason)
         if self.federation is not None and not self.federation.done:
-            self.federation.stopping(reason)  # the others stop too
+            self.federation.stopping(reason, failure=bool(self.failed_ranks))  # all stop
         self._drain(reason)
 
     def _drain(self, reason: str) -> None:
@@ -648,7 +681,8 @@ class Master:
     def release_workers(self) -> None:
         """After `close`: the campaign is durable, the workers may go."""
         for rank in self.workers:
-            self.channel.send(rank, Tag.RELEASE, Release())
+            if rank not in self.failed_ranks:
+                self.channel.send(rank, Tag.RELEASE, Release())
 
     def close(self) -> None:
         if self.faults.fire_at("die", "closing", 1):

@@ -57,7 +57,7 @@ class Worker:
     """One worker rank's executor and scratch space, kept across the generations of the job
     (ulfm/): `serve` runs the worker loop on one generation's channel."""
 
-    def __init__(self, rank: int, config: CampaignConfig):
+    def __init__(self, rank: int, config: CampaignConfig, *, fault_rank: int | None = None):
         self.rank = rank
         self.config = config
         self.scratch = Path(tempfile.mkdtemp(prefix=f"symcc-mpi-w{rank}-"))
@@ -74,7 +74,7 @@ class Worker:
         except (ExecutorError, OSError) as error:
             self.problem = str(error)
         self.objects = ObjectStore(self.scratch / "objects")
-        self.faults = Faults(rank)
+        self.faults = Faults(rank if fault_rank is None else fault_rank)
         self.skipped = SkippedEntries(rank)
         self.executions = 0
         self.executor_time = 0.0
@@ -174,13 +174,22 @@ class Worker:
         shutil.rmtree(self.scratch, ignore_errors=True)
 
 
-def run_worker(channel: Channel, config: CampaignConfig) -> int:
-    """A worker for the whole job, when the job has one generation (no ULFM)."""
+def run_worker(channel: Channel, config: CampaignConfig, *, fault_rank: int | None = None,
+               outlive_master: bool = False) -> int:
+    """A worker for the whole job, when the job has one generation. `fault_rank`: the rank
+    its fault plan names (its rank in MPI_COMM_WORLD, with several masters).
+    `outlive_master` (ULFM, several masters): it watches its master while it executes, and
+    if the master dies it ends quietly; the other masters end the campaign."""
     # Ctrl-C on a terminal reaches every rank; only the master decides when work stops.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    worker = Worker(channel.rank, config)
+    worker = Worker(channel.rank, config, fault_rank=fault_rank)
     try:
-        return worker.serve(channel)
+        return worker.serve(channel, watch_during_runs=outlive_master)
+    except RankFailure as failure:
+        if not outlive_master:
+            raise
+        log.warning("rank %d: its master is gone (%s): exiting", channel.rank, failure)
+        return 1
     finally:
         worker.close()
 
@@ -448,7 +457,7 @@ def _hostile_result(config: CampaignConfig, real: Result, field: str) -> bytes:
 def _wait_for(channel: Channel, *tags: Tag):
     """The next message from the master with one of `tags`; others are not expected."""
     while True:
-        incoming = channel.wait()
+        incoming = channel.wait(source=MASTER)  # not blind to its master for another's death
         if incoming.source == MASTER and incoming.tag in tags and incoming.message is not None:
             return incoming.message
         log.warning("rank %d: unexpected message tag %s from %d %s", channel.rank,
