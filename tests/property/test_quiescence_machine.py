@@ -119,6 +119,18 @@ class QuiescenceMachine(RuleBasedStateMachine):
             self.budget -= 1
             self._address(receiver, by_a_master=True)
 
+    @precondition(lambda self: self.budget > 1)
+    @rule(m=MASTER, receiver=MASTER)
+    def short_work_spell(self, m, receiver):
+        """A seed arrives, is analysed and publishes a child, all between two of the
+        master's rounds: the spell the gate must still see (the search needs it in one step)."""
+        m = self._master(m)
+        if self._can_discover(m):
+            self.external_seed(m)
+            self.discover(m)
+            self.publish(m, receiver)
+            self.finish(m)
+
     @precondition(lambda self: self.budget > 0)
     @rule(receiver=MASTER)
     def external_seed(self, receiver):
