@@ -54,13 +54,13 @@ import msgspec
 
 TOKEN_BYTES = 16  # 128 random bits: no two proposals of one job share a token
 Token = Annotated[str, msgspec.Meta(pattern=f"^[0-9a-f]{{{2 * TOKEN_BYTES}}}$")]
-Sequence = Annotated[int, msgspec.Meta(ge=1, le=2**63 - 1)]
+SequenceNumber = Annotated[int, msgspec.Meta(ge=1, le=2**63 - 1)]
 
 
 class Status(msgspec.Struct, frozen=True, forbid_unknown_fields=True, tag="status"):
     """A master's state; `sequence` grows strictly with every status one master sends."""
 
-    sequence: Sequence
+    sequence: SequenceNumber
     idle: bool
 
 
@@ -240,7 +240,10 @@ class Coordinator:
         """What to send now, as (destination master, message): a PREPARE to every master
         when the idle window is stable, and the decisions taken since the last tick."""
         if self._phase is _Phase.RUNNING and self._stably_idle(now):
-            token = self._random_bytes(TOKEN_BYTES).hex()
+            random = self._random_bytes(TOKEN_BYTES)
+            if len(random) != TOKEN_BYTES:
+                raise ValueError(f"the random source gave {len(random)} bytes, not {TOKEN_BYTES}")
+            token = random.hex()
             self._phase = _Phase.PREPARING
             self._token = token
             self._votes = {}

@@ -330,3 +330,10 @@ def test_bad_configuration_is_refused(arguments):
     masters = arguments.pop("masters")
     with pytest.raises(ValueError):
         Coordinator(masters, **arguments)
+
+
+def test_a_random_source_of_the_wrong_size_is_refused():
+    root = Coordinator(2, window=WINDOW, stale_after=STALE_AFTER, random_bytes=lambda _: b"x")
+    all_idle(root, 2, 0.0)
+    with pytest.raises(ValueError):
+        root.tick(WINDOW)
