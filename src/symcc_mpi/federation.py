@@ -29,9 +29,6 @@ from .durable.leases import FencedWorkLeaseTable, LeaseConfig
 from .durable.master_leases import WorkLeases
 from .ownership import LEASE_DIRECTORY_PREFIX, lease_directory, owner
 from .protocol import SHA256_PATTERN, Figures, Finding, Stop, Tag
-from .report import CampaignSnapshot
-from .roles.master import SHUTDOWN_GRACE
-from .transport import RankFailure
 from .quiescence import (
     Abort,
     Ack,
@@ -43,6 +40,9 @@ from .quiescence import (
     Status,
     Vote,
 )
+from .report import CampaignSnapshot
+from .roles.master import SHUTDOWN_GRACE
+from .transport import RankFailure
 
 log = logging.getLogger("symcc_mpi.federation")
 

@@ -10,8 +10,6 @@ import secrets
 import shutil
 import signal
 import socket
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -25,7 +23,7 @@ from ..corpus import sha256_bytes
 from ..dispatch.objects import OBJECT_CACHE_CAPACITY
 from ..doorbell import Ringer
 from ..executors import ExecutorError, make_executor
-from ..faults import HOSTILE_MARK, Faults, die
+from ..faults import HOSTILE_MARK, Faults, die, stop_self
 from ..protocol import (
     INVALID_INPUT,
     STORAGE_REFUSED,
