@@ -141,6 +141,7 @@ class CoordinatorStatistics:
     outcome: Outcome
     proposals: int  # PREPAREs proposed
     aborts: int  # proposals aborted
+    unanswered: int  # of those, rounds whose votes did not all come within answer_within
     wrong_source: int  # from a rank that is not a master
     stale_sequence: int  # a status at or below the sequence already seen from its master
     unknown_token: int  # a vote or ACK of no open round (a late answer to an aborted one)
@@ -152,15 +153,24 @@ class Coordinator:
     """Root's side: watches statuses, proposes, decides, and settles the outcome."""
 
     def __init__(self, masters: int, *, window: float, stale_after: float,
+                 answer_within: float = math.inf,
                  random_bytes: Callable[[int], bytes] = secrets.token_bytes) -> None:
+        """`answer_within`: seconds root waits for the votes of a round (then the round is
+        aborted, to every master: a late YES voter processes the ABORT after its PREPARE,
+        so none stays frozen) and for the ACKs of a COMMIT (then a conflict: Abort(70))."""
         if masters < 2:
             raise ValueError(f"quiescence needs at least 2 masters, not {masters}")
         if not window >= 0:
             raise ValueError(f"window must be >= 0 seconds, not {window}")
         if not stale_after > 0:
             raise ValueError(f"stale_after must be > 0 seconds, not {stale_after}")
+        if not answer_within > 0:
+            raise ValueError(f"answer_within must be > 0 seconds, not {answer_within}")
         self._masters = masters
         self._window = window
+        self._answer_within = answer_within
+        self._round_began = -math.inf  # root's clock: when the open PREPARE or COMMIT went
+        self._commit_unstamped = False  # a COMMIT decided since the last tick
         self._stale_after = stale_after
         self._random_bytes = random_bytes
         self._seen = [_Seen() for _ in range(masters)]
@@ -239,6 +249,21 @@ class Coordinator:
     def tick(self, now: float) -> list[tuple[int, ControlMessage]]:
         """What to send now, as (destination master, message): a PREPARE to every master
         when the idle window is stable, and the decisions taken since the last tick."""
+        if self._commit_unstamped:
+            self._commit_unstamped = False
+            self._round_began = now  # the COMMIT goes out with this tick
+        late = now - self._round_began > self._answer_within
+        if self._phase is _Phase.PREPARING and late:
+            self._counts["unanswered"] += 1
+            self._counts["aborts"] += 1
+            self._phase = _Phase.RUNNING
+            self._outbox.extend((master, Abort(self._token)) for master in range(self._masters))
+            for seen in self._seen:
+                seen.idle_since = None
+        elif self._phase is _Phase.COMMITTING and late:
+            missing = sorted(set(range(self._masters)) - self._acks)
+            self._fail(f"master(s) {', '.join(map(str, missing))} did not acknowledge COMMIT "
+                       f"{self._token} within {self._answer_within:g} s")
         if self._phase is _Phase.RUNNING and self._stably_idle(now):
             random = self._random_bytes(TOKEN_BYTES)
             if len(random) != TOKEN_BYTES:
@@ -249,6 +274,7 @@ class Coordinator:
             self._votes = {}
             self._doomed = False
             self._counts["proposals"] += 1
+            self._round_began = now
             self._outbox.extend((master, Prepare(token)) for master in range(self._masters))
         outbox, self._outbox = self._outbox, []
         return outbox
@@ -277,6 +303,7 @@ class Coordinator:
         yes_voters = [master for master, yes in sorted(self._votes.items()) if yes]
         if len(yes_voters) == self._masters and not self._doomed:
             self._phase = _Phase.COMMITTING
+            self._commit_unstamped = True
             self._acks = set()
             self._outbox.extend((master, Commit(token)) for master in range(self._masters))
             return

@@ -337,3 +337,34 @@ def test_a_random_source_of_the_wrong_size_is_refused():
     all_idle(root, 2, 0.0)
     with pytest.raises(ValueError):
         root.tick(WINDOW)
+
+
+def test_votes_that_do_not_come_abort_the_round_to_every_master():
+    coordinator = Coordinator(2, window=1.0, stale_after=10.0, answer_within=5.0)
+    for master in (0, 1):
+        coordinator.on_status(master, Status(1, idle=True), 0.0)
+    (_, prepare), _ = coordinator.tick(2.0)
+    coordinator.on_vote(0, Vote(prepare.token, yes=True))
+    assert coordinator.tick(6.0) == []  # within the deadline: still waiting for master 1
+    aborts = coordinator.tick(7.5)
+    assert aborts == [(0, Abort(prepare.token)), (1, Abort(prepare.token))]
+    assert coordinator.outcome is Outcome.RUNNING
+    assert coordinator.statistics().unanswered == 1
+    # A late vote is of no open round; the late voter processes the ABORT after its PREPARE.
+    coordinator.on_vote(1, Vote(prepare.token, yes=True))
+    assert coordinator.statistics().unknown_token == 1
+
+
+def test_acks_that_do_not_come_are_a_conflict():
+    coordinator = Coordinator(2, window=1.0, stale_after=10.0, answer_within=5.0)
+    for master in (0, 1):
+        coordinator.on_status(master, Status(1, idle=True), 0.0)
+    (_, prepare), _ = coordinator.tick(2.0)
+    for master in (0, 1):
+        coordinator.on_vote(master, Vote(prepare.token, yes=True))
+    assert [type(m) for _, m in coordinator.tick(20.0)] == [Commit, Commit]  # stamped now
+    coordinator.on_ack(0, Ack(prepare.token, committed=True))
+    assert coordinator.tick(24.0) == [] and coordinator.outcome is Outcome.RUNNING
+    coordinator.tick(25.5)
+    assert coordinator.outcome is Outcome.CONFLICT
+    assert "master(s) 1 did not acknowledge COMMIT" in coordinator.conflict
