@@ -50,6 +50,7 @@ CONFLICT_EXIT = 70  # F320 §2.5 step 6: the control plane contradicted itself a
 QUIESCENCE_WINDOW = 1.0  # seconds every master must stay idle before root proposes the end
 STATUS_REFRESH = 0.5  # an unchanged status is sent again this often, so root sees it fresh
 STATUS_STALE = 3.0  # root counts a status older than this as unknown
+ANSWER_WITHIN = 120.0  # root waits this long for votes (then aborts) and ACKs (then Abort 70)
 DISCOVERY_INTERVAL = 0.1  # seconds between two reads of the others' publication logs
 RECOVERY_LIMIT = 16  # expired leases one scan takes over at most
 FINAL_FIGURES_WAIT = 60.0  # root waits this long for the others' final figures
@@ -93,7 +94,8 @@ class Federation:
         self.hints = HintReader(self.directory, [m for m in self.indices if m != index])
         self.participant = Participant(refresh=STATUS_REFRESH)
         self.coordinator = Coordinator(masters, window=QUIESCENCE_WINDOW,
-                                       stale_after=STATUS_STALE) if index == 0 else None
+                                       stale_after=STATUS_STALE,
+                                       answer_within=ANSWER_WITHIN) if index == 0 else None
         self.active_since_status = False  # work admitted or committed since the last status
         self.next_discovery = 0.0
         self.stop_reason = ""  # root's STOP, relayed to this master
