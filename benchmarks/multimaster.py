@@ -2,13 +2,14 @@
 
 Real `symcc-mpi explore` campaigns with 1, 2 and 4 masters at a fixed total of workers
 (`--workers`, default 4; the ranks are workers + masters, oversubscribed on this machine),
-on three workloads:
+on two workloads:
 
 - `noop`: the no-op executor over SEEDS distinct seeds: nothing but the dispatch machinery,
   where the shared lease table costs most (a claim, a commit fence and a completion per task,
   each a lock round and a record write on OUT's filesystem);
-- `magic` and `json`: the Triton executor on two bundled examples from their seeds, where
-  every result generates children the masters must discover from each other.
+- `magic` (or, with `--workloads`, any bundled example): the Triton executor from its seeds,
+  where every result generates children the masters must discover from each other (`json`
+  did not finish 6 campaigns in 30 minutes here: not in the default set).
 
 Per campaign: executions, distinct inputs analysed, redundancy (observations / unique, the
 F320 figure: 1.00 means no input analysed twice), tasks/s over the campaign's steady part
@@ -86,8 +87,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--masters", type=int, nargs="+", default=[1, 2, 4])
-    parser.add_argument("--seeds", type=int, default=1000, help="noop workload's seeds")
-    parser.add_argument("--workloads", nargs="+", default=["noop", "magic", "json"])
+    parser.add_argument("--seeds", type=int, default=300, help="noop workload's seeds")
+    parser.add_argument("--workloads", nargs="+", default=["noop", "magic"])
     parser.add_argument("--repeats", type=int, default=2)
     options = parser.parse_args()
 
