@@ -297,7 +297,8 @@ def _run_federated(world, config: CampaignConfig, *, outlive_ranks: bool) -> int
         MPI.COMM_WORLD.Abort(ABORT_STATUS)
         raise
     finally:
-        _flush(group, world.rank)
+        if not MPI.Is_finalized():  # under ULFM the group was flushed before MPI_Finalize
+            _flush(group, world.rank)
 
 
 def _run_federated_master(group, masters_comm, federation, config: CampaignConfig, *,
