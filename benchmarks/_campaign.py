@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples"
 CLI = [sys.executable, "-m", "symcc_mpi"]
 
 
@@ -66,3 +67,45 @@ def print_table(columns: list[str], rows: list[list]) -> None:
 
 def _cell(value) -> str:
     return f"{value:.3f}" if isinstance(value, float) else str(value)
+
+
+def gnuplot_terminal() -> tuple[str, str]:
+    """The best image terminal this gnuplot has, and its file extension."""
+    listing = subprocess.run(["gnuplot", "-e", "set terminal"], capture_output=True, text=True,
+                             stdin=subprocess.DEVNULL).stderr
+    names = {line.split()[0] for line in listing.splitlines() if line.strip()}
+    for terminal, ext in (("pngcairo", "png"), ("png", "png"), ("svg", "svg")):
+        if terminal in names:
+            return terminal, ext
+    return "dumb", "txt"
+
+
+def make_examples() -> None:
+    """`make -s -C examples` with SYMCC as the top Makefile's `examples` target sets it (after
+    its `symcc` target, which builds SymCC once per machine), without its venv set-up step."""
+    make = ["make", "-s", "--no-print-directory", "-C", str(ROOT)]
+    subprocess.run([*make, "symcc"], check=True)
+    home = subprocess.run([*make, "--eval", "print-symcc-home: ; @echo $(SYMCC_HOME)",
+                           "print-symcc-home"], capture_output=True, text=True).stdout.strip()
+    symcc = Path(home, "bin", "symcc") if home else None
+    subprocess.run(["make", "-s", "-C", str(EXAMPLES),
+                    *([f"SYMCC={symcc}"] if symcc and symcc.is_file() else [])], check=True)
+
+
+def build_targets(benchmark: str, targets: list[str],
+                  examples: Path) -> dict[str, tuple[Path, Path, Path]]:
+    """Each target's (SymCC build, AFL build, seed directory), after make_examples()."""
+    make_examples()
+    found = {}
+    for target in targets:
+        symcc = examples / "build" / f"{target}.symcc"
+        afl = examples / "build" / f"{target}.afl"
+        seeds = examples / "seeds" / target
+        if not symcc.is_file():
+            sys.exit(f"{benchmark}: {symcc} is missing: build it with `make examples` "
+                     "(which builds SymCC from /work/shared/symcc once)")
+        if not afl.is_file() or not seeds.is_dir():
+            sys.exit(f"{benchmark}: {afl} or {seeds} is missing: `make examples` "
+                     "(with afl++ installed) builds it")
+        found[target] = (symcc, afl, seeds)
+    return found

@@ -32,12 +32,18 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-from _campaign import ROOT, print_table, run_campaign_sampled
+from _campaign import (
+    EXAMPLES,
+    ROOT,
+    build_targets,
+    gnuplot_terminal,
+    print_table,
+    run_campaign_sampled,
+)
 
 from symcc_mpi.corpus import CampaignDir
 from symcc_mpi.executors.symcc import counters_library, solver_seconds
@@ -52,7 +58,6 @@ CONFIGURATIONS = [(workers, pruning) for workers in (1, 2) for pruning in ("off"
 GOAL_CONFIG = "2w shared"
 RATIO_TARGET = 0.6
 MASTER_SHARE_TARGET = 5.0
-EXAMPLES = ROOT / "examples"
 REFERENCE = "reference"
 
 
@@ -334,16 +339,6 @@ COLUMNS = ["config", "edges", "t_ref_edges_s", "ratio", "execs", "execs/s", "sol
 # --------------------------------------------------------------------------- plot
 
 
-def _terminal() -> tuple[str, str]:
-    listing = subprocess.run(["gnuplot", "-e", "set terminal"], capture_output=True, text=True,
-                             stdin=subprocess.DEVNULL).stderr
-    names = {line.split()[0] for line in listing.splitlines() if line.strip()}
-    for terminal, ext in (("pngcairo", "png"), ("png", "png"), ("svg", "svg")):
-        if terminal in names:
-            return terminal, ext
-    return "dumb", "txt"
-
-
 def plot(target: str, runs: dict[str, dict], budget: float, plot_dir: Path) -> tuple[Path, str]:
     """Edges over time, one line per configuration; returns (image path, text rendering)."""
     plot_dir.mkdir(parents=True, exist_ok=True)
@@ -362,7 +357,7 @@ def plot(target: str, runs: dict[str, dict], budget: float, plot_dir: Path) -> t
         "launch)'\nset xlabel 'seconds'\nset ylabel 'AFL edges'\nset key bottom right\n"
         f"set xrange [0:{budget:g}]\nset yrange [{floor:d}:*]\nset grid\n"
         "plot " + ", \\\n     ".join(curves) + "\n")
-    terminal, ext = _terminal()
+    terminal, ext = gnuplot_terminal()
     image = plot_dir / f"symcc_scaling-{target}.{ext}"
     script = plot_dir / f"symcc_scaling-{target}.gp"
     script.write_text(f"set terminal {terminal} size 1000,600\nset output '{image}'\n{body}")
@@ -389,35 +384,6 @@ def warm_up(symcc: Path, afl: Path, seeds: Path, scratch: Path) -> None:
     (scratch / "warm-up.map").unlink(missing_ok=True)
 
 
-def make_examples() -> None:
-    """`make -s -C examples` with SYMCC as the top Makefile's `examples` target sets it (after
-    its `symcc` target, which builds SymCC once per machine), without its venv set-up step."""
-    make = ["make", "-s", "--no-print-directory", "-C", str(ROOT)]
-    subprocess.run([*make, "symcc"], check=True)
-    home = subprocess.run([*make, "--eval", "print-symcc-home: ; @echo $(SYMCC_HOME)",
-                           "print-symcc-home"], capture_output=True, text=True).stdout.strip()
-    symcc = Path(home, "bin", "symcc") if home else None
-    subprocess.run(["make", "-s", "-C", str(EXAMPLES),
-                    *([f"SYMCC={symcc}"] if symcc and symcc.is_file() else [])], check=True)
-
-
-def build_targets(targets: list[str], examples: Path) -> dict[str, tuple[Path, ...]]:
-    make_examples()
-    found = {}
-    for target in targets:
-        symcc = examples / "build" / f"{target}.symcc"
-        afl = examples / "build" / f"{target}.afl"
-        seeds = examples / "seeds" / target
-        if not symcc.is_file():
-            sys.exit(f"symcc_scaling: {symcc} is missing: build it with `make examples` "
-                     "(which builds SymCC from /work/shared/symcc once)")
-        if not afl.is_file() or not seeds.is_dir():
-            sys.exit(f"symcc_scaling: {afl} or {seeds} is missing: `make examples` "
-                     "(with afl++ installed) builds it")
-        found[target] = (symcc, afl, seeds)
-    return found
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--budget", type=float, default=DEFAULT_BUDGET, metavar="SECONDS",
@@ -432,7 +398,8 @@ def main() -> None:
     args = parser.parse_args()
     if not args.budget > 0:
         parser.error("--budget must be positive")
-    targets = build_targets(args.target or list(DEFAULT_TARGETS), args.examples)
+    targets = build_targets("symcc_scaling", args.target or list(DEFAULT_TARGETS),
+                            args.examples)
     load = os.getloadavg()
     print(f"symcc_scaling: {len(targets)} target(s) x {len(CONFIGURATIONS) + 1} configurations, "
           f"{args.budget:g} s each; {os.cpu_count()} CPUs, load average at start "
