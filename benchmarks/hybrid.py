@@ -380,6 +380,9 @@ def plot(runs: dict[str, dict[str, dict]], budget: float, image_path: Path) -> t
     image's path and a text rendering."""
     blocks, panels = [], []
     for t, (target, by_config) in enumerate(runs.items()):
+        # From a little below the seeds' coverage: the climb is where the configurations differ.
+        floor = int(0.9 * min(run["series"][1][1] if len(run["series"]) > 1 else 0
+                              for run in by_config.values()))
         curves = []
         for c, (config, run) in enumerate(by_config.items()):
             points = [*run["series"], (budget, run["series"][-1][1])]
@@ -387,7 +390,8 @@ def plot(runs: dict[str, dict[str, dict]], budget: float, image_path: Path) -> t
                           + "".join(f"{s:.3f} {e}\n" for s, e in points) + "EOD")
             curves.append(f"$d{t}_{c} with steps lw 2 title '{config}'")
         panels.append(f"set title 'hybrid: {target}, {budget:g} s each (fleet edges vs "
-                      "seconds since launch)'\nplot " + ", \\\n     ".join(curves) + "\n")
+                      f"seconds since launch)'\nset yrange [{floor}:*]\n"
+                      "plot " + ", \\\n     ".join(curves) + "\n")
     common = ("set xlabel 'seconds'\nset ylabel 'AFL edges'\nset key bottom right\n"
               f"set xrange [0:{budget:g}]\nset grid\n")
     terminal, ext = gnuplot_terminal()
