@@ -99,6 +99,8 @@ def _own_snapshot(master) -> CampaignSnapshot:
             "generation": master.generation,
             "failures": stats.failures,
             "redone_commits": stats.redone_commits,
+            "hybrid": master.importer.figures(fresh=master.phase.value == "done")
+            if master.importer is not None else None,
         },
     )
 
