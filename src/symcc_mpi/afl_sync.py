@@ -211,20 +211,21 @@ class Importer:
         self.stats.scans += 1
         # A full batch means more are waiting: scan again at the next round.
         self.next_scan = now + (0 if len(entries) >= IMPORT_BATCH else SCAN_INTERVAL)
-        fresh = []
+        fresh: dict[str, None] = {}
         for entry in entries:
             data = _read_entry(entry.path)
             if data is None:
                 self.stats.unreadable += 1
             else:
                 digest = sha256_bytes(data)
-                if digest in self.frontier.known:
+                # In the frontier only once probed (below): this batch is checked as well.
+                if digest in self.frontier.known or digest in fresh:
                     self.stats.duplicates += 1
                 else:
                     self.campaign.import_entry(digest, data, entry.instance, entry.entry_id,
                                                new_coverage=entry.name.endswith("+cov"))
                     self.stats.imported[entry.instance] += 1
-                    fresh.append(digest)
+                    fresh[digest] = None
             self.fleet.advance(entry)
             self.dirty = True
         if fresh and self.probe is not None and self.triage is not None:

@@ -405,9 +405,12 @@ def check_config(config: CampaignConfig, *, lock_held: bool = False) -> None:
     check_available(config.executor)
     check_fault_plan()
     if config.afl_target:
-        from .triage import check_afl_target
+        from .triage import TriageError, check_afl_target
 
-        check_afl_target(list(config.afl_target))
+        try:
+            check_afl_target(list(config.afl_target))
+        except TriageError as error:
+            raise UsageError(f"--afl-target: {error}") from None
     check_out_dir(config.out, resume=config.resume)  # it may create the directory
     if config.resume:
         campaign = CampaignDir(config.out)
