@@ -30,6 +30,7 @@ from .corpus import CampaignDir, sha256_bytes
 from .durable.atomic import write_durable
 from .frontier import Frontier
 from .report import parse_afl_queue_id
+from .triage import TriageError
 
 log = logging.getLogger("symcc_mpi.afl_sync")
 
@@ -83,13 +84,15 @@ class FleetQueues:
         self.clock = clock
         self.min_age = min_age
         self._read_to_end: dict[str, int] = {}  # instance -> queue/ mtime (ns) then
+        self._warned: set[str] = set()
 
     def instances(self) -> list[str]:
         """Every other instance: a directory of AFL_OUT with a queue/ in it."""
         try:
             names = sorted(entry.name for entry in os.scandir(self.sync_dir)
                            if entry.is_dir(follow_symlinks=False))
-        except FileNotFoundError:
+        except OSError as error:
+            self._warn_once(f"cannot list {self.sync_dir}: {error.strerror}")
             return []
         return [name for name in names if name != self.own_name and not name.startswith(".")
                 and os.path.isdir(os.path.join(self.sync_dir, name, "queue"))]
@@ -110,6 +113,9 @@ class FleetQueues:
                     if self._read_to_end.get(instance) != changed else []
             except FileNotFoundError:
                 continue  # the instance went away between the listing and now
+            except OSError as error:
+                self._warn_once(f"cannot read {queue}: {error.strerror}")
+                continue
             entries.sort(key=lambda pair: pair[0])
             complete = True
             for entry_id, entry in entries:
@@ -130,6 +136,11 @@ class FleetQueues:
                 self._read_to_end.pop(instance, None)
         return found
 
+    def _warn_once(self, problem: str) -> None:
+        if problem not in self._warned:
+            self._warned.add(problem)
+            log.warning("%s: its entries are not imported until it can be read", problem)
+
     def advance(self, entry: QueueEntry) -> None:
         self.cursors[entry.instance] = max(self.cursors.get(entry.instance, 0),
                                            entry.entry_id + 1)
@@ -141,7 +152,7 @@ class FleetQueues:
         for instance in self.instances():
             try:
                 names = os.listdir(os.path.join(self.sync_dir, instance, "queue"))
-            except FileNotFoundError:
+            except OSError:
                 continue
             counts[instance] = sum(1 for entry in names
                                    if (m := _SYNC_SOURCE.search(entry)) and m[1] == name)
@@ -171,6 +182,7 @@ class ImportStats:
     imported: Counter[str]  # per instance
     duplicates: int = 0  # entries whose content the campaign held already
     unreadable: int = 0  # not a regular file, too large, or gone
+    unprobed: int = 0  # imported while afl-showmap failed: not in the triage map
     scans: int = 0
 
 
@@ -229,8 +241,15 @@ class Importer:
             self.fleet.advance(entry)
             self.dirty = True
         if fresh and self.probe is not None and self.triage is not None:
-            for coverage in self.probe.probe([self.campaign.corpus / d for d in fresh]):
-                self.triage.merge(coverage)
+            try:
+                for coverage in self.probe.probe([self.campaign.corpus / d for d in fresh]):
+                    self.triage.merge(coverage)
+            except TriageError as error:
+                # The imports stay (they are the fuzzers' finds); the map misses their bits,
+                # so a child covering only those may be kept: a duplicate for the fuzzers.
+                self.stats.unprobed += len(fresh)
+                log.warning("afl-showmap over %d imported inputs failed (%s): kept without "
+                            "their coverage", len(fresh), error)
         for digest in fresh:
             self.frontier.set_depth(digest, 1)
             self.frontier.add(digest)
@@ -254,7 +273,7 @@ class Importer:
             self.imported_by = self.fleet.imported_by(self.fleet.own_name)
         return {"sync_dir": str(self.fleet.sync_dir), "imported": dict(self.stats.imported),
                 "duplicates": self.stats.duplicates, "unreadable": self.stats.unreadable,
-                "imported_by": self.imported_by}
+                "unprobed": self.stats.unprobed, "imported_by": self.imported_by}
 
 
 def _read_entry(path: str) -> bytes | None:

@@ -263,3 +263,41 @@ def test_ranking_is_stable_for_equal_keys():
     for digest in digests:
         frontier.add(digest)
     assert [frontier.take() for _ in digests] == digests
+
+
+def test_an_unreadable_fuzzer_directory_is_skipped_with_one_warning(tmp_path, caplog,
+                                                                    monkeypatch):
+    afl_entry(tmp_path, "main", "id:000000,orig:a", b"a")
+    afl_entry(tmp_path, "sec", "id:000000,orig:b", b"b")
+    fleet = FleetQueues(tmp_path, "symcc-mpi", {}, clock=Clock(1_000_000.0))
+    real_scandir = os.scandir
+
+    def refusing(path):
+        if str(path).endswith("sec/queue"):
+            raise PermissionError(13, "Permission denied")
+        return real_scandir(path)
+
+    monkeypatch.setattr(os, "scandir", refusing)
+    assert [e.instance for e in fleet.scan(limit=10)] == ["main"]
+    assert [e.instance for e in fleet.scan(limit=10)] == []
+    assert caplog.text.count("Permission denied") == 1
+
+
+class FailingProbe:
+    def probe(self, paths):
+        from symcc_mpi.triage import TriageError
+
+        raise TriageError("afl-showmap died")
+
+
+def test_imports_survive_a_failing_coverage_probe(tmp_path, caplog):
+    from symcc_mpi.triage import CoverageMap
+
+    campaign = campaign_in(tmp_path)
+    afl_entry(tmp_path, "main", "id:000000,orig:a", b"a")
+    fleet = FleetQueues(tmp_path, "symcc-mpi", {}, clock=Clock(1_000_000.0))
+    importer = Importer(campaign, campaign.inputs, fleet, probe=FailingProbe(),
+                        triage=CoverageMap())
+    assert importer.round(now=0.0) == 1
+    assert importer.stats.unprobed == 1
+    assert "kept without their coverage" in caplog.text
