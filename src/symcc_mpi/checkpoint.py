@@ -41,8 +41,9 @@ class _TriageState(msgspec.Struct, array_like=True):
 
 class Checkpointer:
     def __init__(self, campaign: CampaignDir, *, pruning: PruningLedger | None, triage,
-                 clock=time.monotonic):
+                 importer=None, clock=time.monotonic):
         self.campaign = campaign
+        self.importer = importer  # afl_sync.Importer of a hybrid campaign: its cursors
         self.pruning = pruning
         self.triage = triage  # triage.CoverageMap or None
         self.clock = clock
@@ -65,6 +66,8 @@ class Checkpointer:
             save_maps(self.campaign.state / PRUNING_DIR, self.pruning.maps())
             self.pruning.dirty = False
             self.saves += 1
+        if self.importer is not None:
+            self.importer.save()  # the imports it counts are durable since the sync above
         if self.triage is not None and self.triage_dirty:
             state = _TriageState(1, self.campaign.queue_entries, self.triage.to_bytes())
             write_durable(self.campaign.state / TRIAGE_FILE, msgspec.msgpack.encode(state))

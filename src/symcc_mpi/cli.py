@@ -39,8 +39,14 @@ def cli() -> None:
               help="Target command line; @@ stands for the input file, else stdin.")
 @click.option("--seeds", type=click.Path(path_type=Path), metavar="DIR",
               help="Directory of seed inputs (optional with --resume).")
-@click.option("--out", required=True, type=click.Path(path_type=Path), metavar="DIR",
+@click.option("--out", type=click.Path(path_type=Path), metavar="DIR",
               help="Campaign directory (on a filesystem every rank sees).")
+@click.option("--afl-sync", type=click.Path(path_type=Path), metavar="AFL_OUT",
+              help="Hybrid campaign beside AFL++ fuzzers run with -o AFL_OUT: it lives in "
+                   "AFL_OUT/NAME, imports their queues and waits for them when it has nothing "
+                   "left (stop it with --wall-timeout, --max-idle or Ctrl-C).")
+@click.option("--name", default="symcc-mpi", show_default=True,
+              help="With --afl-sync: the campaign's instance name in AFL_OUT.")
 @click.option("--workers", type=int, default=2, show_default=True,
               help="Worker ranks when symcc-mpi starts mpiexec itself.")
 @click.option("--masters", type=int, default=1, show_default=True,
@@ -63,19 +69,33 @@ def cli() -> None:
                    "starts mpiexec itself, auto under your own mpirun/srun.")
 @click.option("--resume", is_flag=True, help="Continue the campaign in --out.")
 @click.option("--no-live", is_flag=True, help="Progress lines instead of the live view.")
-def explore(target, seeds, out, workers, masters, executor, afl_target, timeout, memory_limit,
-            wall_timeout, max_idle, pruning, fault_tolerance, resume, no_live) -> None:
-    """Explore a target from seed inputs with N workers until the frontier is exhausted."""
+def explore(target, seeds, out, afl_sync, name, workers, masters, executor, afl_target,
+            timeout, memory_limit, wall_timeout, max_idle, pruning, fault_tolerance, resume,
+            no_live) -> None:
+    """Explore a target from seed inputs with N workers until the frontier is exhausted
+    (or, with --afl-sync, beside AFL++ fuzzers until stopped)."""
+    from .afl_sync import check_instance_name
     from .launch import check_workers, launch, launched_by_us, under_mpi
     from .session import check_config, run_rank
 
     try:
-        if seeds is None and not resume:
-            raise UsageError("--seeds DIR is required (unless --resume)")
+        if afl_sync is not None:
+            if out is not None:
+                raise UsageError("--afl-sync AFL_OUT puts the campaign in AFL_OUT/NAME "
+                                 "(--name): leave out --out")
+            try:
+                out = afl_sync / check_instance_name(name)
+            except ValueError as error:
+                raise UsageError(str(error)) from None
+        elif out is None:
+            raise UsageError("--out DIR is required (or --afl-sync AFL_OUT)")
+        if seeds is None and not resume and afl_sync is None:
+            raise UsageError("--seeds DIR is required (unless --resume or --afl-sync)")
         config = CampaignConfig(
             target=parse_command(target, "--target"),
-            seeds=(seeds or out / "__no_seeds__").absolute(),
+            seeds=seeds.absolute() if seeds is not None else None,
             out=out.absolute(),
+            afl_sync=afl_sync.absolute() if afl_sync is not None else None,
             workers=workers,
             masters=masters,
             executor=executor,

@@ -20,7 +20,7 @@ class UsageError(Exception):
 @dataclass(frozen=True)
 class CampaignConfig:
     target: tuple[str, ...]  # argv with `@@` standing for the input file
-    seeds: Path
+    seeds: Path | None  # None: a resumed campaign, or a hybrid one fed by the fuzzers
     out: Path
     workers: int = 2
     masters: int = 1  # groups of ranks, each a master and its workers, sharing OUT (F320)
@@ -35,6 +35,13 @@ class CampaignConfig:
     live: bool = True  # show the live view (rank 0, on a terminal)
     # Survive the death of ranks (ulfm/): "on", "off", or "auto" (on where the launch allows)
     fault_tolerance: str = "auto"
+    # A hybrid campaign beside AFL++ (afl_sync.py): the fuzzers' output directory; the
+    # campaign is its instance `out` (AFL_OUT/NAME)
+    afl_sync: Path | None = None
+
+    @property
+    def hybrid(self) -> bool:
+        return self.afl_sync is not None
 
     @property
     def prunes(self) -> bool:
@@ -44,7 +51,7 @@ class CampaignConfig:
     def to_json(self) -> dict:
         return {
             "target": list(self.target),
-            "seeds": str(self.seeds),
+            "seeds": str(self.seeds) if self.seeds else None,
             "out": str(self.out),
             "workers": self.workers,
             "masters": self.masters,
@@ -57,6 +64,7 @@ class CampaignConfig:
             "resume": self.resume,
             "pruning": self.pruning,
             "fault_tolerance": self.fault_tolerance,
+            "afl_sync": str(self.afl_sync) if self.afl_sync else None,
         }
 
 
@@ -113,6 +121,12 @@ def check_numbers(config: CampaignConfig) -> None:
     if config.pruning not in PRUNING_MODES:
         raise UsageError(f"unknown pruning mode {config.pruning!r} (choose from "
                          f"{', '.join(PRUNING_MODES)})")
+    if config.hybrid:
+        if config.masters != 1:
+            raise UsageError("--afl-sync runs with one master (--masters 1)")
+        if not config.afl_target:
+            raise UsageError("--afl-sync needs --afl-target CMD: the AFL build the fuzzers "
+                             "run, to keep only what adds coverage to the whole fleet")
     if config.executor not in EXECUTORS:
         choices = ", ".join(EXECUTORS)
         raise UsageError(f"unknown executor {config.executor!r} (choose from {choices})")

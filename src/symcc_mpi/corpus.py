@@ -187,6 +187,10 @@ class CampaignDir:
         self.crash_hashes: set[str] = set()
         self.hang_hashes: set[str] = set()
         self._next_ids = {"queue": 0, "crashes": 0, "hangs": 0}
+        # Each queue/ entry's name by digest, kept when asked for (a hybrid campaign ranks
+        # its frontier by them, afl_sync.helper_rank); set before `read_queues`.
+        self.keep_queue_names = False
+        self.queue_names: dict[str, str] = {}
         # A master other than the first names nothing in queue/, crashes/, hangs/: it hands
         # each finding to the first master (federation.py), which keeps AFL's ids in order.
         self.forward_finding: Callable[[Finding], None] | None = None
@@ -375,6 +379,8 @@ class CampaignDir:
                 if kind == "queue":
                     if self.inputs.queue_id(digest) is None:
                         self.inputs.set_queue_id(digest, entry_id)
+                        if self.keep_queue_names:
+                            self.queue_names[digest] = entry.name
                 elif kind == "crashes":
                     self.crash_hashes.add(digest)
                 else:
@@ -481,15 +487,26 @@ class CampaignDir:
         self._add_to_queue(digest, sources=self._source_ids(parent))
         return True
 
+    def import_entry(self, digest: str, data: bytes, instance: str, source_id: int, *,
+                     new_coverage: bool) -> None:
+        """An AFL instance's queue entry, new to the campaign: into corpus/ and queue/ under
+        afl-fuzz's own provenance name, `id:N,sync:INSTANCE,src:ID` (afl_sync.py)."""
+        self.promote(digest, data)
+        self._add_to_queue(digest, sources=(source_id,), op=None, sync=instance,
+                           new_coverage=new_coverage)
+
     def _add_to_queue(self, digest: str, *, sources: tuple[int, ...] = (),
-                      orig: str | None = None) -> None:
+                      orig: str | None = None, op: str | None = "symcc",
+                      sync: str | None = None, new_coverage: bool = False) -> None:
         entry_id = self._next_ids["queue"]
-        name = afl_queue_name(entry_id, sources, orig=orig)
+        name = afl_queue_name(entry_id, sources, op, orig=orig, sync=sync, new_cov=new_coverage)
         target = os.path.join(self._queue, name)
         _publish_link(os.path.join(self._corpus, digest), target)
         self._take_id("queue")  # only once published: a failed link leaves no gap in the ids
         self._published(target)
         self.inputs.set_queue_id(digest, entry_id)
+        if self.keep_queue_names:
+            self.queue_names[digest] = name
 
     def save_finding(self, kind: str, digest: str, parent: str | None,
                      signal: int | None = None, *, data: bytes | None = None) -> bool:

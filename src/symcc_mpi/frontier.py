@@ -13,9 +13,11 @@ cross this API as 64-character lowercase hex strings, as everywhere else in the 
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import sys
 from array import array
-from collections.abc import Iterable, Iterator, Sequence, Set
+from collections.abc import Callable, Iterable, Iterator, Sequence, Set
 from dataclasses import dataclass
 
 from .digests import MAX_DEPTH, NO_QUEUE_ID, UINT32, DigestTable
@@ -71,11 +73,25 @@ class Frontier:
         self._queue = array(UINT32)
         self._head = 0
         self._front: list[int] = []
+        # Ranked order (`rank_by`): a heap of (key, arrival, entry) in place of the queue.
+        self._rank: Callable[[str], tuple] | None = None
+        self._ranked: list[tuple[tuple, int, int]] = []
+        self._arrivals = itertools.count()
         self.pending = PendingView(self)
         self.known = FlagView(self._table, KNOWN)
         self.done = FlagView(self._table, DONE)
 
     # -- the frontier -------------------------------------------------------------------------
+
+    def rank_by(self, key: Callable[[str], tuple]) -> None:
+        """Take pending inputs in the order of `key(digest)`, smallest first (ties in the
+        order they were added) instead of first come, first served; put back and requeued
+        inputs still go first. Costs a Python tuple per pending input: for a hybrid
+        campaign's AFL-ranked frontier (afl_sync.py), not for the millions of an exploration.
+        """
+        if len(self):
+            raise ValueError("rank_by on a frontier with pending inputs")
+        self._rank = key
 
     def add(self, digest: str, *, done: bool = False) -> bool:
         """Make an input known; it joins the frontier unless already known or done."""
@@ -85,6 +101,8 @@ class Frontier:
             return False
         if done:
             table.set_flag(entry, DONE)
+        elif self._rank is not None:
+            heapq.heappush(self._ranked, (self._rank(digest), next(self._arrivals), entry))
         else:
             self._queue.append(entry)
         return True
@@ -93,6 +111,8 @@ class Frontier:
         """The first pending input, out of the frontier; IndexError if there is none."""
         if self._front:
             entry = self._front.pop()
+        elif self._ranked:
+            entry = heapq.heappop(self._ranked)[2]
         else:
             queue, head = self._queue, self._head
             if head >= len(queue):
@@ -131,7 +151,7 @@ class Frontier:
         self._table.set_flag(self._table.add(_key(digest))[0], DONE)
 
     def __len__(self) -> int:
-        return len(self._front) + len(self._queue) - self._head
+        return len(self._front) + len(self._ranked) + len(self._queue) - self._head
 
     # -- the master's other per-input state ------------------------------------------------
 
@@ -188,7 +208,8 @@ class Frontier:
     def memory_bytes(self) -> int:
         """The buffers the frontier holds: its table, pending queue and front list."""
         return (self._table.memory_bytes() + sys.getsizeof(self._queue)
-                + sys.getsizeof(self._front))
+                + sys.getsizeof(self._front) + sys.getsizeof(self._ranked)
+                + sum(sys.getsizeof(item) + sys.getsizeof(item[0]) for item in self._ranked))
 
     def statistics(self) -> FrontierStatistics:
         table = self._table
@@ -210,14 +231,17 @@ class Frontier:
     def _pending_entries(self) -> list[int] | array:
         """Pending entries in order, copied: callers may take or add while iterating."""
         queue = self._queue[self._head:]
-        if not self._front:
+        if not self._front and not self._ranked:
             return queue
-        return self._front[::-1] + queue.tolist()
+        ranked = [item[2] for item in sorted(self._ranked)]
+        return self._front[::-1] + ranked + queue.tolist()
 
     def _pending_entry(self, position: int) -> int:
         front = self._front
         if position < len(front):
             return front[-1 - position]
+        if self._ranked:
+            return self._pending_entries()[position]
         return self._queue[self._head + position - len(front)]
 
 

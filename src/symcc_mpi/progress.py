@@ -50,6 +50,8 @@ def _own_snapshot(master) -> CampaignSnapshot:
         unique=stats.unique,
         interesting=stats.interesting,
         corpus_count=len(frontier.known),
+        # afl-whatsup shows cur_item/corpus_count as how far through the queue it is.
+        cur_item=min(len(frontier.done), len(frontier.known)),
         pending=len(frontier),
         max_depth=stats.max_depth,
         crashes=stats.crashes,
@@ -99,6 +101,8 @@ def _own_snapshot(master) -> CampaignSnapshot:
             "generation": master.generation,
             "failures": stats.failures,
             "redone_commits": stats.redone_commits,
+            "hybrid": master.importer.figures(fresh=master.phase.value == "done")
+            if master.importer is not None else None,
         },
     )
 

@@ -396,6 +396,7 @@ def afl_queue_name(
     time_ms: int | None = None,
     execs: int | None = None,
     new_cov: bool = False,
+    sync: str | None = None,
 ) -> str:
     """An AFL-style queue/crash file name, e.g. "id:000012,src:000003,op:symcc".
 
@@ -408,6 +409,8 @@ def afl_queue_name(
     if id < 0 or any(s < 0 for s in src_ids):
         raise ValueError("AFL queue ids are non-negative")
     parts = [f"id:{id:06d}"]
+    if sync is not None:  # imported from another instance: afl-fuzz's own sync names
+        parts.append("sync:" + _NAME_UNSAFE.sub("_", sync))
     if sig is not None:
         parts.append(f"sig:{sig:02d}")
     if src_ids:
@@ -534,6 +537,7 @@ def summary_table(snap: CampaignSnapshot) -> Table:
         rows.append(("dispatch recovery", recovery))
     rows += _failures(snap.extra.get("failures") or [], snap.extra.get("redone_commits") or 0)
     rows += _per_master(snap.extra.get("per_master") or {})
+    rows += _hybrid(snap.extra.get("hybrid"))
     for i, (name, value) in enumerate(rows):
         table.add_row(name, value, end_section=i == len(rows) - 1 and bool(snap.per_worker))
     for rank in sorted(snap.per_worker):
@@ -541,6 +545,22 @@ def summary_table(snap: CampaignSnapshot) -> Table:
         text = ", ".join(f"{k}={_figure(v)}" for k, v in figures.items())
         table.add_row(f"worker {rank}", text)
     return table
+
+
+def _hybrid(hybrid: Mapping[str, Any] | None) -> list[tuple[str, str]]:
+    """What a hybrid campaign took from each fuzzer, and what each took from it."""
+    if not hybrid:
+        return []
+    imported, imported_by = hybrid.get("imported") or {}, hybrid.get("imported_by") or {}
+    rows = [("fuzzers", f"{', '.join(sorted(imported_by)) or 'none yet'} in "
+                        f"{hybrid.get('sync_dir')}"),
+            ("imported from fuzzers",
+             f"{sum(imported.values()):,} new" + "".join(
+                 f"; {count:,} from {name}" for name, count in sorted(imported.items()))
+             + f"; {hybrid.get('duplicates', 0):,} already held by content")]
+    rows += [(f"imported by {name}", f"{count:,} of ours (sync: in its queue/)")
+             for name, count in sorted(imported_by.items())]
+    return rows
 
 
 def _per_master(per_master: Mapping[str, Mapping[str, Any]]) -> list[tuple[str, str]]:

@@ -400,14 +400,17 @@ def check_config(config: CampaignConfig, *, lock_held: bool = False) -> None:
     """Everything that can be refused before a rank is started. `lock_held`: this process
     holds the campaign lock already (a master taking over)."""
     check_numbers(config)
-    if not config.resume or config.seeds.exists():
+    if config.seeds is not None and (not config.resume or config.seeds.exists()):
         check_seeds(config.seeds)
     check_available(config.executor)
     check_fault_plan()
     if config.afl_target:
-        from .triage import check_afl_target
+        from .triage import TriageError, check_afl_target
 
-        check_afl_target(list(config.afl_target))
+        try:
+            check_afl_target(list(config.afl_target))
+        except TriageError as error:
+            raise UsageError(f"--afl-target: {error}") from None
     check_out_dir(config.out, resume=config.resume)  # it may create the directory
     if config.resume:
         campaign = CampaignDir(config.out)
@@ -449,8 +452,10 @@ def open_master(channel, config: CampaignConfig, *, fault_tolerant: bool = False
     try:
         if not config.resume:
             campaign.create(config.to_json())
+        campaign.keep_queue_names = config.hybrid
         campaign.read_queues()
         coverage, covered_entries = _coverage_map(config, campaign)
+        importer = _importer(config, campaign, coverage) if config.hybrid else None
         deferrals = DeferredWorkJournal(campaign.state / DEFERRED_JOURNAL_NAME,
                                         quarantine_dir=campaign.quarantine)
         for damage in deferrals.damage:
@@ -465,13 +470,27 @@ def open_master(channel, config: CampaignConfig, *, fault_tolerant: bool = False
                         reporter=reporter, deferrals=deferrals,
                         watchdog=WatchdogConfig.from_env(execution_timeout=config.timeout),
                         fault_tolerant=fault_tolerant, world_rank=world_rank,
-                        federation=federation)
+                        federation=federation, importer=importer)
         _load_state(master, config, campaign, covered_entries, taking_over=taking_over,
                     names_entries=not joining)
     except BaseException:
         campaign.close()
         raise
     return master
+
+
+def _importer(config: CampaignConfig, campaign: CampaignDir, coverage):
+    """A hybrid campaign's importer of the fuzzers' queues; the frontier takes its ranking."""
+    from .afl_sync import CURSORS_FILE, FleetQueues, Importer, load_cursors
+    from .triage import CoverageProbe
+
+    fleet = FleetQueues(config.afl_sync, config.out.name,
+                        load_cursors(campaign.state / CURSORS_FILE))
+    probe = CoverageProbe(list(config.afl_target), timeout=config.timeout,
+                          memory_limit_mb=config.memory_limit_mb)
+    importer = Importer(campaign, campaign.inputs, fleet, probe=probe, triage=coverage)
+    campaign.inputs.rank_by(importer.priority)
+    return importer
 
 
 def _coverage_map(config: CampaignConfig, campaign: CampaignDir):
@@ -501,7 +520,8 @@ def _load_state(master, config: CampaignConfig, campaign: CampaignDir,
     """Seeds in, then the frontier: every corpus input not yet in a done journal (every
     master's); the commits a dead master left half done are finished first (F443 §4 step 7).
     `names_entries`: this master names queue/ entries (not a master joining another)."""
-    if config.seeds.is_dir() and not taking_over and names_entries:
+    if config.seeds is not None and config.seeds.is_dir() and not taking_over \
+            and names_entries:
         for path in check_seeds(config.seeds):  # by the run's first master only
             campaign.add_seed(path.read_bytes(), path.name)
     campaign.sync_done()  # the new seeds are durable before any done line vouches for one

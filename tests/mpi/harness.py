@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
+import shutil
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+import pytest
 
 from symcc_mpi.corpus import CampaignDir, done_journals
 
@@ -94,3 +99,81 @@ def crashes_natively(binary: Path, data: bytes, tmp: Path) -> bool:
     probe.write_bytes(data)
     return subprocess.run([str(binary), str(probe)], capture_output=True,
                           timeout=10).returncode < 0
+
+
+# -- hybrid campaigns beside real AFL++ (afl_sync.py) ------------------------------------------
+
+AFL_ENV = {"AFL_NO_UI": "1", "AFL_SKIP_CPUFREQ": "1", "AFL_NO_AFFINITY": "1",
+           "AFL_I_DONT_CARE_ABOUT_MISSING_CRASHES": "1"}
+
+
+@contextlib.contextmanager
+def afl_fleet(sync_dir: Path, afl_build: Path, seeds: Path, roles=("-M main", "-S sec")):
+    """afl-fuzz instances (Debian's afl++) on `afl_build`, writing under `sync_dir`; each in
+    its own process group, killed on the way out."""
+    if shutil.which("afl-fuzz") is None:
+        pytest.skip("afl-fuzz is not installed (make test installs Debian's afl++)")
+    fuzzers = []
+    try:
+        for role in roles:
+            flag, name = role.split()
+            log = open(sync_dir.parent / f"afl-{name}.log", "wb")
+            fuzzers.append(subprocess.Popen(
+                ["afl-fuzz", flag, name, "-i", str(seeds), "-o", str(sync_dir), "--",
+                 str(afl_build), "@@"], stdout=log, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL, start_new_session=True, env={**os.environ, **AFL_ENV}))
+            log.close()
+        yield fuzzers
+    finally:
+        for fuzzer in fuzzers:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(fuzzer.pid, signal.SIGKILL)
+            fuzzer.wait()
+
+
+def start_hybrid(sync_dir: Path, *args) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "symcc_mpi", "explore", "--afl-sync", str(sync_dir), "--no-live",
+         *map(str, args)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        cwd=ROOT)
+
+
+def queue_names(directory: Path) -> list[str]:
+    return sorted(p.name for p in directory.iterdir() if p.name.startswith("id:")) \
+        if directory.is_dir() else []
+
+
+def wait_until(condition, seconds: float, what: str, process=None) -> None:
+    """Poll `condition` until it holds; fail naming `what` after `seconds` (or when
+    `process` ended first)."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if process is not None and process.poll() is not None:
+            pytest.fail(f"the campaign ended before {what}: {process.stdout.read()}")
+        if time.monotonic() > deadline:
+            pytest.fail(f"not within {seconds:g} s: {what}")
+        time.sleep(0.5)
+
+
+def hybrid_beside_afl(sync_dir: Path, *, executor: str, target: Path, afl_build: Path,
+                      seeds: Path, seconds: float = 240) -> tuple[subprocess.Popen, str]:
+    """A 2-worker hybrid campaign beside `afl-fuzz -M main` and `-S sec`, stopped with
+    Ctrl-C once each side took something from the other and the pair found a crash.
+    Returns the finished launcher and its output; the fuzzers are gone by then."""
+    ours = sync_dir / "symcc-mpi"
+    with afl_fleet(sync_dir, afl_build, seeds):
+        launcher = start_hybrid(sync_dir, "--executor", executor, "--target", f"{target} @@",
+                                "--afl-target", f"{afl_build} @@", "--workers", 2,
+                                "--wall-timeout", seconds + 60)
+        try:
+            wait_until(lambda: any(",sync:main," in n for n in queue_names(ours / "queue")),
+                       seconds, "symcc-mpi imported main's queue", launcher)
+            wait_until(lambda: queue_names(ours / "crashes"), seconds,
+                       "the planted crash was found", launcher)
+            wait_until(lambda: any(",sync:symcc-mpi," in n
+                                   for n in queue_names(sync_dir / "main" / "queue")),
+                       seconds, "afl-fuzz -M main imported symcc-mpi's queue", launcher)
+        finally:
+            launcher.send_signal(signal.SIGINT)
+            output, _ = launcher.communicate(timeout=120)
+    return launcher, output

@@ -15,7 +15,7 @@ BUILD = ROOT / "examples" / "build"
 SEEDS = ROOT / "examples" / "seeds"
 # What these tests run: SymCC builds of the examples and the compiler itself (for small
 # targets of their own), all made by `make examples` when SymCC is available.
-REQUIRED = ("magic.symcc", "tlv.symcc", "json.symcc", "symcc")
+REQUIRED = ("magic.symcc", "tlv.symcc", "json.symcc", "gate.symcc", "symcc")
 
 
 def unavailable() -> tuple[str, str] | None:

@@ -11,6 +11,8 @@ from click.testing import CliRunner
 
 from symcc_mpi.cli import cli
 
+AFL_BUILD = Path(__file__).resolve().parents[2] / "examples" / "build" / "gate.afl"
+
 
 @pytest.fixture
 def setup(tmp_path):
@@ -228,3 +230,46 @@ def test_resume_on_a_read_only_filesystem_is_refused_before_mpiexec(setup, monke
                            "--executor", "noop"), "not writable: Read-only file system")
     finally:
         subprocess.run(["umount", "-l", str(disk)], capture_output=True)
+
+
+@pytest.mark.parametrize("extra, pattern", [
+    (("--out", "OUT"), "leave out --out"),
+    (("--name", "../elsewhere"), "--name '../elsewhere'"),
+    (("--masters", "2", "--workers", "2"), "--afl-sync runs with one master"),
+])
+def test_hybrid_mistakes(setup, extra, pattern):
+    tmp, seeds, target = setup
+    extra = [str(tmp / "o") if value == "OUT" else value for value in extra]
+    one_line_error(run("--target", f"{target} @@", "--afl-target", f"{target} @@",
+                       "--afl-sync", tmp / "afl", *extra), pattern)
+    assert not (tmp / "afl").exists()
+
+
+def test_hybrid_needs_the_afl_build(setup):
+    tmp, seeds, target = setup
+    one_line_error(run("--target", f"{target} @@", "--afl-sync", tmp / "afl"),
+                   "--afl-sync needs --afl-target")
+
+
+def test_neither_out_nor_afl_sync(setup):
+    tmp, seeds, target = setup
+    one_line_error(run("--target", f"{target} @@", "--seeds", seeds),
+                   "--out DIR is required (or --afl-sync AFL_OUT)")
+
+
+def test_an_afl_target_that_is_no_afl_build(setup):
+    tmp, seeds, target = setup
+    one_line_error(run("--target", f"{target} @@", "--afl-target", f"{target} @@",
+                       "--seeds", seeds, "--out", tmp / "o"),
+                   f"--afl-target: AFL target is not an ELF executable: {target}")
+
+
+@pytest.mark.skipif(not AFL_BUILD.exists(), reason="no AFL build of the examples (make examples)")
+def test_hybrid_refuses_an_afl_instance_of_the_same_name(setup):
+    tmp, seeds, target = setup
+    fuzzer = tmp / "afl" / "symcc-mpi"
+    (fuzzer / "queue").mkdir(parents=True)
+    (fuzzer / "fuzzer_stats").write_text("fuzzer_pid : 1\n")
+    one_line_error(run("--target", f"{target} @@", "--afl-target", f"{AFL_BUILD} @@",
+                       "--afl-sync", tmp / "afl"), "holds no symcc-mpi campaign")
+    assert (fuzzer / "fuzzer_stats").read_text() == "fuzzer_pid : 1\n"

@@ -112,7 +112,7 @@ class MasterStats:
 class Master:
     def __init__(self, channel: Channel, config: CampaignConfig, campaign: CampaignDir,
                  *, triage=None, pruning: PruningLedger | None = None, reporter=None,
-                 federation=None,
+                 federation=None, importer=None,
                  deferrals=None, watchdog: WatchdogConfig, fault_tolerant: bool = False,
                  world_rank: int = 0):
         self.channel = channel
@@ -123,11 +123,13 @@ class Master:
         self.frontier = campaign.inputs
         self.pruning = pruning
         self.federation = federation  # the other masters (federation.py), if any
+        self.importer = importer  # a hybrid campaign's afl_sync.Importer: the fuzzers' finds
         self.dispatch = DispatchCoordinator(self.frontier, watchdog=watchdog,
                                             deferrals=deferrals, load=self._load_input,
                                             pruning=pruning, on_requeue=self._note_requeue,
                                             fatal=(RankFailure,), admission=federation)
-        self.checkpoint = Checkpointer(campaign, pruning=pruning, triage=triage)
+        self.checkpoint = Checkpointer(campaign, pruning=pruning, triage=triage,
+                                       importer=importer)
         # A worker that took over keeps its own plan.
         self.faults = Faults(world_rank, master_index=federation.index if federation else 0)
         campaign.commit_probe = self.faults.commit_probe()
@@ -244,6 +246,11 @@ class Master:
             self.channel.check_peers(known=self.failed_ranks)
         if self.federation is not None:
             self._federation_round(now)
+        if self.importer is not None and self.phase is Phase.RUNNING:
+            with self._stopping_if_storage_refuses():
+                if self.importer.round(now):
+                    self.stats.last_find = time.time()  # afl-fuzz counts imports as finds
+                    handled += 1
         if handled:
             for recovery in self.dispatch.join().recoveries:
                 self.sends.pop(recovery.token, None)
@@ -623,8 +630,8 @@ class Master:
             self.next_stop_file_check = now + STOP_FILE_CHECK_INTERVAL
             if self._stop_requested():
                 return "stop requested"
-        if self.dispatch.exhausted and federation is None:
-            return "frontier exhausted"
+        if self.dispatch.exhausted and federation is None and self.importer is None:
+            return "frontier exhausted"  # a hybrid campaign waits for the fuzzers"
         elapsed = time.time() - self.budget_start
         if self.config.wall_timeout is not None and elapsed >= self.config.wall_timeout:
             return "wall-clock budget spent"
