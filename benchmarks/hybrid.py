@@ -16,8 +16,8 @@ processes on the same cores (3), in a fresh AFL output directory AFL_OUT:
 - `afl+symcc-mpi`: `-M main` and `symcc-mpi explore --afl-sync AFL_OUT --workers 2` (the
   campaign lives in AFL_OUT/symcc-mpi, writes an AFL-named queue and imports the fuzzers').
 The figures are the fleet's, not one instance's view: after each run every queue entry of
-every instance directory of AFL_OUT is probed again with afl-showmap, in the order of its
-mtime (when it appeared, relative to the launch), and the distinct edges of the entries that
+every instance directory of AFL_OUT is probed again with afl-showmap, in the order in which
+the entries appeared (see seconds_since_launch), and the distinct edges of the entries that
 ran normally are accumulated into a step series; the first crash is the oldest
 `*/crashes/id:*`. Entries that appeared after the budget do not count. Reported per target
 and configuration: final edges (and their ratio to AFL alone's), the time to reach AFL
@@ -277,6 +277,21 @@ def instance_dirs(afl_out: Path) -> Iterator[Path]:
     return (d for d in sorted(afl_out.iterdir()) if d.is_dir() and not d.name.startswith("."))
 
 
+def seconds_since_launch(entry: Path, launched: float) -> float:
+    """When a queue or crash entry appeared, in seconds since `launched` (wall clock).
+
+    afl-fuzz names its own finds and its seeds `...,time:MS,...`, in ms since it started
+    (~0.05 s after the launch here, so this credits them that much early); not their mtime,
+    because trimming rewrites an entry when afl-fuzz first fuzzes it, measured up to 26 s
+    after it was found. Other entries (synced copies, the helper's copies, the campaign's
+    hard links to its corpus) are dated by ctime: when they were created or linked in.
+    """
+    for field in entry.name.split(","):
+        if field.startswith("time:") and field[5:].isdigit():
+            return int(field[5:]) / 1000
+    return max(0.0, entry.stat().st_ctime - launched)
+
+
 def fleet_series(afl_out: Path, afl: Path, started_wall: float,
                  budget: float) -> tuple[list[tuple[float, int]], int]:
     """Distinct edges of the whole fleet over time (see the docstring); and how many queue
@@ -285,7 +300,7 @@ def fleet_series(afl_out: Path, afl: Path, started_wall: float,
     for instance in instance_dirs(afl_out):
         queue = instance / "queue"
         for entry in queue.glob("id:*") if queue.is_dir() else ():
-            appeared = max(0.0, entry.stat().st_mtime - started_wall)
+            appeared = seconds_since_launch(entry, started_wall)
             if appeared <= budget:
                 timed.append((appeared, entry))
     timed.sort()
@@ -300,7 +315,7 @@ def fleet_series(afl_out: Path, afl: Path, started_wall: float,
 
 
 def first_crash(afl_out: Path, started_wall: float, budget: float) -> float | None:
-    times = [max(0.0, p.stat().st_mtime - started_wall)
+    times = [seconds_since_launch(p, started_wall)
              for instance in instance_dirs(afl_out) for p in instance.glob("crashes/id:*")]
     return min((t for t in times if t <= budget), default=None)
 
