@@ -260,9 +260,13 @@ def run_configuration(config: str, symcc: Path, afl: Path, seeds: Path, budget: 
                 campaign.wait(timeout=CAMPAIGN_GRACE)
             except subprocess.TimeoutExpired:
                 stop_group(campaign, AFL_STOP_GRACE)
-    if campaign is not None and campaign.returncode != 0:
-        sys.exit(f"hybrid: symcc-mpi exited {campaign.returncode}:\n"
-                 + _tail(logs / "symcc-mpi.log"))
+    if campaign is not None:
+        if campaign.returncode != 0:
+            sys.exit(f"hybrid: symcc-mpi exited {campaign.returncode}:\n"
+                     + _tail(logs / "symcc-mpi.log"))
+        stats = json.loads((afl_out / "symcc-mpi" / "stats.json").read_text())
+        extra = {"symcc_executions": stats["executions"], "generated": stats["generated"],
+                 "kept": stats.get("interesting", 0)}
     series, entries = fleet_series(afl_out, afl, started_wall, budget)
     return {"series": series, "queue_entries": entries,
             "first_crash_seconds": first_crash(afl_out, started_wall, budget),
