@@ -287,13 +287,15 @@ def seconds_since_launch(entry: Path, launched: float) -> float:
     afl-fuzz names its own finds and its seeds `...,time:MS,...`, in ms since it started
     (~0.05 s after the launch here, so this credits them that much early); not their mtime,
     because trimming rewrites an entry when afl-fuzz first fuzzes it, measured up to 26 s
-    after it was found. Other entries (synced copies, the helper's copies, the campaign's
-    hard links to its corpus) are dated by ctime: when they were created or linked in.
+    after it was found. Other entries are dated by mtime: afl-fuzz's synced copies and the
+    helper's copies are written once, and the campaign's queue entries are hard links to
+    corpus files written as the master commits them (measured: within 11 ms of the done
+    journal's time; not ctime, which a later link to the same inode moved by up to 10 s).
     """
     for field in entry.name.split(","):
         if field.startswith("time:") and field[5:].isdigit():
             return int(field[5:]) / 1000
-    return max(0.0, entry.stat().st_ctime - launched)
+    return max(0.0, entry.stat().st_mtime - launched)
 
 
 def fleet_series(afl_out: Path, afl: Path, started_wall: float,
