@@ -340,6 +340,11 @@ def afl_execs(afl_out: Path) -> int:
 # --------------------------------------------------------------------------- figures
 
 
+# What the concolic side did, where the configuration has one (the helper has them all).
+CONCOLIC_FIGURES = ("symcc_executions", "symcc_killed", "generated", "kept", "crashes_kept",
+                    "idle_seconds")
+
+
 def time_to(series: list[tuple[float, int]], edges: int) -> float | None:
     return next((t for t, e in series if e >= edges), None)
 
@@ -356,7 +361,7 @@ def figures(config: str, run: dict, afl_edges: int, afl_time: float) -> dict:
         "first_crash_seconds": run["first_crash_seconds"],
         "queue_entries": run["queue_entries"],
         "afl_execs": run["afl_execs"],
-        **{k: run[k] for k in ("symcc_executions", "generated", "kept") if k in run},
+        **{k: run[k] for k in CONCOLIC_FIGURES if k in run},
     }
 
 
