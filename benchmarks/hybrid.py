@@ -44,7 +44,7 @@ from _campaign import CLI, EXAMPLES, ROOT, build_targets, gnuplot_terminal, prin
 from symcc_mpi.triage import CoverageMap, CoverageProbe, Status
 
 DEFAULT_TARGETS = ("gate", "json")
-DEFAULT_BUDGET = 120.0  # per configuration: ~13 min for the two default targets (2 cores)
+DEFAULT_BUDGET = 120.0  # per configuration: ~16 min for the two default targets (2 cores)
 AFL = "afl"
 HELPER = "afl+helper"
 SYMCC_MPI = "afl+symcc-mpi"
@@ -56,7 +56,7 @@ AFL_ENV = {"AFL_NO_UI": "1", "AFL_SKIP_CPUFREQ": "1",
 AFL_STOP_GRACE = 10.0  # seconds for afl-fuzz to reap its fork server after SIGTERM
 SHOWMAP_TIMEOUT = 5.0  # the helper's `afl-showmap -t 5000`; also used for the replay
 SYMCC_TIMEOUT = 90.0  # the helper's `timeout -k 5 90` around each SymCC run
-SYMCC_KILL_GRACE = 5.0
+SYMCC_KILL_GRACE = 5.0  # and its `-k 5`: SIGKILL 5 s after the SIGTERM
 IDLE_SLEEP = 5.0  # the helper's pause when the fuzzer's queue has nothing new
 CAMPAIGN_GRACE = 60.0  # how long symcc-mpi may take past its --wall-timeout to shut down
 
