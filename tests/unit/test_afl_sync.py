@@ -301,3 +301,14 @@ def test_imports_survive_a_failing_coverage_probe(tmp_path, caplog):
     assert importer.round(now=0.0) == 1
     assert importer.stats.unprobed == 1
     assert "kept without their coverage" in caplog.text
+
+
+def test_the_next_pending_input_of_a_ranked_frontier_is_the_one_take_returns():
+    frontier = Frontier()
+    frontier.rank_by(lambda digest: (digest[-1],))
+    digests = [sha256_bytes(b"%d" % n) for n in range(30)]
+    for digest in digests:
+        frontier.add(digest)
+    frontier.put_back(frontier.take())
+    while len(frontier):
+        assert frontier.pending[0] == frontier.take()
