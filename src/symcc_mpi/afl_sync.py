@@ -183,7 +183,6 @@ class ImportStats:
     duplicates: int = 0  # entries whose content the campaign held already
     unreadable: int = 0  # not a regular file, too large, or gone
     unprobed: int = 0  # imported while afl-showmap failed: not in the triage map
-    scans: int = 0
 
 
 class Importer:
@@ -220,7 +219,6 @@ class Importer:
         if now < self.next_scan:
             return 0
         entries = self.fleet.scan(IMPORT_BATCH)
-        self.stats.scans += 1
         # A full batch means more are waiting: scan again at the next round.
         self.next_scan = now + (0 if len(entries) >= IMPORT_BATCH else SCAN_INTERVAL)
         fresh: dict[str, None] = {}
@@ -277,17 +275,18 @@ class Importer:
 
 
 def _read_entry(path: str) -> bytes | None:
-    """An entry's bytes, if it is a regular file of at most AFL's MAX_FILE bytes."""
+    """An entry's bytes, if it is a regular file of at most AFL's MAX_FILE bytes (opened
+    without following a link, nor waiting on a FIFO, checked on the open descriptor)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError:
         return None
     try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode) or info.st_size > AFL_MAX_FILE:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
             return None
         with os.fdopen(fd, "rb", closefd=False) as handle:
-            return handle.read(AFL_MAX_FILE + 1)[:AFL_MAX_FILE]
+            data = handle.read(AFL_MAX_FILE + 1)
+        return data if len(data) <= AFL_MAX_FILE else None
     except OSError:
         return None
     finally:

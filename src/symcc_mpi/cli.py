@@ -38,7 +38,7 @@ def cli() -> None:
 @click.option("--target", required=True, metavar="CMD",
               help="Target command line; @@ stands for the input file, else stdin.")
 @click.option("--seeds", type=click.Path(path_type=Path), metavar="DIR",
-              help="Directory of seed inputs (optional with --resume).")
+              help="Directory of seed inputs (optional with --resume or --afl-sync).")
 @click.option("--out", type=click.Path(path_type=Path), metavar="DIR",
               help="Campaign directory (on a filesystem every rank sees).")
 @click.option("--afl-sync", type=click.Path(path_type=Path), metavar="AFL_OUT",

@@ -241,6 +241,8 @@ class Frontier:
         if position < len(front):
             return front[-1 - position]
         if self._ranked:
+            if position == len(front):  # the next to take, as dispatch asks: the heap's top
+                return self._ranked[0][2]
             return self._pending_entries()[position]
         return self._queue[self._head + position - len(front)]
 

@@ -166,9 +166,13 @@ def read_snapshot(out: Path) -> CampaignSnapshot | None:
 
 
 def progress_line(s: CampaignSnapshot) -> str:
-    return (f"[{int(s.elapsed)} s] execs {s.executions} ({s.current_execs_per_sec:.1f}/s)  "
+    line = (f"[{int(s.elapsed)} s] execs {s.executions} ({s.current_execs_per_sec:.1f}/s)  "
             f"frontier {s.pending}  corpus {s.corpus_count}  crashes {s.crashes}  "
             f"hangs {s.hangs}")
+    hybrid = s.extra.get("hybrid")
+    if hybrid:
+        line += f"  imported {sum((hybrid.get('imported') or {}).values())}"
+    return line
 
 
 def crash_listing(out: Path, limit: int = 5) -> list[str]:

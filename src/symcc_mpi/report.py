@@ -493,6 +493,10 @@ def render_live(snap: CampaignSnapshot) -> Panel:
         subtitle += " · " + ", ".join(f"master {index}: {m['executions']:,} execs"
                                       for index, m in sorted(per_master.items(),
                                                              key=lambda item: int(item[0])))
+    hybrid = snap.extra.get("hybrid")
+    if hybrid:
+        subtitle += (f" · imported {sum((hybrid.get('imported') or {}).values()):,} from the "
+                     f"fuzzers, they took {sum((hybrid.get('imported_by') or {}).values()):,}")
     parked = (snap.extra.get("dispatch") or {}).get("parked")
     if parked:
         subtitle += f" · {len(parked)} parked (no answer within the watchdog deadline)"

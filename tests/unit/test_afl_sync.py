@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import random
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -301,3 +302,38 @@ def test_imports_survive_a_failing_coverage_probe(tmp_path, caplog):
     assert importer.round(now=0.0) == 1
     assert importer.stats.unprobed == 1
     assert "kept without their coverage" in caplog.text
+
+
+def test_the_next_pending_input_of_a_ranked_frontier_is_the_one_take_returns():
+    frontier = Frontier()
+    frontier.rank_by(lambda digest: (digest[-1],))
+    digests = [sha256_bytes(b"%d" % n) for n in range(30)]
+    for digest in digests:
+        frontier.add(digest)
+    frontier.put_back(frontier.take())
+    while len(frontier):
+        assert frontier.pending[0] == frontier.take()
+
+
+AFL_GATE = Path(__file__).resolve().parents[2] / "examples" / "build" / "gate.afl"
+
+
+@pytest.mark.skipif(not AFL_GATE.exists(), reason="no AFL build of the examples (make examples)")
+def test_what_the_fuzzers_hold_is_in_the_triage_map_before_anything_is_kept(tmp_path):
+    """Triage against the fleet: a generated input whose edges and hit counts an imported
+    entry already has adds nothing; one with a new edge does."""
+    from symcc_mpi.triage import CoverageMap, CoverageProbe
+
+    campaign = campaign_in(tmp_path)
+    afl_entry(tmp_path, "main", "id:000000,src:000000,op:havoc,+cov", b"GT0000abc")
+    probe = CoverageProbe([str(AFL_GATE), "@@"], timeout=5)
+    fleet = FleetQueues(tmp_path, "symcc-mpi", {}, clock=Clock(1_000_000.0))
+    importer = Importer(campaign, campaign.inputs, fleet, probe=probe, triage=CoverageMap())
+    assert importer.round(now=0.0) == 1
+    generated = tmp_path / "generated"
+    generated.mkdir()
+    (generated / "same").write_bytes(b"GT0000cab")  # the same commands, once each
+    (generated / "new").write_bytes(b"GT0000abh")  # a command the fuzzers have not run
+    same, new = probe.probe([generated / "same", generated / "new"])
+    assert not importer.triage.adds_coverage(same)
+    assert importer.triage.adds_coverage(new)
