@@ -1,7 +1,7 @@
 """Hybrid fuzzing: a fleet's edges over time, AFL++ alone against AFL++ beside concolic help.
 
-Three configurations per target, each with the same wall budget and the same number of busy
-processes on the same cores (3), in a fresh AFL output directory AFL_OUT:
+Four configurations per target, each with the same wall budget on the same cores, in a fresh
+AFL output directory AFL_OUT; the first three with the same number of busy processes (3):
 - `afl`: `afl-fuzz -M main` and two `-S` secondaries;
 - `afl+helper`: `-M main`, one `-S`, and this process doing what SymCC's
   `symcc_fuzzing_helper` does (util/symcc_fuzzing_helper in SymCC's source): take the best
@@ -14,7 +14,10 @@ processes on the same cores (3), in a fresh AFL output directory AFL_OUT:
   to the helper's own map, a crash also in AFL_OUT/helper/crashes; sleep 5 s when nothing
   is new. AFL's main instance imports that queue, as it does a secondary's;
 - `afl+symcc-mpi`: `-M main` and `symcc-mpi explore --afl-sync AFL_OUT --workers 2` (the
-  campaign lives in AFL_OUT/symcc-mpi, writes an AFL-named queue and imports the fuzzers').
+  campaign lives in AFL_OUT/symcc-mpi, writes an AFL-named queue and imports the fuzzers');
+- `afl2+symcc-mpi`: the helper loop's two fuzzers (`-M main`, one `-S`) and the same
+  campaign: four processes, but the workers sleep whenever the fuzzers give them nothing new
+  (how a user would run it: the fuzzers keep every core they can use).
 The figures are the fleet's, not one instance's view: after each run every queue entry of
 every instance directory of AFL_OUT is probed again with afl-showmap, in the order in which
 the entries appeared (see seconds_since_launch), and the distinct edges of the entries that
@@ -48,7 +51,11 @@ DEFAULT_BUDGET = 120.0  # per configuration: ~16 min for the two default targets
 AFL = "afl"
 HELPER = "afl+helper"
 SYMCC_MPI = "afl+symcc-mpi"
-CONFIGURATIONS = (AFL, HELPER, SYMCC_MPI)
+# Beside the same two fuzzers as the helper loop: the campaign's workers sleep whenever the
+# fuzzers have nothing new for them, so a user gives the fuzzers every core and adds these.
+SYMCC_MPI_BESIDE = "afl2+symcc-mpi"
+CAMPAIGNS = (SYMCC_MPI, SYMCC_MPI_BESIDE)
+CONFIGURATIONS = (AFL, HELPER, SYMCC_MPI, SYMCC_MPI_BESIDE)
 # What AFL++ 4.04c needs to run unattended as root on a shared VM; with more fuzzers than
 # cores, AFL_NO_AFFINITY stops the third instance from refusing to start for want of a core.
 AFL_ENV = {"AFL_NO_UI": "1", "AFL_SKIP_CPUFREQ": "1",
@@ -235,10 +242,10 @@ def run_configuration(config: str, symcc: Path, afl: Path, seeds: Path, budget: 
     deadline = time.monotonic() + budget
     try:
         fuzzers["main"] = start_afl(afl_out, "-M", "main", afl, seeds, logs)
-        for k in range({AFL: 2, HELPER: 1, SYMCC_MPI: 0}[config]):
+        for k in range({AFL: 2, HELPER: 1, SYMCC_MPI: 0, SYMCC_MPI_BESIDE: 1}[config]):
             name = f"secondary{k + 1}"
             fuzzers[name] = start_afl(afl_out, "-S", name, afl, seeds, logs)
-        if config == SYMCC_MPI:
+        if config in CAMPAIGNS:
             campaign = start_symcc_mpi(afl_out, symcc, afl, seeds, budget, logs)
         if config == HELPER:
             helper = HelperLoop(afl_out, symcc, afl, scratch)
@@ -471,10 +478,11 @@ def main() -> None:
     if not args.budget > 0:
         parser.error("--budget must be positive")
     targets = build_targets("hybrid", args.target or list(DEFAULT_TARGETS), args.examples)
-    configs = [c for c in CONFIGURATIONS if c != SYMCC_MPI or has_afl_sync()]
+    configs = [c for c in CONFIGURATIONS if c not in CAMPAIGNS or has_afl_sync()]
     load = os.getloadavg()
     print(f"hybrid: {len(targets)} target(s) x {len(configs)} configurations, "
-          f"{args.budget:g} s each, 3 busy processes each; {os.cpu_count()} CPUs, load "
+          f"{args.budget:g} s each, 3 busy processes each ({SYMCC_MPI_BESIDE}: 2 fuzzers "
+          f"and 2 workers); {os.cpu_count()} CPUs, load "
           f"average at start {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
     if SYMCC_MPI not in configs:
         print(f"hybrid: {SYMCC_MPI} skipped: `symcc-mpi explore` has no --afl-sync here")
