@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import zlib
+
 import errno
 import os
 import stat
@@ -73,6 +75,20 @@ def test_line_round_trip_and_checksum():
     for bad in (bytes(flipped), line[:-5], b"", b"zzzzzzzz {}", b"00000000{}"):
         with pytest.raises(LineError):
             decode_line(bad)
+
+
+@pytest.mark.parametrize("spelling", [str.upper, lambda h: "0x" + h[2:], lambda h: " " + h[1:],
+                                      lambda h: "+" + h[1:]])
+def test_a_checksum_spelled_otherwise_is_damage(spelling):
+    """Found by hypothesis in CI: "02d41ee8" with one byte flipped to "02d41Ee8" still parsed
+    to the right checksum. So do these other flips of a checksum starting "00"."""
+    payload = next(p for n in range(100_000)
+                   if (p := b'{"n":%d}' % n) and zlib.crc32(p) < 1 << 24
+                   and any(c in "abcdef" for c in "%08x" % zlib.crc32(p)))
+    crc = "%08x" % zlib.crc32(payload)
+    assert int(spelling(crc), 16) == zlib.crc32(payload) and spelling(crc) != crc
+    with pytest.raises(LineError, match="8 lowercase hex"):
+        decode_line(spelling(crc).encode() + b" " + payload)
 
 
 # -- LineLog ------------------------------------------------------------------------------

@@ -114,6 +114,10 @@ def decode_line(line: bytes) -> dict[str, Any]:
         stated = int(line[:8], 16)
     except ValueError:
         raise LineError("checksum field is not hex") from None
+    if line[:8] != b"%08x" % stated:
+        # int() also takes upper case, "_", "+", "0x" and spaces: a flipped byte there would
+        # leave the checksum intact. Only what encode_line writes is a checksum.
+        raise LineError("checksum field is not 8 lowercase hex digits")
     payload = line[9:]
     if zlib.crc32(payload) != stated:
         raise LineError("checksum mismatch")
