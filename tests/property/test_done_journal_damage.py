@@ -11,7 +11,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from symcc_mpi.corpus import CampaignDir, CampaignError
@@ -74,6 +74,7 @@ def test_a_crash_mid_append_loses_at_most_the_torn_line(count, cut):
 
 @SETTINGS
 @given(count=st.integers(1, 6), position=st.integers(0, 10_000), byte=st.integers(0, 255))
+@example(count=2, position=5, byte=ord("E"))  # CI's: the checksum's "e" as "E" still parsed
 def test_a_flipped_byte_is_named_by_its_line_or_is_a_torn_tail(count, position, byte):
     lines = [encode_line(record(n)) for n in range(count)]
     whole = bytearray(b"".join(lines))
