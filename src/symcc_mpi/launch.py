@@ -149,6 +149,10 @@ def _run_job(job: Job, command: list[str], env: dict, view) -> tuple[int, bool]:
     verdict = _campaign_verdict(job.out, job.run_id)
     if verdict is not None:  # mpiexec may report ranks that died while the campaign went on
         returncode = verdict
+    elif returncode == 0:
+        # No final report of this run, yet mpiexec says 0: under ULFM it did so once a
+        # master was SIGKILLed and the others ended cleanly. The campaign did not end.
+        returncode = 1
     return returncode, _stats_written_since(job.out, launched_at)
 
 

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import zlib
-
 import errno
 import os
 import stat
+import zlib
 
 import pytest
 
@@ -84,8 +83,8 @@ def test_a_checksum_spelled_otherwise_is_damage(spelling):
     to the right checksum. So do these other flips of a checksum starting "00"."""
     payload = next(p for n in range(100_000)
                    if (p := b'{"n":%d}' % n) and zlib.crc32(p) < 1 << 24
-                   and any(c in "abcdef" for c in "%08x" % zlib.crc32(p)))
-    crc = "%08x" % zlib.crc32(payload)
+                   and any(c in "abcdef" for c in f"{zlib.crc32(p):08x}"))
+    crc = f"{zlib.crc32(payload):08x}"
     assert int(spelling(crc), 16) == zlib.crc32(payload) and spelling(crc) != crc
     with pytest.raises(LineError, match="8 lowercase hex"):
         decode_line(spelling(crc).encode() + b" " + payload)

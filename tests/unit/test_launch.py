@@ -89,3 +89,27 @@ def test_a_third_signal_kills_the_whole_session(job, monkeypatch):
 def test_session_members_lists_only_live_processes_of_that_session():
     assert os.getpid() in launch.session_members(os.getsid(0))
     assert launch.session_members(2**22 + 1) == []  # above any pid
+
+
+# Stands in for an mpiexec that exits 0, its master having written stats.json as given.
+REPORTING_JOB = """
+import json, os, sys
+from symcc_mpi.corpus import RUN_ID_ENV
+phase = sys.argv[2]
+if phase != "none":
+    extra = {"run_id": os.environ[RUN_ID_ENV], "phase": phase, "exit_status": 0}
+    open(os.path.join(sys.argv[1], "stats.json"), "w").write(json.dumps({"extra": extra}))
+"""
+
+
+@pytest.mark.parametrize(("phase", "status"), [("done", 0), ("running", 1), ("none", 1)])
+def test_mpiexec_success_counts_only_with_the_campaigns_final_report(tmp_path, monkeypatch,
+                                                                     phase, status):
+    """Under ULFM, mpiexec exited 0 although the first master had been SIGKILLed (CI): only
+    the master's final report of this run makes a campaign a success."""
+    out = tmp_path / "out"
+    out.mkdir()
+    monkeypatch.setattr(launch, "mpiexec_command", lambda config, argv: [
+        sys.executable, "-c", REPORTING_JOB, str(out), phase])
+    config = CampaignConfig(target=("t",), seeds=tmp_path, out=out)
+    assert launch.launch(config, [], live=False) == status
