@@ -115,7 +115,12 @@ def launch(config: CampaignConfig, argv: list[str], *, live: bool) -> int:
     previous = {s: signal.signal(s, job.on_signal) for s in HANDLED_SIGNALS}
     try:
         try:
-            returncode, ran = _run_job(job, command, env, view)
+            returncode, ran, refused_to_start = _run_job(job, command, env, view)
+            if refused_to_start and not ran and not job.signals:
+                view.note("mpiexec failed to start its PMIx server (seen once in a while on a "
+                          "busy machine); starting the job again")
+                job.end()
+                returncode, ran, _ = _run_job(job, command, env, view)
         finally:
             job.end()
             for signum, handler in previous.items():
@@ -131,12 +136,15 @@ def launch(config: CampaignConfig, argv: list[str], *, live: bool) -> int:
     return returncode
 
 
-def _run_job(job: Job, command: list[str], env: dict, view) -> tuple[int, bool]:
+def _run_job(job: Job, command: list[str], env: dict, view) -> tuple[int, bool, bool]:
     """Start the job, forward its output, act on signals until it ends: (exit status,
-    whether it wrote stats during this run)."""
+    whether it wrote stats during this run, whether mpiexec said its PMIx server could not
+    start: no rank ran, and a second start may work)."""
     launched_at = time.time()
     process = job.start(command, env)
-    reader = threading.Thread(target=_forward_output, args=(process, view), daemon=True)
+    refused: list[bool] = []
+    reader = threading.Thread(target=_forward_output, args=(process, view, refused),
+                              daemon=True)
     reader.start()
     with view:
         while process.poll() is None:
@@ -153,7 +161,7 @@ def _run_job(job: Job, command: list[str], env: dict, view) -> tuple[int, bool]:
         # No final report of this run, yet mpiexec says 0: under ULFM it did so once a
         # master was SIGKILLed and the others ended cleanly. The campaign did not end.
         returncode = 1
-    return returncode, _stats_written_since(job.out, launched_at)
+    return returncode, _stats_written_since(job.out, launched_at), bool(refused)
 
 
 def _campaign_verdict(out: Path, run_id: str) -> int | None:
@@ -287,9 +295,16 @@ def _stats_written_since(out: Path, moment: float) -> bool:
         return False
 
 
-def _forward_output(process: subprocess.Popen, view) -> None:
+# prterun's message when its PMIx listener thread did not start (seen in CI under load):
+# nothing was launched.
+PMIX_START_FAILURE = b"The PMIx server's listener thread failed to start"
+
+
+def _forward_output(process: subprocess.Popen, view, refused: list[bool]) -> None:
     printing = True
     for raw in process.stdout:
+        if PMIX_START_FAILURE in raw:
+            refused.append(True)
         if printing:
             try:
                 view.log(raw.decode(errors="replace").rstrip("\n"))

@@ -113,3 +113,28 @@ def test_mpiexec_success_counts_only_with_the_campaigns_final_report(tmp_path, m
         sys.executable, "-c", REPORTING_JOB, str(out), phase])
     config = CampaignConfig(target=("t",), seeds=tmp_path, out=out)
     assert launch.launch(config, [], live=False) == status
+
+
+# Fails the way prterun did in CI the first time it is started, then runs a clean campaign.
+FLAKY_START_JOB = """
+import json, os, sys
+from symcc_mpi.corpus import RUN_ID_ENV
+out = sys.argv[1]
+marker = os.path.join(out, "started-once")
+if not os.path.exists(marker):
+    open(marker, "w").close()
+    print("The PMIx server's listener thread failed to start. We cannot")
+    sys.exit(1)
+extra = {"run_id": os.environ[RUN_ID_ENV], "phase": "done", "exit_status": 0}
+open(os.path.join(out, "stats.json"), "w").write(json.dumps({"extra": extra}))
+"""
+
+
+def test_a_pmix_server_that_did_not_start_is_started_again(tmp_path, monkeypatch, capsys):
+    out = tmp_path / "out"
+    out.mkdir()
+    monkeypatch.setattr(launch, "mpiexec_command", lambda config, argv: [
+        sys.executable, "-c", FLAKY_START_JOB, str(out)])
+    config = CampaignConfig(target=("t",), seeds=tmp_path, out=out)
+    assert launch.launch(config, [], live=False) == 0
+    assert "starting the job again" in capsys.readouterr().out
