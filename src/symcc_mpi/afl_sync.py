@@ -107,10 +107,12 @@ class FleetQueues:
             queue = os.path.join(self.sync_dir, instance, "queue")
             try:
                 changed = os.stat(queue).st_mtime_ns
+                if self._read_to_end.get(instance) == changed:
+                    continue
+                cursor = self.cursors.get(instance, 0)
                 entries = [(entry_id, entry) for entry in os.scandir(queue)
                            if (entry_id := parse_afl_queue_id(entry.name)) is not None
-                           and entry_id >= self.cursors.get(instance, 0)] \
-                    if self._read_to_end.get(instance) != changed else []
+                           and entry_id >= cursor]
             except FileNotFoundError:
                 continue  # the instance went away between the listing and now
             except OSError as error:
