@@ -32,6 +32,10 @@ class ExecutionResult:
     extra: dict = field(default_factory=dict)
     solver_queries: int = 0  # solver checks made
     queries_skipped: int | None = None  # symbolic branches not solved (pruned); None: unknown
+    # Branch targets (see `Executor.targetable`): those on the input's path, in the order
+    # first met, and those whose negation this run handed to the solver. None: not known.
+    path_targets: tuple[int, ...] | None = None
+    solved_targets: tuple[int, ...] = ()
 
 
 class ExecutorError(Exception):
@@ -47,8 +51,15 @@ class Executor(Protocol):
     """
 
     name: str
+    # A branch target is a positive integer naming one branch as the executor sees it (Triton:
+    # the conditional jump's address; SymCC: 1 + the index QSYM's AflTraceMap gives the branch
+    # in its context). A targetable executor reports the targets on every run's path, and
+    # `run(..., targets=S)` solves only the branches in S (an empty S: none, a trace). One
+    # that is not gets `targets=None` only: whole inputs.
+    targetable: bool
 
-    def run(self, input_path: Path, output_dir: Path) -> ExecutionResult: ...
+    def run(self, input_path: Path, output_dir: Path,
+            targets: frozenset[int] | None = None) -> ExecutionResult: ...
 
     def cancel(self) -> None:
         """From another thread: end the run in progress now (its result will be ignored)."""
