@@ -67,11 +67,14 @@ def cli() -> None:
 @click.option("--fault-tolerance", type=click.Choice(FAULT_TOLERANCE_MODES), default=None,
               help="Survive the death of ranks with ULFM (F443). Default: on when symcc-mpi "
                    "starts mpiexec itself, auto under your own mpirun/srun.")
+@click.option("--split/--no-split", default=True, show_default=True,
+              help="When fewer inputs wait than workers are free, split one input's branches "
+                   "among them (executors that can be targeted: triton, symcc).")
 @click.option("--resume", is_flag=True, help="Continue the campaign in --out.")
 @click.option("--no-live", is_flag=True, help="Progress lines instead of the live view.")
 def explore(target, seeds, out, afl_sync, name, workers, masters, executor, afl_target,
-            timeout, memory_limit, wall_timeout, max_idle, pruning, fault_tolerance, resume,
-            no_live) -> None:
+            timeout, memory_limit, wall_timeout, max_idle, pruning, fault_tolerance, split,
+            resume, no_live) -> None:
     """Explore a target from seed inputs with N workers until the frontier is exhausted
     (or, with --afl-sync, beside AFL++ fuzzers until stopped)."""
     from .afl_sync import check_instance_name
@@ -105,6 +108,7 @@ def explore(target, seeds, out, afl_sync, name, workers, masters, executor, afl_
             wall_timeout=wall_timeout,
             max_idle=max_idle,
             pruning=pruning,
+            split=split,
             resume=resume,
             fault_tolerance=fault_tolerance or ("on" if launched_by_us() else "auto"),
         )

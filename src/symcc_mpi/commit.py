@@ -143,8 +143,10 @@ class Committer:
             raise InvalidResult(invalid.field, f"staged results rejected: {invalid}") from None
         return Accepted(children, map_bits, verified)
 
-    def commit(self, rank: int, result: Result, accepted: Accepted) -> None:
-        """Triage and promote the children, merge the map bits, record the input as done."""
+    def commit(self, rank: int, result: Result, accepted: Accepted, *,
+               part: int | None = None, completes_input: bool = True) -> None:
+        """Triage and promote the children, merge the map bits, record the input as done
+        (or, for a part of a split input that does not complete it, the part)."""
         now = time.time()
         parent = result.input_hash
         self.published = []
@@ -161,8 +163,12 @@ class Committer:
         elif outcome is Outcome.ERROR:
             self.stats.executor_errors += 1
             log.warning("executor error on %s (rank %d): %s", parent[:12], rank, result.message)
-        self.campaign.record_done(parent, result.token, outcome.value, result.generation,
-                                  self.published)
+        if completes_input:
+            self.campaign.record_done(parent, result.token, outcome.value, result.generation,
+                                      self.published)
+        else:
+            self.campaign.record_part(parent, part, result.token, outcome.value,
+                                      self.published)
         self.stats.executions += 1
         self.stats.generated += result.generated
         self.stats.executor_time += result.wall_time

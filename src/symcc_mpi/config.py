@@ -38,6 +38,8 @@ class CampaignConfig:
     # A hybrid campaign beside AFL++ (afl_sync.py): the fuzzers' output directory; the
     # campaign is its instance `out` (AFL_OUT/NAME)
     afl_sync: Path | None = None
+    # Split one input's solving across free workers when the frontier is thin (splitting.py)
+    split: bool = True
 
     @property
     def hybrid(self) -> bool:
@@ -65,6 +67,7 @@ class CampaignConfig:
             "pruning": self.pruning,
             "fault_tolerance": self.fault_tolerance,
             "afl_sync": str(self.afl_sync) if self.afl_sync else None,
+            "split": self.split,
         }
 
 

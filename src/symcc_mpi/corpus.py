@@ -45,6 +45,7 @@ from .durable.journal import Damage, DamageKind, JournalCorrupt, LineLog, Writer
 from .frontier import Frontier
 from .protocol import SHA256_PATTERN, TOKEN_PATTERN, Finding
 from .regular import DIRECTORY_FLAGS, read_regular
+from .splitting import parse_work_id, part_id
 from .report import afl_queue_name, parse_afl_queue_id
 
 MARKER = ".symcc-mpi"
@@ -566,6 +567,15 @@ class CampaignDir:
             record["published"] = published
         self._done_pending.append(record)
 
+    def record_part(self, digest: str, part: int, token: str, outcome: str,
+                    published: list[str]) -> None:
+        """A part of a split input (splitting.py) is analysed and its results published: on
+        record at the next group commit, like a done record, but the input is not done
+        until its last part's done record."""
+        self._done_pending.append({"kind": "part", "sha256": digest, "part": part,
+                                   "token": token, "outcome": outcome,
+                                   "published": published})
+
     def record_work(self, kind: str, **fields) -> None:
         """Write a work record (`dispatch`, `commit`, `recovered`) into the journal now,
         unsynced: it precedes the action it announces for any process that reads it later."""
@@ -651,20 +661,30 @@ WORK_RECORD_FIELDS = {
     "commit": {"sha256": str, "token": str, "generation": int, "result": str},
     "recovered": {"generation": int, "failed": list, "requeued": list},
     "requeue": {"sha256": str, "reason": str},
+    "part": {"sha256": str, "part": int, "token": str, "published": list},
 }
 
 
+def work_of(record: dict) -> str:
+    """The work id a dispatch, requeue, commit or part record is about (splitting.py)."""
+    part = record.get("part")
+    return record["sha256"] if part is None else part_id(record["sha256"], part)
+
+
 def outstanding(journal: list[dict]) -> set[str]:
-    """The inputs whose last dispatch the journal records as neither done nor taken back."""
+    """The work (ids: splitting.py) whose last dispatch the journal records as neither
+    committed nor taken back."""
     out: set[str] = set()
     for record in journal:
         kind = record.get("kind")
         if kind == "dispatch":
-            out.add(record["sha256"])
+            out.add(work_of(record))
         elif kind == "recovered":
             out.difference_update(record["requeued"])
-        elif kind in ("requeue", None):
-            out.discard(record["sha256"])
+        elif kind in ("requeue", "part"):
+            out.discard(work_of(record))
+        elif kind is None:  # the input is done: so are all its parts
+            out = {work for work in out if parse_work_id(work)[0] != record["sha256"]}
     return out
 
 

@@ -83,6 +83,7 @@ def _own_snapshot(master) -> CampaignSnapshot:
             "first_crash_seconds": stats.first_crash_seconds,
             "startup_seconds": stats.startup_seconds,
             "dispatch": master.dispatch.statistics(),
+            "splitting": master.split.stats.figures(),
             "solver": {
                 "pruning": config.pruning if config.prunes else "off",
                 "queries": stats.solver_queries,

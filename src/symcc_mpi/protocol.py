@@ -62,6 +62,7 @@ SHA256_PATTERN = re.compile(r"^[0-9a-f]{64}$")
 # cost the master memory or time to believe.
 MAX_GENERATED = 1 << 20  # files one run may leave, and staged entries one RESULT may list
 MAX_STAGED_SIZE = 1 << 30  # bytes of one staged file
+MAX_TARGETS = 1 << 20  # branch targets one message may name (executors/base.py)
 
 
 class ResultField(str, enum.Enum):
@@ -83,6 +84,7 @@ class ResultField(str, enum.Enum):
     INPUT_HASH = "input-hash"  # it says it analysed other bytes than it was sent
     PRUNING = "pruning"  # its QSYM map bits
     GENERATION = "generation"  # not the generation of the WORK it answers (ulfm/)
+    TARGETS = "targets"  # its branch targets (executors/base.py)
 
 
 class Ready(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
@@ -100,6 +102,8 @@ class Work(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     objects: dict[str, bytes] = msgspec.field(default_factory=dict)
     pruning: bytes = b""  # pruning.Delta of the QSYM map bits the worker was not sent yet
     generation: int = 0  # of the communicator it was sent on (ulfm/), echoed in RESULT
+    # The branches to solve (executors/base.py): None, every one; [], none (a trace).
+    targets: list[int] | None = None
 
 
 class StagedFile(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
@@ -125,6 +129,8 @@ class Result(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     solver_queries: int = 0  # solver checks QSYM made
     queries_skipped: int | None = None  # symbolic branches it did not solve; None: unknown
     generation: int = 0  # the WORK's, echoed: a RESULT of another generation is stale
+    path_targets: list[int] | None = None  # the branch targets on the input's path, if known
+    solved_targets: list[int] = []  # those whose negation this run handed to the solver
 
 
 class Stop(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
@@ -208,6 +214,7 @@ _FIELD_OF_PATH = {
     "staged.coverage": ResultField.COVERAGE, "staged.sha256": ResultField.NAME,
     "staged.size": ResultField.SIZE, "generated": ResultField.MANIFEST_LENGTH,
     "input_hash": ResultField.INPUT_HASH, "pruning": ResultField.PRUNING,
+    "path_targets": ResultField.TARGETS, "solved_targets": ResultField.TARGETS,
     **dict.fromkeys(("exit_status", "wall_time", "solver_time", "solver_queries",
                      "queries_skipped"), ResultField.FIGURES),
 }
@@ -265,3 +272,19 @@ def _check_fields(message: msgspec.Struct) -> None:
     for staged in getattr(message, "staged", ()):
         if problem := staged_entry_problem(staged):
             raise MalformedMessage(f"bad staged entry: {problem[1]}", problem[0])
+    for name in ("targets", "path_targets", "solved_targets"):
+        if problem := _targets_problem(getattr(message, name, None)):
+            raise MalformedMessage(f"bad {name}: {problem}", ResultField.TARGETS
+                                   if isinstance(message, Result) else None)
+
+
+def _targets_problem(targets: list[int] | None) -> str:
+    if not targets:
+        return ""
+    if len(targets) > MAX_TARGETS:
+        return f"{len(targets)} targets, more than {MAX_TARGETS}"
+    if min(targets) <= 0:
+        return f"target {min(targets)} is not positive"
+    if len(set(targets)) != len(targets):
+        return "a target listed twice"
+    return ""

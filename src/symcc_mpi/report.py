@@ -536,6 +536,9 @@ def summary_table(snap: CampaignSnapshot) -> Table:
     queries = _solver_queries(snap.extra.get("solver") or {})
     if queries:
         rows.append(("solver queries", queries))
+    splitting = _splitting(snap.extra.get("splitting") or {})
+    if splitting:
+        rows.append(("split inputs", splitting))
     recovery = _dispatch_recovery(snap.extra.get("dispatch") or {})
     if recovery:
         rows.append(("dispatch recovery", recovery))
@@ -549,6 +552,21 @@ def summary_table(snap: CampaignSnapshot) -> Table:
         text = ", ".join(f"{k}={_figure(v)}" for k, v in figures.items())
         table.add_row(f"worker {rank}", text)
     return table
+
+
+def _splitting(figures: Mapping[str, Any]) -> str:
+    """How inputs were split among free workers (splitting.py), when any was."""
+    if not figures.get("traces"):
+        return ""
+    text = (f"{figures['split_inputs']:,} of {figures['traces']:,} traced, into "
+            f"{figures['groups']:,} target groups ({figures['split_dispatches']:,} dispatches); "
+            f"{figures['targets_solved']:,} distinct targets solved")
+    conflicts = figures.get("local_conflicts", 0) + figures.get("shared_conflicts", 0)
+    if conflicts:
+        text += (f"; {conflicts:,} groups held back (target in flight: "
+                 f"{figures['local_conflicts']:,} here, {figures['shared_conflicts']:,} at "
+                 f"other masters), {figures['backfills']:,} backfills")
+    return text
 
 
 def _hybrid(hybrid: Mapping[str, Any] | None) -> list[tuple[str, str]]:

@@ -11,11 +11,12 @@ import time
 from dataclasses import replace
 
 from .config import CampaignConfig, UsageError, check_numbers, check_seeds
-from .corpus import CampaignDir, CampaignError, check_out_dir, outstanding
+from .corpus import CampaignDir, CampaignError, check_out_dir, outstanding, work_of
 from .durable.generations import GenerationLogError
 from .executors import check_available
 from .faults import Faults
 from .protocol import ConfigVerdict, Tag
+from .splitting import parse_work_id
 from .storage import STOP_ADVICE, STORAGE_EXIT, describe, storage_refused
 
 log = logging.getLogger("symcc_mpi.session")
@@ -537,7 +538,8 @@ def _load_state(master, config: CampaignConfig, campaign: CampaignDir,
         log.warning("named the crashes and hangs other masters found before the last run "
                     "ended")
     ordered = sorted(corpus, key=campaign.inputs.queue_id)
-    committing = {r["sha256"] for r in journal if r.get("kind") == "commit"} - done
+    committing = {r["sha256"] for r in journal
+                  if r.get("kind") == "commit" and r.get("part") is None} - done
     for digest in ordered:  # a commit left half done is finished below, not analysed again
         master.frontier.add(digest, done=digest in done or digest in committing)
     master.stats.resumed_done = len(done & corpus)
@@ -550,10 +552,20 @@ def _load_state(master, config: CampaignConfig, campaign: CampaignDir,
     done |= _redo_commits(master, journal, done)
     # Work the last master dispatched and neither committed nor took back: in the frontier
     # again, and on record as in flight at its end (the journal's dispatch records).
-    master.in_flight_at_takeover = sorted(outstanding(journal) - done)
+    master.in_flight_at_takeover = sorted(work for work in outstanding(journal)
+                                          if parse_work_id(work)[0] not in done)
+    # An input split and not finished is split anew: each part it had goes out again.
+    split_again = {work_of(r) for r in journal if r.get("kind") == "part"
+                   and r["sha256"] not in done} - set(master.in_flight_at_takeover)
+    for work in sorted(split_again):
+        digest, part = parse_work_id(work)
+        campaign.record_work("requeue", sha256=digest, part=part,
+                             reason="its input is split anew")
     if not taking_over:  # a resumed run: the last run's master died, or was stopped so
-        for digest in master.in_flight_at_takeover:
-            campaign.record_work("requeue", sha256=digest, reason="the last run ended")
+        for work in master.in_flight_at_takeover:
+            digest, part = parse_work_id(work)
+            campaign.record_work("requeue", sha256=digest, reason="the last run ended",
+                                 **({} if part is None else {"part": part}))
     for leftover in campaign.leftover_staging():
         shutil.rmtree(leftover, ignore_errors=True)  # nothing is in flight before we start
     log.info("campaign %s: %d inputs, %d already analysed, %d in the frontier", config.out,
@@ -569,19 +581,25 @@ def _redo_commits(master, journal: list[dict], done: set[str]) -> set[str]:
     from .protocol import MalformedMessage
 
     redone: set[str] = set()
-    pending = {r["sha256"]: r for r in journal if r.get("kind") == "commit"
-               and r["sha256"] not in done}
-    for digest, record in pending.items():
+    parts_done = {work_of(r) for r in journal if r.get("kind") == "part"}
+    pending = {work_of(r): r for r in journal if r.get("kind") == "commit"
+               and r["sha256"] not in done and work_of(r) not in parts_done}
+    for work, record in pending.items():
+        digest, part = parse_work_id(work)
         try:
             result = decode_manifest(record["result"])
             accepted = master.committer.check(result, digest)
         except (MalformedMessage, Unusable) as problem:
             log.warning("the commit of %s left by the last master cannot be finished (%s): "
-                        "it is analysed again", digest[:12], problem)
-            master.frontier.reopen(digest)
+                        "it is analysed again", work[:12], problem)
+            if part is None:
+                master.frontier.reopen(digest)
             continue
-        master.committer.commit(None, result, accepted)
-        redone.add(digest)
+        # A part's children are published; its input, not done, is split anew.
+        master.committer.commit(None, result, accepted, part=part,
+                                completes_input=part is None)
+        if part is None:
+            redone.add(digest)
     if redone:
         master.stats.redone_commits += len(redone)
         log.info("finished %d commits the last master left half done", len(redone))

@@ -6,7 +6,15 @@ import json
 from collections import Counter
 from pathlib import Path
 
-from .corpus import MARKER, CampaignDir, CampaignError, done_journals, outstanding, sha256_file
+from .corpus import (
+    MARKER,
+    CampaignDir,
+    CampaignError,
+    done_journals,
+    outstanding,
+    sha256_file,
+    work_of,
+)
 from .durable.generations import GENERATIONS_JOURNAL, GenerationLog, GenerationLogError
 from .durable.journal import DEFERRED_JOURNAL_NAME, inspect
 from .ownership import LEASE_DIRECTORY_PREFIX
@@ -112,15 +120,14 @@ def _check_work(journal: list[dict], corpus: set[str], extra: dict) -> tuple[lis
     missing_children: set[str] = set()
     for record in journal:
         kind = record.get("kind")
-        digest = record.get("sha256")
         if kind == "dispatch":
-            dispatches[digest] += 1
+            dispatches[work_of(record)] += 1
         elif kind == "requeue":
-            declared[digest] += 1
+            declared[work_of(record)] += 1
         elif kind == "recovered":
             in_flight_at_failures += len(record["requeued"])
             declared.update(record["requeued"])
-        elif kind is None:
+        elif kind in (None, "part"):
             missing_children.update(set(record.get("published", ())) - corpus)
     if not dispatches:
         return problems, {}

@@ -42,6 +42,7 @@ from ..durable.clock import SYSTEM_CLOCK, Clock
 from ..frontier import Frontier
 from ..protocol import Work
 from ..pruning import PruningLedger
+from ..splitting import TRACE, WorkSource, parse_work_id
 from .objects import OBJECT_CACHE_CAPACITY, ObjectMismatch, ObjectTransferCache
 from .tables import CommitStart, DispatchTables, ResultClass, SweepReport, Table
 from .transaction import SendPhase
@@ -76,6 +77,7 @@ class Admission(Protocol):
 
     def claim_ahead(self, digests: Iterable[str]) -> None: ...
     def admit(self, digest: str) -> bool: ...
+    def holds(self, digest: str) -> bool: ...
     def begin_commit(self, digest: str) -> bool: ...
     def complete(self, digest: str) -> None: ...
     def abandon(self, digest: str) -> None: ...
@@ -90,21 +92,26 @@ class DispatchCoordinator:
                  object_capacity: int = OBJECT_CACHE_CAPACITY,
                  on_requeue: Callable[[str, str], object] | None = None,
                  fatal: tuple[type[BaseException], ...] = (),
-                 admission: Admission | None = None):
+                 admission: Admission | None = None, source: WorkSource | None = None):
         """`on_requeue(input, why)` hears of every input that went out and is put back in
         the frontier to go out again (the master journals it: verify's re-execution oracle).
         `fatal`: errors of a send that end the master's communicator rather than tell
         anything of the rank (transport.RankFailure): compensated, then raised.
-        `admission`: with several masters (federation.py), who may dispatch and commit what."""
+        `admission`: with several masters (federation.py), who may dispatch and commit what.
+        `source`: the frontier with the parts of split inputs (splitting.py); by default
+        whole inputs only. Work ids are its: an input's digest, or a part's id."""
         self.frontier = frontier
+        self.source = source if source is not None else WorkSource(frontier)
+        self.workers = 0  # worker ranks, retired included: the master keeps it current
         self.admission = admission
         self.on_requeue = on_requeue
         self.fatal = fatal
         self.gate = RetiredDispatchGate()
         self.tables = DispatchTables(clock=clock, gate=self.gate)
-        self.recovery = ProtocolRecovery(requeue=lambda digest: self._requeue(digest, "protocol"),
-                                         sink=_AnnouncedDeferrals(deferrals, on_requeue)
-                                         if deferrals is not None and on_requeue else deferrals,
+        sink = _InputDeferrals(deferrals, self.source) if deferrals is not None else None
+        self.recovery = ProtocolRecovery(requeue=lambda work: self._requeue(work, "protocol"),
+                                         sink=_AnnouncedDeferrals(sink, on_requeue)
+                                         if sink is not None and on_requeue else sink,
                                          retries=watchdog.protocol_retries)
         self.watchdog = DispatchWatchdog(self.tables, self.gate, self.recovery,
                                          seconds=watchdog.seconds)
@@ -130,15 +137,20 @@ class DispatchCoordinator:
 
     @property
     def exhausted(self) -> bool:
-        return not self.frontier.pending and not self.in_flight
+        return not self.source.has_pending and not self.in_flight
 
     def holds_token(self, token: str) -> bool:
         return any(tx.token == token for _, tx in self.tables.transactions())
 
-    def work_of(self, rank: int) -> str | None:
-        """The input of `rank`'s ACTIVE dispatch."""
-        tx = self.tables.get(Table.ACTIVE, rank)
+    def work_of(self, rank: int, *, preparing: bool = False) -> str | None:
+        """The work id of `rank`'s ACTIVE (or PREPARING) dispatch."""
+        tx = self.tables.get(Table.PREPARING if preparing else Table.ACTIVE, rank)
         return tx.work_id if tx is not None else None
+
+    @property
+    def free_workers(self) -> int:
+        """Workers neither retired nor holding a dispatch."""
+        return max(0, self.workers - len(self.retired) - self.in_flight)
 
     def parked(self) -> list[int]:
         return sorted(self.gate.parked())
@@ -180,31 +192,40 @@ class DispatchCoordinator:
         """A RESULT whose every field held: the run of invalid ones is broken."""
         self.invalid_results.pop(rank, None)
 
-    def begin_commit(self, rank: int, token: str) -> CommitStart:
-        """Fence the commit: an input already analysed is dropped after-send (F313 D4)."""
+    def begin_commit(self, rank: int, token: str, *, completes_input: bool = True
+                     ) -> CommitStart:
+        """Fence the commit: work already done is dropped after-send (F313 D4). With several
+        masters the input's shared lease fences it too: moved to `committing` by the commit
+        that completes the input, only checked as still held by a part's before it."""
         found = self.tables.find(rank)
         work_id = found[1].work_id if found else ""
+        digest, part = parse_work_id(work_id)
         stale = False
 
         def fence() -> bool:
             nonlocal stale
-            if work_id in self.frontier.done:
+            if self.source.is_done(work_id):
                 return False
-            stale = self.admission is not None and not self.admission.begin_commit(work_id)
+            if self.admission is not None:
+                stale = not (self.admission.begin_commit(digest) if completes_input
+                             else self.admission.holds(digest))
             return not stale
 
         start = self.tables.begin_commit(rank, token, fence)
         if start is CommitStart.FENCED:
             log.warning("rank %d analysed %s, %s: result dropped", rank, work_id[:12],
                         "whose lease another master took over" if stale else "already done")
+            if stale and part is not None:
+                self.source.set_aside(work_id)  # the other master analyses the input
         return start
 
-    def finish(self, rank: int, token: str) -> None:
-        """The commit went through (the caller journalled the input as done)."""
+    def finish(self, rank: int, token: str, *, path_targets=None, solved_targets=(),
+               completes_input: bool = True) -> None:
+        """The commit went through (the caller journalled the input as done, or its part)."""
         tx = self.tables.finish(rank, token)
-        self.frontier.mark_done(tx.work_id)
-        if self.admission is not None:
-            self.admission.complete(tx.work_id)
+        self.source.finish(tx.work_id, path_targets, solved_targets, self.free_workers)
+        if self.admission is not None and completes_input:
+            self.admission.complete(parse_work_id(tx.work_id)[0])
 
     def commit_failed(self, rank: int, token: str) -> RecoveryOutcome | None:
         """The commit of `rank`'s dispatch raised before it finished: roll the dispatch back
@@ -260,9 +281,11 @@ class DispatchCoordinator:
         sent = 0
         if self.admission is not None and self.idle:
             self.admission.claim_ahead(islice(self.frontier.pending, CLAIM_AHEAD * len(self.idle)))
-        while self.idle and self.frontier.pending:
-            rank = self.idle.popleft()
-            if self._dispatch_one(rank, send):
+        while self.idle:
+            work_id = self.source.peek(max(self.free_workers, len(self.idle)))
+            if work_id is None:
+                break
+            if self._dispatch_one(self.idle.popleft(), work_id, send):
                 sent += 1
         return sent
 
@@ -288,7 +311,7 @@ class DispatchCoordinator:
         for report in sorted(self.tables.sweep_all(), key=lambda r: r.worker in failed):
             for rollback in report.rollbacks:
                 if rollback.phase is SendPhase.AFTER_SEND:
-                    self.frontier.requeue(rollback.work_id)
+                    self.source.requeue(rollback.work_id)
                     requeued.insert(0, rollback.work_id)
         self.generation = generation
         self.watchdog.forget_ranks()
@@ -304,16 +327,21 @@ class DispatchCoordinator:
 
     # -- machinery -----------------------------------------------------------------------
 
-    def _dispatch_one(self, rank: int, send: Send) -> bool:
-        digest = self.frontier.pending[0]
-        if self.admission is not None and not self.admission.admit(digest):
+    def _dispatch_one(self, rank: int, work_id: str, send: Send) -> bool:
+        digest, targets = self.source.job(work_id)
+        at_frontier = parse_work_id(work_id)[1] in (None, TRACE)  # else a group of a split input
+        if at_frontier and self.admission is not None and not self.admission.admit(digest):
             self.frontier.take()  # another master's: it analyses it
             self.idle.appendleft(rank)
             return False
         try:
             plan = self.objects.plan(rank, [digest], self.load)
         except (OSError, ObjectMismatch) as error:
-            self.frontier.take()
+            if at_frontier:
+                self.frontier.take()
+            else:
+                self.source.take(work_id)
+                self.source.set_aside(work_id)
             self._set_aside_unreadable(digest, error)
             self.idle.appendleft(rank)
             return False
@@ -321,13 +349,14 @@ class DispatchCoordinator:
         token = secrets.token_hex(16)
         try:
             with self.tables.boundary(rank):
-                tx = self.tables.begin(rank, digest, token)
-                self.frontier.take()
-                tx.register(FRONTIER_ENTRY, before_send=lambda: self.frontier.put_back(digest),
+                tx = self.tables.begin(rank, work_id, token)
+                self.source.take(work_id)
+                tx.register(FRONTIER_ENTRY, before_send=lambda: self.source.put_back(work_id),
                             after_send=lambda: None)  # after the send, recovery decides
                 send(rank, Work(token, digest, dict(plan.contents),
                                 pruning=shipment.payload if shipment else b"",
-                                generation=self.generation))
+                                generation=self.generation,
+                                targets=None if targets is None else list(targets)))
                 self.tables.sent(rank, token)
                 self.objects.confirm(plan)
                 if shipment is not None:
@@ -337,7 +366,7 @@ class DispatchCoordinator:
         except Exception as error:  # noqa: BLE001 - the boundary compensated; the rank decides
             self._send_failed(rank, error)
             return False
-        if self.frontier.note_dispatch(digest) == 2:  # here: a report must not walk the corpus
+        if self.source.note_dispatch(work_id) == 2:  # here: a report must not walk the corpus
             self.counts["inputs_dispatched_again"] += 1
         self.send_failures.pop(rank, None)  # a send returned: the run of failures is broken
         return True
@@ -368,10 +397,10 @@ class DispatchCoordinator:
             if rollback.phase is SendPhase.AFTER_SEND:
                 self._requeue(rollback.work_id, "taken back")
 
-    def _requeue(self, digest: str, why: str) -> None:
-        self.frontier.requeue(digest)
+    def _requeue(self, work_id: str, why: str) -> None:
+        self.source.requeue(work_id)
         if self.on_requeue is not None:
-            self.on_requeue(digest, why)
+            self.on_requeue(work_id, why)
 
     def _make_idle(self, rank: int) -> None:
         if rank not in self.idle:
@@ -418,6 +447,20 @@ class DispatchCoordinator:
             "object_bytes_shipped": objects.shipped_bytes,
             "object_hits": objects.hits,
         }
+
+
+class _InputDeferrals:
+    """The deferral sink, by input: a part deferred sets its whole input aside (splitting.py)."""
+
+    def __init__(self, sink: DeferralSink, source: WorkSource):
+        self.sink = sink
+        self.source = source
+
+    def defer(self, work_id: str, *, source: str, attempts: int) -> object:
+        return self.sink.defer(self.source.set_aside(work_id), source=source, attempts=attempts)
+
+    def is_persisted(self, work_id: str) -> bool:
+        return self.sink.is_persisted(parse_work_id(work_id)[0])
 
 
 class _AnnouncedDeferrals:

@@ -9,8 +9,10 @@ from .base import ExecutionResult, Outcome
 
 class NoopExecutor:
     name = "noop"
+    targetable = False
 
-    def run(self, input_path: Path, output_dir: Path) -> ExecutionResult:
+    def run(self, input_path: Path, output_dir: Path,
+            targets: frozenset[int] | None = None) -> ExecutionResult:
         return ExecutionResult(Outcome.OK, 0, 0.0)
 
     def cancel(self) -> None:

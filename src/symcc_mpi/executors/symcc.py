@@ -77,6 +77,7 @@ def counters_library(cache: Path | None = None) -> Path | None:
 
 class SymccExecutor:
     name = "symcc"
+    targetable = False
 
     def __init__(self, target: tuple[str, ...] | list[str], *, timeout: float,
                  memory_limit_mb: int | None = None, coverage_map: Path | None = None,
@@ -114,7 +115,8 @@ class SymccExecutor:
                                                       env.get("LD_PRELOAD"))))
         return env
 
-    def run(self, input_path: Path, output_dir: Path) -> ExecutionResult:
+    def run(self, input_path: Path, output_dir: Path,
+            targets: frozenset[int] | None = None) -> ExecutionResult:
         uses_file = "@@" in self.target
         argv = [str(input_path) if arg == "@@" else arg for arg in self.target]
         env = self._environment(input_path, output_dir, uses_file)

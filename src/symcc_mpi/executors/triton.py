@@ -46,6 +46,7 @@ class TritonExecutor:
     """
 
     name = "triton"
+    targetable = True
 
     def __init__(
         self,
@@ -181,7 +182,8 @@ class TritonExecutor:
         path = str(input_path)
         return [self.target_argv[0], *(a.replace("@@", path) for a in self.target_argv[1:])]
 
-    def run(self, input_path: Path, output_dir: Path) -> ExecutionResult:
+    def run(self, input_path: Path, output_dir: Path,
+            targets: frozenset[int] | None = None) -> ExecutionResult:
         input_path = Path(os.path.abspath(input_path))
         output_dir = Path(os.path.abspath(output_dir))
         self.start()
@@ -194,6 +196,7 @@ class TritonExecutor:
             "timeout": self.timeout,
             "memory_limit_mb": self.memory_limit_mb,
             "engine": self.engine_options,
+            "targets": None if targets is None else sorted(targets),
         }
         t0 = time.monotonic()
         reply = None
@@ -225,4 +228,13 @@ class TritonExecutor:
             skipped=skipped,
             message=reply.get("message", ""),
             extra=reply.get("extra", {}),
+            path_targets=_targets(reply.get("path_targets")),
+            solved_targets=_targets(reply.get("solved_targets")) or (),
         )
+
+
+def _targets(listed) -> tuple[int, ...] | None:
+    """The server's list of branch targets, or None when it sent none (a run cut short)."""
+    if not isinstance(listed, list):
+        return None
+    return tuple(t for t in listed if isinstance(t, int) and t > 0)

@@ -65,6 +65,10 @@ class EngineResult:
     generated: int = 0
     branches: int = 0
     instructions: int = 0
+    # Branch targets (executors/base.py): jump addresses, on the path in the order first met,
+    # and those whose flip went to the solver.
+    path_targets: list[int] = field(default_factory=list)
+    solved_targets: list[int] = field(default_factory=list)
     extra: dict = field(default_factory=dict)
 
 
@@ -178,8 +182,10 @@ class _Explorer:
         output_dir: Path,
         options: EngineOptions,
         on_query: Callable[[float, float | None], None] | None,
+        targets: frozenset[int] | None = None,
     ) -> None:
         self.se = se
+        self.targets = targets  # None: flip every new branch
         self.input_name = input_name
         self.data = data
         self.output_dir = output_dir
@@ -193,6 +199,8 @@ class _Explorer:
         self._hits: Counter = Counter()
         self._seen_keys: set = set()
         self._seen_outputs = {hashlib.sha256(data).digest()}
+        self._on_path: dict[int, None] = {}  # an ordered set
+        self._solved: dict[int, None] = {}
         self.unsupported: str | None = None
         self.crash_hint: str | None = None
         self.query_limit_hit = False
@@ -229,10 +237,14 @@ class _Explorer:
         self.result.branches += 1
         self._hits[edge] += 1
         key = (edge, _bucket(self._hits[edge]))
-        if key not in self._seen_keys:
+        alternatives = branch.getBranchConstraints()
+        jump = alternatives[0]["srcAddr"]
+        self._on_path[jump] = None
+        if key not in self._seen_keys and (self.targets is None or jump in self.targets):
             self._seen_keys.add(key)
-            for br in branch.getBranchConstraints():
+            for br in alternatives:
                 if not br["isTaken"]:
+                    self._solved[jump] = None
                     self._flip(br["constraint"])
         self._prefix.append(branch.getTakenPredicate())
         if self.query_limit_hit:
@@ -287,6 +299,8 @@ class _Explorer:
     def finish(self, capture: _LogCapture) -> EngineResult:
         se, res = self.se, self.result
         res.instructions = se.trace_offset
+        res.path_targets = list(self._on_path)
+        res.solved_targets = list(self._solved)
         res.emulation_time = time.perf_counter() - self.t0 - res.solver_time
         if self.unsupported:
             res.stop, res.message = "limit", f"unsupported library function {self.unsupported}()"
@@ -320,9 +334,11 @@ def explore(
     output_dir: Path,
     options: EngineOptions = EngineOptions(),
     on_query: Callable[[float, float | None], None] | None = None,
+    targets: frozenset[int] | None = None,
 ) -> EngineResult:
     """Runs `argv` under tritondse on `data` (file `input_name`, or STDIN_NAME) and writes
-    one file per solved branch flip into `output_dir`.
+    one file per solved branch flip into `output_dir`; with `targets`, flips only the
+    branches whose jump address is in it (none: a trace that reports the path's).
 
     `on_query(solving_seconds, total_seconds)` is called before each query and
     `on_query(solving_seconds, None)` after it (cumulative values, QSYM's [STAT] points)."""
@@ -343,7 +359,7 @@ def explore(
         se = target.executor(config, seed)
     except Exception as e:  # noqa: BLE001 - anything from the loader is an engine limit
         return EngineResult(stop="limit", message=f"cannot load target: {e}")
-    explorer = _Explorer(se, input_name, data, output_dir, options, on_query)
+    explorer = _Explorer(se, input_name, data, output_dir, options, on_query, targets)
     try:
         se.run()
     except Exception as e:  # noqa: BLE001 - tritondse raises from deep inside callbacks

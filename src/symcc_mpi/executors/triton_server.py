@@ -187,6 +187,7 @@ class Server:
             data,
             Path(req["output_dir"]),
             eng.EngineOptions.from_dict(req.get("engine")),
+            targets=None if req.get("targets") is None else frozenset(req["targets"]),
         )
         _write_line(wfd, {"engine": eng.engine_summary(result)})
 
@@ -260,6 +261,9 @@ class Server:
             extra["engine_stop"] = engine.stop
         solver_time = float(extra.pop("solver_time", 0.0))
         reply = {"wall_time": wall, "solver_time": solver_time, "extra": extra}
+        if "path_targets" in extra:
+            reply["path_targets"] = extra.pop("path_targets")
+            reply["solved_targets"] = extra.pop("solved_targets", [])
 
         if native is not None and native.crashed:
             # A crash found natively stands even if the emulation was then cut short.

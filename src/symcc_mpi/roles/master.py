@@ -31,6 +31,7 @@ from ..dispatch.coordinator import DispatchCoordinator
 from ..dispatch.tables import CommitStart, ResultClass
 from ..dispatch.watchdog import WatchdogConfig
 from ..doorbell import Doorbell
+from ..executors import Outcome
 from ..faults import Faults, die, stop_self
 from ..protocol import (
     INVALID_INPUT,
@@ -47,6 +48,7 @@ from ..protocol import (
     Work,
 )
 from ..pruning import PruningLedger
+from ..splitting import TRACE, WorkSource, parse_work_id
 from ..storage import STOP_ADVICE, STORAGE_EXIT, describe, storage_refused
 from ..transport import Channel, Naps, RankFailure
 from ..ulfm.runtime import describe_endpoint
@@ -124,10 +126,12 @@ class Master:
         self.pruning = pruning
         self.federation = federation  # the other masters (federation.py), if any
         self.importer = importer  # a hybrid campaign's afl_sync.Importer: the fuzzers' finds
+        self.split = WorkSource(self.frontier, split=config.split)
         self.dispatch = DispatchCoordinator(self.frontier, watchdog=watchdog,
                                             deferrals=deferrals, load=self._load_input,
                                             pruning=pruning, on_requeue=self._note_requeue,
-                                            fatal=(RankFailure,), admission=federation)
+                                            fatal=(RankFailure,), admission=federation,
+                                            source=self.split)
         self.checkpoint = Checkpointer(campaign, pruning=pruning, triage=triage,
                                        importer=importer)
         # A worker that took over keeps its own plan.
@@ -171,6 +175,7 @@ class Master:
         self.ack_deadline = 0.0
         self.acked: set[int] = set()
         self.workers = list(range(1, channel.size))
+        self.dispatch.workers = len(self.workers)
         # Per token in flight: when its WORK went out, and the master time that took.
         self.sends: dict[str, tuple[float, float]] = {}
         self.naps = Naps()
@@ -349,10 +354,12 @@ class Master:
             log.warning("rank %d sent %s, which a worker never sends", rank,
                         type(message).__name__)
 
-    def _note_requeue(self, digest: str, why: str) -> None:
+    def _note_requeue(self, work: str, why: str) -> None:
         if self.fault_tolerant:  # every dispatch after an input's first is declared
+            digest, part = parse_work_id(work)
             with self._stopping_if_storage_refuses():
-                self.campaign.record_work("requeue", sha256=digest, reason=why)
+                self.campaign.record_work("requeue", sha256=digest, reason=why,
+                                          **({} if part is None else {"part": part}))
 
     def _load_input(self, digest: str) -> bytes:
         return self.campaign.read_input(digest)
@@ -364,8 +371,10 @@ class Master:
                 work.objects and self.faults.fire("object-send-fail", self.object_sends)):
             raise OSError(f"injected failure of WORK send #{self.work_sends} to rank {rank}")
         if self.fault_tolerant:  # F443 §3 step 3: the dispatch is on record before it leaves
+            part = parse_work_id(self.dispatch.work_of(rank, preparing=True))[1]
             self.campaign.record_work("dispatch", sha256=work.input_hash, token=work.token,
-                                      generation=self.generation, rank=rank)
+                                      generation=self.generation, rank=rank,
+                                      **({} if part is None else {"part": part}))
         try:
             self.channel.send(rank, Tag.WORK, work)
             if self.faults.fire("die", self.work_sends):
@@ -433,8 +442,10 @@ class Master:
             if result.outcome == STORAGE_REFUSED:
                 self._stop_for_resources(f"rank {rank}: {result.message[:500]}")
             return
+        work = self.dispatch.work_of(rank)
+        digest, part = parse_work_id(work) if work is not None else (None, None)
         try:
-            accepted = self.committer.check(result, self.dispatch.work_of(rank))
+            accepted = self.committer.check(result, digest)
         except Refused as refused:
             self._refuse(rank, result.token, refused.field, str(refused))
             return
@@ -446,22 +457,33 @@ class Master:
             self.dispatch.reject(rank, result.token)
             return  # the worker removes its staging (worker.py), here as after a commit
         self.dispatch.note_valid_result(rank)
+        if part == TRACE and result.outcome == Outcome.OK.value \
+                and result.path_targets is None and self.split.split:
+            log.warning("the workers' executor reports no branch targets: inputs are no "
+                        "longer split")
+            self.split.split = False
+        completes = self.split.completes_input(work, result.path_targets)
         with self._stopping_if_storage_refuses(), self.dispatch.boundary(rank):
-            if self.dispatch.begin_commit(rank, result.token) is CommitStart.COMMITTING:
+            if self.dispatch.begin_commit(rank, result.token, completes_input=completes) \
+                    is CommitStart.COMMITTING:
                 if self.fault_tolerant:  # F443 §3 step 6: the manifest, then the publication
                     self.campaign.record_work(
                         "commit", sha256=result.input_hash, token=result.token,
                         generation=self.generation, rank=rank,
-                        result=encode_manifest(result, accepted))
+                        result=encode_manifest(result, accepted),
+                        **({} if part is None else {"part": part}))
                     self._fault_in_commit("after-manifest")
                 try:
-                    self.committer.commit(rank, result, accepted)
+                    self.committer.commit(rank, result, accepted, part=part,
+                                          completes_input=completes)
                 except OSError as error:
                     if storage_refused(error):
                         raise  # not this input's fault: the campaign stops (storage.py)
                     self._on_commit_failure(rank, result, error)
                     return
-                self.dispatch.finish(rank, result.token)
+                self.dispatch.finish(rank, result.token, path_targets=result.path_targets,
+                                     solved_targets=result.solved_targets,
+                                     completes_input=completes)
                 if self.federation is not None:
                     self.federation.published(self.committer.published)
                 if self.fault_tolerant:
@@ -584,6 +606,7 @@ class Master:
         self.channel = channel
         self.members = members
         self.workers = list(range(1, channel.size))
+        self.dispatch.workers = len(self.workers)
         self.acked.clear()
         self.ringing.clear()
         self.sends.clear()

@@ -255,7 +255,11 @@ def execute(work: Work, config: CampaignConfig, executor, probe, scratch: Path,
     raw.mkdir()
     if qsym_map is not None:
         qsym_map.prepare()
-    outcome = executor.run(local_input, raw)
+    # An executor that cannot be targeted runs the whole input and reports no path: the
+    # master then stops splitting.
+    targets = None if work.targets is None or not executor.targetable \
+        else frozenset(work.targets)
+    outcome = executor.run(local_input, raw, targets)
     staged, refused = stage_generated(outcome.generated, stage, work.input_hash)
     skipped.note(outcome.skipped)
     skipped.note(refused.items())
@@ -267,6 +271,8 @@ def execute(work: Work, config: CampaignConfig, executor, probe, scratch: Path,
         message=outcome.message, pruning=qsym_map.contribution() if qsym_map else b"",
         solver_queries=outcome.solver_queries, queries_skipped=outcome.queries_skipped,
         generation=work.generation,
+        path_targets=None if outcome.path_targets is None else list(outcome.path_targets),
+        solved_targets=list(outcome.solved_targets),
     )
 
 
