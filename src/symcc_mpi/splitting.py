@@ -25,9 +25,11 @@ reserve back and commits nothing (no dispatch, no attempt).
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter, deque
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 from .frontier import Frontier
 
@@ -52,6 +54,23 @@ def deal(targets: Iterable[int], groups: int) -> list[tuple[int, ...]]:
     targets = list(targets)
     count = max(1, groups, -(-len(targets) // MAX_GROUP))
     return [tuple(targets[i::count]) for i in range(count) if targets[i::count]]
+
+
+@dataclass(frozen=True)
+class Job:
+    """One dispatch about to be sent. What adjusts it before the send (the coordinator's
+    `adjusters`: the QSYM map bits its worker lacks, ...) may change its parameters, never
+    its targets: those were reserved and claimed (F311 §7.2, `keep_targets`)."""
+
+    work_id: str
+    digest: str
+    targets: tuple[int, ...] | None  # None: every branch; (): none (a trace)
+    shipment: Any = None  # pruning.Shipment: the map bits that travel with it
+
+
+def keep_targets(adjusted: Job, frozen: tuple[int, ...] | None) -> Job:
+    """The target contract: the job as adjusted, with the targets it had before."""
+    return adjusted if adjusted.targets == frozen else replace(adjusted, targets=frozen)
 
 
 @dataclass
@@ -81,12 +100,16 @@ class WorkSource:
 
     def __init__(self, frontier: Frontier, *, split: bool = False,
                  shared_admission: Callable[[str, tuple[int, ...]], bool] | None = None,
-                 on_release: Callable[[str], object] | None = None):
+                 on_release: Callable[[str], object] | None = None,
+                 proposal_limit: int | None = None):
         """`shared_admission(work_id, targets)`: the other masters' word on a group (True:
         claimed for this master); `on_release(work_id)`: a group's claim may be released
-        (its part committed, or set aside)."""
+        (its part committed, or set aside). `proposal_limit`: how many waiting groups one
+        `peek` may propose (F311 §6): by default all, so that a refused one is backfilled
+        by the next; the number that go out is the free workers', the coordinator's."""
         self.frontier = frontier
         self.split = split
+        self.proposal_limit = proposal_limit
         self.shared_admission = shared_admission
         self.on_release = on_release
         self.groups: dict[str, tuple[int, ...]] = {}  # every part not yet done: its targets
@@ -138,7 +161,7 @@ class WorkSource:
             self._unreserve(self.peeked)
             self.peeked = None
         refused = False
-        for work_id in list(self.waiting):
+        for work_id in list(itertools.islice(self.waiting, self.proposal_limit)):
             if self._admit(work_id):
                 self.stats.backfills += refused
                 self.peeked = work_id

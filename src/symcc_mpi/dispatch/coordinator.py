@@ -35,6 +35,7 @@ import secrets
 from collections import Counter, deque
 from collections.abc import Callable, Collection, Iterable, Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from itertools import islice
 from typing import Protocol
 
@@ -42,7 +43,7 @@ from ..durable.clock import SYSTEM_CLOCK, Clock
 from ..frontier import Frontier
 from ..protocol import Work
 from ..pruning import PruningLedger
-from ..splitting import TRACE, WorkSource, parse_work_id
+from ..splitting import TRACE, Job, WorkSource, keep_targets, parse_work_id
 from .objects import OBJECT_CACHE_CAPACITY, ObjectMismatch, ObjectTransferCache
 from .tables import CommitStart, DispatchTables, ResultClass, SweepReport, Table
 from .transaction import SendPhase
@@ -68,6 +69,7 @@ MAX_INVALID_RESULTS = 3  # in a row, from one rank (result_check.py): then it is
 CLAIM_AHEAD = 2  # with several masters: leases claimed in one group per idle worker
 
 Send = Callable[[int, Work], object]
+Adjuster = Callable[[int, Job], Job]  # (rank, job) -> the job as it goes to that rank
 
 
 class Admission(Protocol):
@@ -102,6 +104,7 @@ class DispatchCoordinator:
         whole inputs only. Work ids are its: an input's digest, or a part's id."""
         self.frontier = frontier
         self.source = source if source is not None else WorkSource(frontier)
+        self.adjusters: list[Adjuster] = [self._ship_map_bits] if pruning is not None else []
         self.workers = 0  # worker ranks, retired included: the master keeps it current
         self.admission = admission
         self.on_requeue = on_requeue
@@ -345,7 +348,11 @@ class DispatchCoordinator:
             self._set_aside_unreadable(digest, error)
             self.idle.appendleft(rank)
             return False
-        shipment = self.pruning.plan(rank) if self.pruning is not None else None
+        job = Job(work_id, digest, targets)
+        for adjust in self.adjusters:
+            job = adjust(rank, job)
+        job = keep_targets(job, targets)
+        shipment = job.shipment
         token = secrets.token_hex(16)
         try:
             with self.tables.boundary(rank):
@@ -356,7 +363,7 @@ class DispatchCoordinator:
                 send(rank, Work(token, digest, dict(plan.contents),
                                 pruning=shipment.payload if shipment else b"",
                                 generation=self.generation,
-                                targets=None if targets is None else list(targets)))
+                                targets=None if job.targets is None else list(job.targets)))
                 self.tables.sent(rank, token)
                 self.objects.confirm(plan)
                 if shipment is not None:
@@ -370,6 +377,9 @@ class DispatchCoordinator:
             self.counts["inputs_dispatched_again"] += 1
         self.send_failures.pop(rank, None)  # a send returned: the run of failures is broken
         return True
+
+    def _ship_map_bits(self, rank: int, job: Job) -> Job:
+        return replace(job, shipment=self.pruning.plan(rank))
 
     def _send_failed(self, rank: int, error: Exception) -> None:
         self.objects.forget(rank)  # it may have delivered: the windows would drift apart
