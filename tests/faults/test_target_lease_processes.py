@@ -1,4 +1,5 @@
-"""The target-group lease table under real processes: masters racing for overlapping groups."""
+"""The target-group lease table under real processes: masters racing for overlapping groups,
+and a master killed between two member writes."""
 
 from __future__ import annotations
 
@@ -7,10 +8,13 @@ import json
 import multiprocessing
 import os
 import random
+import signal
 import time
 from pathlib import Path
 
-from symcc_mpi.durable.target_leases import FencedTargetLeaseTable
+from symcc_mpi.durable.atomic import write_durable
+from symcc_mpi.durable.clock import ManualClock
+from symcc_mpi.durable.target_leases import FencedTargetLeaseTable, target_id
 
 FORK = multiprocessing.get_context("fork")
 TARGETS = range(1, 7)
@@ -70,3 +74,45 @@ def test_no_two_tokens_hold_one_target_at_once(tmp_path):
     assert table.statistics()["leased"] == table.statistics()["expired"] == 0
     assert os.listdir(root / "locks") == []
     assert not [name for _, _, names in os.walk(root / "records") for name in names]
+
+
+# --- SIGKILL between two member writes ----------------------------------------------------------
+
+T0 = 2_000_000_000.0  # the ManualClock start shared by the child and the parent that reopens
+
+
+def _dies_at_second_write(root: Path, group: list[int]) -> None:
+    written = 0
+
+    def write(path: Path, data: bytes) -> None:
+        nonlocal written
+        if written == 1:
+            os.kill(os.getpid(), signal.SIGKILL)  # holding every member's lock
+        write_durable(path, data)
+        written += 1
+
+    table = FencedTargetLeaseTable(root, owner="child", ttl=10, lock_timeout=5,
+                                   clock=ManualClock(T0), write=write)
+    table.claim_group(group, worker=0)
+
+
+def test_a_master_killed_mid_claim_leaves_a_conservative_partial_group_that_ttl_ends(tmp_path):
+    root, group = tmp_path / "targets", [11, 22, 33]
+    child = FORK.Process(target=_dies_at_second_write, args=(root, group))
+    child.start()
+    child.join(30)
+    assert child.exitcode == -signal.SIGKILL
+    assert len(os.listdir(root / "locks")) == 3  # the dead child's locks are still there
+
+    clock = ManualClock(T0)
+    table = FencedTargetLeaseTable(root, owner="parent", ttl=10, lock_timeout=1, clock=clock,
+                                   sleep=clock.advance)
+    assert os.listdir(root / "locks") == []  # reopening cleared them: their holder is dead
+    first, *rest = sorted(group, key=target_id)
+    assert table.read(first).owner == "child"  # F311 §4: published, though never returned
+    assert [table.read(target) for target in rest] == [None, None]
+    assert table.claim_group(rest, worker=1) is not None  # the rest was never held
+    assert table.claim_group([first], worker=1) is None  # the orphan blocks until its TTL
+    clock.advance(10)
+    token = table.claim_group([first], worker=1)
+    assert table.read(first).token == token and table.read(first).steals == 1

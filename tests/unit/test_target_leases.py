@@ -346,3 +346,16 @@ def test_a_dead_writers_temporary_is_swept_by_statistics(tmp_path):
     debris.write_bytes(b"half a rec")
     assert table.statistics()["leased"] == 1
     assert not debris.exists() and os.listdir(tmp_path / "locks") == []
+
+
+def test_a_failed_heartbeat_write_keeps_the_old_expiry_and_raises(tmp_path):
+    clock = ManualClock()
+    claimer = _table(tmp_path, clock=clock, ttl=10.0)
+    token = claimer.claim_group([1], worker=0)
+    beater = _table(tmp_path, clock=clock, ttl=10.0, write=FailingWrites(1, after_replace=True))
+    clock.advance(4)
+    with pytest.raises(OSError, match="injected"):
+        beater.heartbeat(token, [1])
+    assert claimer.read(1).expires == clock.time() + 6  # restored under the lock
+    assert beater.statistics()["write_failures"] == 1
+    assert beater.heartbeat(token, [1]) and claimer.read(1).expires == clock.time() + 10
