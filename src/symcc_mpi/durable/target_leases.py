@@ -20,8 +20,9 @@ Guarantees, given atomic `mkdir`/`rename` of a directory and atomic same-directo
   and no lock is ever broken for its age (locks.py; F311 §9, F321).
 
 Why one lock per target, not per shard: a group holds its locks across up to 64 fsynced writes
-(tens of milliseconds); per-shard locks would make that group stall the unrelated claims of
-every master whose targets share one of its shards (with 64 shards, nearly all of them).
+(70-400 ms for 64 members on the CI disk); per-shard locks would make that group stall the
+unrelated claims of every master whose targets share one of its shards (with 64 shards, nearly
+all of them).
 Per-target locks are ordered by `target_id` exactly as F311 §4 step 2 says, so overlapping
 groups never deadlock. Shards only fan the record files out over directories (F311 §3).
 
@@ -306,6 +307,9 @@ class FencedTargetLeaseTable:
 
     def heartbeat(self, token: str, targets: Iterable[int]) -> bool:
         """Extend every member whose current record carries exactly `token` to now + TTL.
+
+        Members are compared and extended one lock at a time: each is its own compare-and-match,
+        and the group needs no atomicity to be kept alive.
 
         False if any member no longer does (taken over, released, quarantined): the caller has
         lost the group. An expired record nobody took over is still the holder's (expiry lets
