@@ -20,9 +20,9 @@ Guarantees, given atomic `mkdir`/`rename` of a directory and atomic same-directo
   and no lock is ever broken for its age (locks.py; F311 §9, F321).
 
 Why one lock per target, not per shard: a group holds its locks across up to 64 fsynced writes
-(70-400 ms for 64 members on the CI disk); per-shard locks would make that group stall the
-unrelated claims of every master whose targets share one of its shards (with 64 shards, nearly
-all of them).
+(70-400 ms for 64 members on the project's machines); per-shard locks would make that group
+stall the unrelated claims of every master whose targets share one of its shards (with 64
+shards, nearly all of them).
 Per-target locks are ordered by `target_id` exactly as F311 §4 step 2 says, so overlapping
 groups never deadlock. Shards only fan the record files out over directories (F311 §3).
 
