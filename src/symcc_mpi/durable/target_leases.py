@@ -22,9 +22,9 @@ Guarantees, given atomic `mkdir`/`rename` of a directory and atomic same-directo
 Why one lock per target, not per shard: a group holds its locks across up to 64 fsynced writes
 (70-400 ms for 64 members on the project's machines); per-shard locks would make that group
 stall the unrelated claims of every master whose targets share one of its shards (with 64
-shards, nearly all of them).
-Per-target locks are ordered by `target_id` exactly as F311 §4 step 2 says, so overlapping
-groups never deadlock. Shards only fan the record files out over directories (F311 §3).
+shards, nearly all of them). Per-target locks are taken in `target_id` order, as F311 §4 step 2
+says, so overlapping groups never deadlock. Shards only fan the record files out over
+directories (F311 §3).
 
 Why fsynced by default, unlike leases.py's per-epoch table: F311 §4 publishes each record by
 temp file, fsync and replace; `fsync=False` is for benchmarks and tests.
@@ -36,7 +36,8 @@ Layout::
     locks/<target_id>.lock/           a target's update lock, present only while an update runs
     quarantine/                       corrupt records moved aside, never silently dropped
 
-Errors: refusals are return values; `LockTimeout` (a `TimeoutError`), `OSError` and
+Errors: bad arguments raise `ValueError` before any lock is taken; refusals are return
+values; `LockTimeout` (a `TimeoutError`), `OSError` and
 `TableMismatch` are raised. A corrupt record is quarantined, logged, counted and then read as
 absent; if it cannot even be moved aside, the claim of its group is refused (fail closed).
 """
