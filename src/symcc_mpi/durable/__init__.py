@@ -12,7 +12,9 @@ What the package holds:
 - `leases.py`, `master_leases.py`, `hints.py`: the several-master job's shared table (F320,
   issue 11), under `OUT/.standalone-work-<epoch>/` for one job only: fenced work leases, a
   master's handle on them, and the masters' publication logs (hints, never the authority).
-- `locks.py`: the lease table's bounded lock-directory lock (F320 §2.6).
+- `target_leases.py`: F311's target-group leases that the masters share
+  (`OUT/.target_lease_table/`): one target solved by one master at a time, whatever the seed.
+- `locks.py`: the lease tables' bounded lock-directory lock (F320 §2.6).
 
 Two locks. `flock`, in two places with two scopes: corpus.py's campaign lock
 (`OUT/state/master.lock`, held for the master's whole life: one writer of done.jsonl) and the
