@@ -150,11 +150,11 @@ def test_a_targeted_map_refuses_what_is_no_target(target):
 
 def counters_file(*, magic=0x73796D63634D5049, branches=9, solved_branches=4, records=1,
                   path=(), solved=()) -> bytes:
-    """The counters file as symcc_counters.c leaves it."""
+    """The counters file as symcc_counters.c leaves it (`path` may hold damaged entries)."""
     seen_bits, solved_bits = bytearray(QSYM_MAP_SIZE // 8), bytearray(QSYM_MAP_SIZE // 8)
     for targets, bits in ((path, seen_bits), (solved, solved_bits)):
-        for target in targets:
-            bits[(target - 1) // 8] |= 1 << (target - 1) % 8
+        for index in (target - 1 for target in targets if 1 <= target <= QSYM_MAP_SIZE):
+            bits[index // 8] |= 1 << index % 8
     entries = struct.pack(f"<{len(path)}I", *path).ljust(4 * QSYM_MAP_SIZE, b"\0")
     header = struct.pack("<6Q", magic, branches, solved_branches, 7, records, len(path))
     return header + seen_bits + solved_bits + entries
@@ -171,7 +171,9 @@ def test_counters_without_qsym_branch_map_give_no_path():
 
 @pytest.mark.parametrize("data", [counters_file(magic=0), counters_file()[:-1], b"",
                                   counters_file()[:40] + struct.pack("<Q", QSYM_MAP_SIZE + 1)
-                                  + counters_file()[48:]])
+                                  + counters_file()[48:],
+                                  counters_file(path=(3, 0)),
+                                  counters_file(path=(QSYM_MAP_SIZE + 1,))])
 def test_counters_never_written_or_damaged_are_unknown(data):
     assert decode_counters(data) is None
 

@@ -58,6 +58,8 @@ def decode_counters(data: bytes) -> BranchCounts | None:
     if not records_targets:
         return BranchCounts(branches - solved, None, ())
     path = struct.unpack_from(f"<{length}I", data, _PATH_OFFSET)
+    if not all(1 <= target <= QSYM_MAP_SIZE for target in path):
+        return None
     solved_bits = data[_SOLVED_OFFSET:_PATH_OFFSET]
     solved_targets = tuple(target for target in path
                            if solved_bits[(target - 1) // 8] >> ((target - 1) % 8) & 1)
