@@ -12,7 +12,7 @@ import pytest
 from realsymcc import BUILD, SEEDS
 
 from symcc_mpi.executors.base import Outcome
-from symcc_mpi.executors.symcc import SymccExecutor
+from symcc_mpi.executors.symcc import QSYM_MAP_SIZE, SymccExecutor, counters_library
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -66,6 +66,9 @@ int main(int argc, char **argv) {
 """
 
 
+GATE_SEED = SEEDS / "gate" / "start"
+
+
 def symcc_compile(tmp: Path, name: str, source: str) -> Path:
     (tmp / f"{name}.c").write_text(source)
     binary = tmp / name
@@ -77,6 +80,26 @@ def symcc_compile(tmp: Path, name: str, source: str) -> Path:
 @pytest.fixture
 def out(tmp_path) -> Path:
     path = tmp_path / "generated"
+    path.mkdir()
+    return path
+
+
+@pytest.fixture(scope="module")
+def counters() -> Path:
+    library = counters_library()
+    assert library is not None, "no C compiler for the counters library"
+    return library
+
+
+def targetable(program: str, counters: Path, scratch: Path, **options) -> SymccExecutor:
+    return SymccExecutor([str(BUILD / program), "@@"], timeout=60, counters=counters,
+                         scratch=scratch, **options)
+
+
+def fresh(tmp_path: Path) -> Path:
+    """An empty output directory of its own, for one more run."""
+    number = len(list(tmp_path.glob("run-*")))
+    path = tmp_path / f"run-{number}"
     path.mkdir()
     return path
 
@@ -159,3 +182,104 @@ def test_memory_limit_caps_the_address_space(tmp_path, out):
     result = SymccExecutor([str(probe), "@@", str(report)], timeout=60).run(seed, out)
     assert result.outcome is Outcome.OK, result
     assert report.read_text().split()[1] == "1"
+
+
+def test_without_the_counters_library_runs_are_not_targetable(out):
+    executor = SymccExecutor([str(BUILD / "gate.symcc"), "@@"], timeout=60)
+    assert executor.targetable is False
+    result = executor.run(GATE_SEED, out)
+    assert result.outcome is Outcome.OK and result.generated, result
+    assert result.path_targets is None and result.solved_targets == ()
+    with pytest.raises(ValueError):
+        executor.run(GATE_SEED, out, targets=frozenset())
+
+
+@pytest.mark.parametrize("program, seed", [("json.symcc", JSON_SEED),
+                                           ("gate.symcc", GATE_SEED)])
+def test_a_trace_solves_nothing_and_reports_the_same_path_each_time(tmp_path, counters,
+                                                                     program, seed):
+    executor = targetable(program, counters, tmp_path)
+    assert executor.targetable is True
+    first = executor.run(seed, fresh(tmp_path), targets=frozenset())
+    assert first.outcome is Outcome.OK, first
+    assert first.generated == () and first.solved_targets == () and first.solver_queries == 0
+    assert first.path_targets and len(set(first.path_targets)) == len(first.path_targets)
+    assert all(1 <= target <= QSYM_MAP_SIZE for target in first.path_targets)
+    again = executor.run(seed, fresh(tmp_path), targets=frozenset())
+    assert again.path_targets == first.path_targets
+
+
+def test_a_whole_run_solves_on_its_path_and_reports_it_as_a_trace_does(tmp_path, counters):
+    executor = targetable("json.symcc", counters, tmp_path)
+    whole = executor.run(JSON_SEED, fresh(tmp_path))
+    trace = executor.run(JSON_SEED, fresh(tmp_path), targets=frozenset())
+    assert whole.outcome is Outcome.OK and len(whole.generated) >= 10, whole
+    assert whole.path_targets == trace.path_targets  # the concrete path is the input's
+    assert whole.solved_targets and set(whole.solved_targets) <= set(whole.path_targets)
+
+
+def test_a_targeted_run_solves_its_targets_and_nothing_else(tmp_path, counters):
+    executor = targetable("json.symcc", counters, tmp_path)
+    path = executor.run(JSON_SEED, fresh(tmp_path), targets=frozenset()).path_targets
+    chosen = frozenset(path[::7])
+    result = executor.run(JSON_SEED, fresh(tmp_path), targets=chosen)
+    assert result.outcome is Outcome.OK, result
+    assert result.path_targets == path
+    # Every first hit of a target is new under the targeted map: each one is solved.
+    assert set(result.solved_targets) == chosen
+    assert result.generated and result.solver_queries > 0
+
+
+def test_targeting_every_path_target_is_a_whole_run_without_context_novelty(tmp_path,
+                                                                          counters):
+    """The targets this executor computes are the very indices QSYM consults: handing it
+    all of a path's targets as "new" solves what a whole run solves when every context
+    already counts as seen (the context half of its map full). Targeted runs leave the
+    campaign's map alone."""
+    campaign_map = tmp_path / "contexts-seen.map"
+    campaign_map.write_bytes(bytes(QSYM_MAP_SIZE) + b"\xff" * QSYM_MAP_SIZE)
+    executor = targetable("json.symcc", counters, tmp_path, coverage_map=campaign_map)
+    whole = executor.run(JSON_SEED, fresh(tmp_path))
+    after_the_whole_run = campaign_map.read_bytes()
+    path = executor.run(JSON_SEED, fresh(tmp_path), targets=frozenset()).path_targets
+    everything = executor.run(JSON_SEED, fresh(tmp_path), targets=frozenset(path))
+    assert everything.solved_targets == whole.solved_targets
+    assert everything.solver_queries == whole.solver_queries > 0
+    assert campaign_map.read_bytes() == after_the_whole_run
+
+
+@pytest.mark.parametrize("program, seed", [("json.symcc", JSON_SEED),
+                                           ("gate.symcc", GATE_SEED)])
+@pytest.mark.parametrize("groups", [2, 3])
+def test_a_trace_split_round_robin_solves_what_the_whole_run_finds_new(tmp_path, counters,
+                                                                       program, seed, groups):
+    """Each group's run solves within the group, and together they solve every target the
+    whole run solves by trace novelty (they may solve more: a branch of another group can
+    no longer mark its inverse as covered; and fewer of those a whole run solves only
+    because a context was new, since a targeted map has every context seen)."""
+    executor = targetable(program, counters, tmp_path)
+    path = executor.run(seed, fresh(tmp_path), targets=frozenset()).path_targets
+    by_trace_novelty = set(executor.run(seed, fresh(tmp_path),
+                                        targets=frozenset(path)).solved_targets)
+    solved: set[int] = set()
+    for group in (frozenset(path[first::groups]) for first in range(groups)):
+        result = executor.run(seed, fresh(tmp_path), targets=group)
+        assert result.outcome is Outcome.OK, result
+        assert set(result.solved_targets) <= group
+        solved |= set(result.solved_targets)
+    assert by_trace_novelty <= solved <= set(path)
+
+
+def test_a_run_killed_by_its_timeout_reports_the_path_it_recorded(tmp_path, counters, out):
+    forker = symcc_compile(tmp_path, "forker", FORKER)
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    seed = tmp_path / "seed"
+    seed.write_bytes(b"A")
+    result = SymccExecutor([str(forker), "@@", str(marks)], timeout=3, counters=counters,
+                           scratch=tmp_path).run(seed, out)
+    assert result.outcome is Outcome.TIMEOUT, result
+    assert len(result.path_targets) == 1 and result.solved_targets == result.path_targets
+    child = int((marks / "started").read_text())
+    if _running(child):
+        os.kill(child, signal.SIGKILL)

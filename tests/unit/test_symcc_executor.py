@@ -6,12 +6,22 @@ test_symcc_contract.py through the Triton shim.)
 
 import os
 import stat
+import struct
 import time
+from pathlib import Path
 
 import pytest
 
 from symcc_mpi.executors import Outcome
-from symcc_mpi.executors.symcc import SymccExecutor, solver_seconds
+from symcc_mpi.executors.symcc import (
+    QSYM_MAP_SIZE,
+    BranchCounts,
+    SymccExecutor,
+    counters_library,
+    decode_counters,
+    solver_seconds,
+    targeted_map,
+)
 
 
 def script(tmp_path, name, body):
@@ -121,3 +131,82 @@ def test_missing_program_is_an_executor_error(tmp_path, dirs):
     result = SymccExecutor([str(tmp_path / "gone")], timeout=5).run(*dirs)
     assert result.outcome is Outcome.ERROR and "cannot start" in result.message
     assert os.listdir(dirs[1]) == []
+
+
+def test_a_targeted_map_has_only_the_targets_new():
+    qsym_map = targeted_map(frozenset({1, 3, QSYM_MAP_SIZE}))
+    trace, contexts = qsym_map[:QSYM_MAP_SIZE], qsym_map[QSYM_MAP_SIZE:]
+    assert len(contexts) == QSYM_MAP_SIZE and set(contexts) == {0xFF}
+    assert [index for index, byte in enumerate(trace) if byte != 0xFF] == [0, 2, QSYM_MAP_SIZE - 1]
+    assert trace[0] == trace[2] == trace[-1] == 0
+    assert targeted_map(frozenset()) == b"\xff" * (2 * QSYM_MAP_SIZE)  # a trace
+
+
+@pytest.mark.parametrize("target", [0, -1, QSYM_MAP_SIZE + 1])
+def test_a_targeted_map_refuses_what_is_no_target(target):
+    with pytest.raises(ValueError):
+        targeted_map(frozenset({target}))
+
+
+def counters_file(*, magic=0x73796D63634D5049, branches=9, solved_branches=4, records=1,
+                  path=(), solved=()) -> bytes:
+    """The counters file as symcc_counters.c leaves it (`path` may hold damaged entries)."""
+    seen_bits, solved_bits = bytearray(QSYM_MAP_SIZE // 8), bytearray(QSYM_MAP_SIZE // 8)
+    for targets, bits in ((path, seen_bits), (solved, solved_bits)):
+        for index in (target - 1 for target in targets if 1 <= target <= QSYM_MAP_SIZE):
+            bits[index // 8] |= 1 << index % 8
+    entries = struct.pack(f"<{len(path)}I", *path).ljust(4 * QSYM_MAP_SIZE, b"\0")
+    header = struct.pack("<6Q", magic, branches, solved_branches, 7, records, len(path))
+    return header + seen_bits + solved_bits + entries
+
+
+def test_counters_give_the_path_in_order_and_the_solved_among_it():
+    data = counters_file(path=(500, 2, QSYM_MAP_SIZE, 9), solved=(9, 500))
+    assert decode_counters(data) == BranchCounts(5, (500, 2, QSYM_MAP_SIZE, 9), (500, 9))
+
+
+def test_counters_without_qsym_branch_map_give_no_path():
+    assert decode_counters(counters_file(records=0, path=(4,))) == BranchCounts(5, None, ())
+
+
+@pytest.mark.parametrize("data", [counters_file(magic=0), counters_file()[:-1], b"",
+                                  counters_file()[:40] + struct.pack("<Q", QSYM_MAP_SIZE + 1)
+                                  + counters_file()[48:],
+                                  counters_file(path=(3, 0)),
+                                  counters_file(path=(QSYM_MAP_SIZE + 1,))])
+def test_counters_never_written_or_damaged_are_unknown(data):
+    assert decode_counters(data) is None
+
+
+def test_a_targeted_run_gets_a_map_of_its_own(tmp_path, dirs):
+    library = counters_library(tmp_path / "cache")
+    if library is None:
+        pytest.skip("no C compiler for the counters library")
+    campaign_map = tmp_path / "campaign.map"
+    campaign_map.write_bytes(b"campaign")
+    target = script(tmp_path, "t", 'cp "$SYMCC_AFL_COVERAGE_MAP" "$SYMCC_OUTPUT_DIR/map"\n'
+                    'echo "$SYMCC_AFL_COVERAGE_MAP" > "$SYMCC_OUTPUT_DIR/where"\n')
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    executor = SymccExecutor([target], timeout=5, coverage_map=campaign_map, counters=library,
+                             scratch=scratch)
+    assert executor.targetable
+    inp, out = dirs
+    result = executor.run(inp, out, targets=frozenset({7}))
+    assert result.outcome is Outcome.OK and result.path_targets is None  # no SymCC runtime
+    assert (out / "map").read_bytes() == targeted_map(frozenset({7}))
+    assert Path((out / "where").read_text().strip()).parent == scratch
+    assert campaign_map.read_bytes() == b"campaign"
+    for generated in result.generated:
+        generated.unlink()
+    executor.run(inp, out)
+    assert (out / "where").read_text().strip() == str(campaign_map)
+    executor.close()
+    assert list(scratch.iterdir()) == []
+
+
+def test_targets_need_the_counters_library(tmp_path, dirs):
+    executor = SymccExecutor([script(tmp_path, "t", "exit 0\n")], timeout=5)
+    assert not executor.targetable
+    with pytest.raises(ValueError):
+        executor.run(*dirs, targets=frozenset({1}))

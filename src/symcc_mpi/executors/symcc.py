@@ -14,6 +14,7 @@ import struct
 import subprocess
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..regular import list_regular
@@ -27,7 +28,59 @@ _QUERY_STAT = b'"total_time"'  # QSYM prints it once before each solver check
 _PRUNING_ENV = ("SYMCC_AFL_COVERAGE_MAP", "SYMCC_ENABLE_LINEARIZATION")
 COUNTERS_SOURCE = Path(__file__).with_name("symcc_counters.c")
 _COUNTERS_MAGIC = 0x73796D63634D5049
-_COUNTERS = struct.Struct("<4Q")  # magic, branches, solved branches, checks
+# The counters file, as symcc_counters.c lays it out: magic, branches, solved branches,
+# checks, whether targets are recorded, path length; then a seen bit and a solved bit per
+# QSYM map index, then the path's targets (uint32, first met first).
+_COUNTERS_HEADER = struct.Struct("<6Q")
+QSYM_MAP_SIZE = 65536  # QSYM's kMapSize: one trace half, then one context half, in its map
+_BITSET_SIZE = QSYM_MAP_SIZE // 8
+_SOLVED_OFFSET = _COUNTERS_HEADER.size + _BITSET_SIZE
+_PATH_OFFSET = _SOLVED_OFFSET + _BITSET_SIZE
+_COUNTERS_SIZE = _PATH_OFFSET + 4 * QSYM_MAP_SIZE
+
+
+@dataclass(frozen=True)
+class BranchCounts:
+    """What the counters library recorded in one run."""
+
+    queries_skipped: int | None  # None: not known
+    path_targets: tuple[int, ...] | None  # None: this runtime has no QSYM branch map
+    solved_targets: tuple[int, ...]
+
+
+def decode_counters(data: bytes) -> BranchCounts | None:
+    """The counters file's content; None when the library never opened it (or it is torn)."""
+    if len(data) != _COUNTERS_SIZE:
+        return None
+    magic, branches, solved, _, records_targets, length = _COUNTERS_HEADER.unpack_from(data)
+    if magic != _COUNTERS_MAGIC or length > QSYM_MAP_SIZE:
+        return None
+    if not records_targets:
+        return BranchCounts(branches - solved, None, ())
+    path = struct.unpack_from(f"<{length}I", data, _PATH_OFFSET)
+    if not all(1 <= target <= QSYM_MAP_SIZE for target in path):
+        return None
+    solved_bits = data[_SOLVED_OFFSET:_PATH_OFFSET]
+    solved_targets = tuple(target for target in path
+                           if solved_bits[(target - 1) // 8] >> ((target - 1) % 8) & 1)
+    return BranchCounts(branches - solved, path, solved_targets)
+
+
+_NOT_COUNTED = BranchCounts(None, None, ())
+
+
+def targeted_map(targets: frozenset[int]) -> bytes:
+    """A QSYM coverage map under which only the branches of `targets` are solved.
+
+    Trace half: every index counts as covered (0xFF) but the targets' (0x00: new at the first
+    hit); context half: every context seen (0xFF), so that isInterestingContext never fires.
+    """
+    trace = bytearray(b"\xff" * QSYM_MAP_SIZE)
+    for target in targets:
+        if not 1 <= target <= QSYM_MAP_SIZE:
+            raise ValueError(f"not a SymCC branch target: {target}")
+        trace[target - 1] = 0
+    return bytes(trace) + b"\xff" * QSYM_MAP_SIZE
 
 
 def solver_seconds(stderr: bytes) -> float:
@@ -48,8 +101,9 @@ def solver_seconds(stderr: bytes) -> float:
 def counters_library(cache: Path | None = None) -> Path | None:
     """The branch-counting preload library, compiled once per machine; None if no compiler.
 
-    It interposes `_sym_push_path_constraint` (called by the target) and `Z3_solver_check`
-    (called by SymCC's runtime), so it works with any SymCC build linked the usual way.
+    It interposes `_sym_push_path_constraint` (called by the target), `Z3_solver_check` and
+    QSYM's `AflTraceMap::isInterestingBranch` (called by SymCC's runtime through its PLT), so
+    it works with any SymCC build linked the usual way.
     """
     source = COUNTERS_SOURCE.read_bytes()
     cache = cache or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "symcc-mpi"
@@ -76,6 +130,11 @@ def counters_library(cache: Path | None = None) -> Path | None:
 
 
 class SymccExecutor:
+    """Runs a SymCC build; targetable when the counters library is preloaded.
+
+    A targeted run hands QSYM a map of its own (`targeted_map`) instead of `coverage_map`.
+    """
+
     name = "symcc"
     targetable = False
 
@@ -85,18 +144,22 @@ class SymccExecutor:
                  scratch: Path | None = None):
         """`coverage_map`: QSYM's pruning map file for every run (node-local: QSYM rewrites
         it whole at each interesting branch); `counters`: the library of `counters_library`,
-        whose counts land in a file under `scratch`."""
+        whose counts (and the path's branch targets) land in a file under `scratch`, as does
+        the map of a targeted run."""
         self.target = tuple(target)
         self.timeout = timeout
         self.memory_limit_mb = memory_limit_mb
         self.coverage_map = coverage_map
         self.linearize = linearize
         self.counters = counters
-        self.counters_file = (scratch or Path(tempfile.gettempdir())) / \
-            f"symcc-counters-{os.getpid()}" if counters else None
+        self.targetable = counters is not None
+        scratch = scratch or Path(tempfile.gettempdir())
+        self.counters_file = scratch / f"symcc-counters-{os.getpid()}" if counters else None
+        self.targets_map = scratch / f"symcc-targets-{os.getpid()}.map" if counters else None
         self._running: int | None = None  # the process group of the run in progress
 
-    def _environment(self, input_path: Path, output_dir: Path, uses_file: bool) -> dict:
+    def _environment(self, input_path: Path, output_dir: Path, uses_file: bool,
+                     targets: frozenset[int] | None) -> dict:
         env = dict(os.environ, SYMCC_OUTPUT_DIR=str(output_dir))
         for name in _PRUNING_ENV:
             env.pop(name, None)
@@ -104,12 +167,17 @@ class SymccExecutor:
             env["SYMCC_INPUT_FILE"] = str(input_path)
         else:
             env.pop("SYMCC_INPUT_FILE", None)
-        if self.coverage_map is not None:
+        if targets is not None:
+            # Fresh each run: QSYM rewrites the map as it solves.
+            self.targets_map.write_bytes(targeted_map(targets))
+            env["SYMCC_AFL_COVERAGE_MAP"] = str(self.targets_map)
+        elif self.coverage_map is not None:
             env["SYMCC_AFL_COVERAGE_MAP"] = str(self.coverage_map)
         if self.linearize:
             env["SYMCC_ENABLE_LINEARIZATION"] = "1"
         if self.counters_file is not None:
-            self.counters_file.write_bytes(bytes(_COUNTERS.size))
+            with open(self.counters_file, "wb") as blank:
+                blank.truncate(_COUNTERS_SIZE)  # zeros, and sparse: most of it stays unused
             env["SYMCC_MPI_COUNTERS"] = str(self.counters_file)
             env["LD_PRELOAD"] = " ".join(filter(None, (str(self.counters),
                                                       env.get("LD_PRELOAD"))))
@@ -117,9 +185,11 @@ class SymccExecutor:
 
     def run(self, input_path: Path, output_dir: Path,
             targets: frozenset[int] | None = None) -> ExecutionResult:
+        if targets is not None and not self.targetable:
+            raise ValueError("targets given to a SymCC executor without its counters library")
         uses_file = "@@" in self.target
         argv = [str(input_path) if arg == "@@" else arg for arg in self.target]
-        env = self._environment(input_path, output_dir, uses_file)
+        env = self._environment(input_path, output_dir, uses_file, targets)
         started = time.monotonic()
         stdin = subprocess.DEVNULL if uses_file else open(input_path, "rb")
         try:
@@ -155,19 +225,21 @@ class SymccExecutor:
         _kill_group(process.pid)  # descendants the target left behind
         # A dot-file is a test case still being written when the run was killed.
         listing = list_regular(output_dir, skip_hidden=True)
+        counts = self._branch_counts() or _NOT_COUNTED
         return ExecutionResult(outcome, status, wall, solver_seconds(stderr), listing.files,
                                solver_queries=stderr.count(_QUERY_STAT),
-                               queries_skipped=self._queries_skipped(),
+                               queries_skipped=counts.queries_skipped,
+                               path_targets=counts.path_targets,
+                               solved_targets=counts.solved_targets,
                                skipped=tuple(sorted(listing.skipped.items())))
 
-    def _queries_skipped(self) -> int | None:
+    def _branch_counts(self) -> BranchCounts | None:
         if self.counters_file is None:
             return None
         try:
-            magic, branches, solved, _ = _COUNTERS.unpack(self.counters_file.read_bytes())
-        except (OSError, struct.error):
+            return decode_counters(self.counters_file.read_bytes())
+        except OSError:
             return None
-        return branches - solved if magic == _COUNTERS_MAGIC else None
 
     def _child_setup(self) -> None:
         os.setsid()  # its own process group, so a timeout kills every descendant
@@ -184,6 +256,7 @@ class SymccExecutor:
     def close(self) -> None:
         if self.counters_file is not None:
             self.counters_file.unlink(missing_ok=True)
+            self.targets_map.unlink(missing_ok=True)
 
 
 def _kill_group(pgid: int) -> None:
