@@ -42,6 +42,7 @@ from .quiescence import (
 )
 from .report import CampaignSnapshot
 from .roles.master import SHUTDOWN_GRACE
+from .target_claims import TargetClaims
 from .transport import RankFailure
 
 log = logging.getLogger("symcc_mpi.federation")
@@ -89,6 +90,7 @@ class Federation:
         self.owner_name = f"{epoch.hex()[:16]}-master-{index}"
         self.execution_timeout = execution_timeout
         self.leases: WorkLeases | None = None  # once OUT is open (`open`)
+        self.targets: TargetClaims | None = None  # F311's shared target groups, likewise
         self.publications: PublicationLog | None = None
         self.held: dict[str, str] = {}  # digest -> token of the lease this master holds
         self.hints = HintReader(self.directory, [m for m in self.indices if m != index])
@@ -121,6 +123,8 @@ class Federation:
                     shutil.rmtree(stale, ignore_errors=True)
         self.leases = WorkLeases(FencedWorkLeaseTable(self.directory / "leases",
                                                       self.owner_name, **config.options()))
+        self.targets = TargetClaims(self.directory / "targets", owner=self.owner_name,
+                                    work_ttl=config.ttl)
         self.publications = PublicationLog(self.directory, self.index)
 
     @property
@@ -167,6 +171,15 @@ class Federation:
         self.stale_results += 1  # its lease lost at a heartbeat already, or now
         return False
 
+    def mine(self, digest: str) -> bool:
+        """Whether this master analyses `digest`: it holds its lease, or owns it."""
+        return digest in self.held or self.owns(digest)
+
+    def holds(self, digest: str) -> bool:
+        """Whether this master still holds `digest`'s lease (a part of a split input commits
+        under it; the input's last part moves it to `committing`, `begin_commit`)."""
+        return digest in self.held
+
     def complete(self, digest: str) -> None:
         token = self.held.pop(digest, None)
         if token is not None:
@@ -196,6 +209,7 @@ class Federation:
             self._masters_died()
         for digest in self.leases.heartbeat(self.held):
             self.held.pop(digest, None)  # taken over after it expired: no longer ours
+        self.targets.round(now)
         if not self.participant.frozen and now >= self.next_discovery:
             self.next_discovery = now + DISCOVERY_INTERVAL
             self.discover(master)
@@ -374,6 +388,7 @@ class Federation:
     def statistics(self) -> dict:
         figures = asdict(self.leases.statistics())
         figures.update(not_owned=self.not_owned, stale_results=self.stale_results,
+                       targets=self.targets.statistics() if self.targets else {},
                        hints=asdict(self.hints.statistics()),
                        quiescence=asdict(self.participant.statistics()))
         if self.coordinator is not None:
@@ -419,7 +434,9 @@ def combine(own: CampaignSnapshot, others: dict[int, dict],
             "in_flight": extra.get("in_flight", 0), "phase": extra.get("phase", "?"),
             **{name: federation.get(name, 0) for name in (
                 "claims", "steals", "expiries", "stale_results", "refused", "not_owned",
-                "writes", "lock_wait_seconds")}}
+                "writes", "lock_wait_seconds")},
+            "splitting": extra.get("splitting", {}),
+            "target_claims": federation.get("targets", {})}
     extra = dict(own.extra, per_master=per_master)
     return replace(own, per_worker=per_worker, extra=extra, **combined)
 

@@ -537,7 +537,7 @@ def summary_table(snap: CampaignSnapshot) -> Table:
     if queries:
         rows.append(("solver queries", queries))
     splitting = _splitting(snap.extra.get("splitting") or {})
-    if splitting:
+    if splitting and not snap.extra.get("per_master"):  # else one row per master
         rows.append(("split inputs", splitting))
     recovery = _dispatch_recovery(snap.extra.get("dispatch") or {})
     if recovery:
@@ -586,13 +586,23 @@ def _hybrid(hybrid: Mapping[str, Any] | None) -> list[tuple[str, str]]:
 
 
 def _per_master(per_master: Mapping[str, Mapping[str, Any]]) -> list[tuple[str, str]]:
-    """One row per master of a campaign of several (federation.py)."""
-    return [(f"master {index} (rank {m['world_rank']})",
-             f"{m['executions']:,} executions by {m['workers']} workers, "
-             f"{m['interesting']:,} kept; leases: {m['claims']:,} claimed, "
-             f"{m['steals']:,} taken over, {m['expiries']:,} lost, "
-             f"{m['stale_results']:,} stale results")
-            for index, m in sorted(per_master.items(), key=lambda item: int(item[0]))]
+    """One row per master of a campaign of several (federation.py), and one for its split
+    inputs and target groups when it split any."""
+    rows = []
+    for index, m in sorted(per_master.items(), key=lambda item: int(item[0])):
+        rows.append((f"master {index} (rank {m['world_rank']})",
+                     f"{m['executions']:,} executions by {m['workers']} workers, "
+                     f"{m['interesting']:,} kept; leases: {m['claims']:,} claimed, "
+                     f"{m['steals']:,} taken over, {m['expiries']:,} lost, "
+                     f"{m['stale_results']:,} stale results"))
+        splitting = _splitting(m.get("splitting") or {})
+        if splitting:
+            claims = m.get("target_claims") or {}
+            rows.append((f"master {index} split inputs", splitting + (
+                f"; target groups: {claims.get('claims', 0):,} claimed, "
+                f"{claims.get('conflicts', 0):,} refused, {claims.get('steals', 0):,} "
+                f"taken over, {claims.get('expiries', 0):,} lost" if claims else "")))
+    return rows
 
 
 def _failures(failures: list[dict], redone: int) -> list[tuple[str, str]]:

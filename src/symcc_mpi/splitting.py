@@ -99,14 +99,18 @@ class WorkSource:
     `requeue` after it | `finish` once committed). With `split` False it is the frontier."""
 
     def __init__(self, frontier: Frontier, *, split: bool = False,
-                 shared_admission: Callable[[str, tuple[int, ...]], bool] | None = None,
+                 shared_admission: Callable[[str, tuple[int, ...], int], bool] | None = None,
                  on_release: Callable[[str], object] | None = None,
-                 proposal_limit: int | None = None):
-        """`shared_admission(work_id, targets)`: the other masters' word on a group (True:
-        claimed for this master); `on_release(work_id)`: a group's claim may be released
+                 proposal_limit: int | None = None,
+                 mine: Callable[[str], bool] | None = None):
+        """`shared_admission(work_id, targets, worker)`: the other masters' word on a group
+        (True: claimed for this master, for that worker rank); `on_release(work_id)`: a group's claim may be released
         (its part committed, or set aside). `proposal_limit`: how many waiting groups one
         `peek` may propose (F311 §6): by default all, so that a refused one is backfilled
-        by the next; the number that go out is the free workers', the coordinator's."""
+        by the next; the number that go out is the free workers', the coordinator's.
+        `mine(digest)`: with several masters, whether an input in the frontier is this
+        master's to analyse (the others' are dropped at their dispatch)."""
+        self.mine = mine
         self.frontier = frontier
         self.split = split
         self.proposal_limit = proposal_limit
@@ -152,7 +156,7 @@ class WorkSource:
 
     # -- the coordinator's steps ---------------------------------------------------------
 
-    def peek(self, free: int) -> str | None:
+    def peek(self, free: int, worker: int = 0) -> str | None:
         """The work that goes out next, when `free` workers (this one included) have none:
         a waiting group that passes admission (held for the `take` that follows; another
         `peek` lets it go), else the frontier's next input, traced when fewer inputs wait
@@ -162,7 +166,7 @@ class WorkSource:
             self.peeked = None
         refused = False
         for work_id in list(itertools.islice(self.waiting, self.proposal_limit)):
-            if self._admit(work_id):
+            if self._admit(work_id, worker):
                 self.stats.backfills += refused
                 self.peeked = work_id
                 return work_id
@@ -171,9 +175,16 @@ class WorkSource:
             return None
         digest = self.frontier.pending[0]
         self.stats.backfills += refused
-        if self.split and free >= 2 and len(self.frontier.pending) < free:
+        if self.split and free >= 2 and self._waiting_inputs(free) < free:
             return part_id(digest, TRACE)
         return digest
+
+    def _waiting_inputs(self, enough: int) -> int:
+        """Inputs waiting in the frontier for this master, counted up to `enough`."""
+        pending: Iterable[str] = self.frontier.pending
+        if self.mine is not None:
+            pending = filter(self.mine, pending)
+        return sum(1 for _ in itertools.islice(pending, enough))
 
     def take(self, work_id: str) -> None:
         digest, part = parse_work_id(work_id)
@@ -265,14 +276,15 @@ class WorkSource:
 
     # -- admission -----------------------------------------------------------------------
 
-    def _admit(self, work_id: str) -> bool:
+    def _admit(self, work_id: str, worker: int) -> bool:
         """Local reserve, then the shared claim (F311 §6); nothing held after a refusal."""
         targets = self.groups[work_id]
         if any(self.reserved[t] for t in targets):
             self.stats.local_conflicts += 1
             return False
         self.reserved.update(targets)
-        if self.shared_admission is not None and not self.shared_admission(work_id, targets):
+        if self.shared_admission is not None \
+                and not self.shared_admission(work_id, targets, worker):
             self.reserved -= Counter(targets)
             self.stats.shared_conflicts += 1
             return False

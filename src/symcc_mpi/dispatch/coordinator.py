@@ -285,7 +285,7 @@ class DispatchCoordinator:
         if self.admission is not None and self.idle:
             self.admission.claim_ahead(islice(self.frontier.pending, CLAIM_AHEAD * len(self.idle)))
         while self.idle:
-            work_id = self.source.peek(max(self.free_workers, len(self.idle)))
+            work_id = self.source.peek(max(self.free_workers, len(self.idle)), self.idle[0])
             if work_id is None:
                 break
             if self._dispatch_one(self.idle.popleft(), work_id, send):

@@ -371,6 +371,10 @@ class FencedTargetLeaseTable:
         name = target_id(target)
         return self._record_dirs[int(name[:8], 16) % self.shards] / f"{name}.json"
 
+    def counters(self) -> dict[str, int]:
+        """This object's counters alone (no disk scan)."""
+        return dict(self._counts)
+
     def statistics(self) -> dict[str, int]:
         """Leased and expired records on disk now, plus this object's counters.
 

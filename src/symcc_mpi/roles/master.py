@@ -126,7 +126,11 @@ class Master:
         self.pruning = pruning
         self.federation = federation  # the other masters (federation.py), if any
         self.importer = importer  # a hybrid campaign's afl_sync.Importer: the fuzzers' finds
-        self.split = WorkSource(self.frontier, split=config.split)
+        self.split = WorkSource(
+            self.frontier, split=config.split,
+            shared_admission=self._claim_targets if federation is not None else None,
+            on_release=self._release_targets if federation is not None else None,
+            mine=federation.mine if federation is not None else None)
         self.dispatch = DispatchCoordinator(self.frontier, watchdog=watchdog,
                                             deferrals=deferrals, load=self._load_input,
                                             pruning=pruning, on_requeue=self._note_requeue,
@@ -360,6 +364,12 @@ class Master:
             with self._stopping_if_storage_refuses():
                 self.campaign.record_work("requeue", sha256=digest, reason=why,
                                           **({} if part is None else {"part": part}))
+
+    def _claim_targets(self, work_id: str, targets: tuple[int, ...], worker: int) -> bool:
+        return self.federation.targets.claim(work_id, targets, worker)
+
+    def _release_targets(self, work_id: str) -> None:
+        self.federation.targets.release(work_id)
 
     def _load_input(self, digest: str) -> bytes:
         return self.campaign.read_input(digest)
@@ -717,6 +727,8 @@ class Master:
     def close(self) -> None:
         if self.faults.fire_at("die", "closing", 1):
             die("fault: SIGKILL of the master while it closes the campaign")
+        if self.federation is not None and self.federation.targets is not None:
+            self.federation.targets.release_all()
         with self._stopping_if_storage_refuses():
             if self.dispatch.deferrals is not None:
                 self.dispatch.deferrals.close()
