@@ -1,0 +1,144 @@
+"""Split inputs and F311's shared target groups, with real mpiexec, Triton and the examples.
+
+The target-group intervals are read from the masters' DEBUG lines (target_claims.py): each
+claim is stamped after the table granted it and each release before the table is asked, so
+a logged interval lies within the time the table held the group.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+from harness import EXAMPLES, assert_oracles, explore, stats
+
+from symcc_mpi.corpus import CampaignDir
+from symcc_mpi.ownership import owner
+
+BUILD = EXAMPLES / "build"
+TTL = 3.0  # seconds, of the target leases in the pause test
+
+_CLAIMED = re.compile(r"rank (\d+) DEBUG target group claimed t=([\d.]+) work=(\S+) "
+                      r"token=(\S+) targets=([\d,]+)")
+_RELEASED = re.compile(r"rank (\d+) DEBUG target group released t=([\d.]+) work=\S+ "
+                       r"token=(\S+)")
+
+
+@pytest.fixture(autouse=True)
+def _examples_built():
+    if not (BUILD / "gate").is_file() or not (BUILD / "json").is_file():
+        pytest.fail("the examples are not built: run `make examples` (make test does)")
+
+
+def held_intervals(log: str) -> list[dict]:
+    """Every target group a master claimed: its rank, token, targets, [claimed, released]
+    (released: infinity if the log shows none)."""
+    groups = {}
+    for rank, claimed, work, token, targets in _CLAIMED.findall(log):
+        groups[token] = {"rank": int(rank), "work": work, "claimed": float(claimed),
+                         "released": float("inf"), "targets": set(map(int, targets.split(",")))}
+    for _rank, released, token in _RELEASED.findall(log):
+        groups[token]["released"] = float(released)
+    return list(groups.values())
+
+
+def overlaps(groups: list[dict]) -> list[tuple[dict, dict, set[int]]]:
+    """Pairs of groups of different masters that held a common target at the same time."""
+    found = []
+    for i, first in enumerate(groups):
+        for second in groups[i + 1:]:
+            common = first["targets"] & second["targets"]
+            if common and first["rank"] != second["rank"] \
+                    and first["claimed"] < second["released"] \
+                    and second["claimed"] < first["released"]:
+                found.append((first, second, common))
+    return found
+
+
+def seeds_owned(tmp_path: Path, candidates: list[bytes]) -> Path:
+    """A seed directory with the first candidate each of two masters owns (rendezvous
+    hashing, ownership.py): both masters split an input of their own at the start."""
+    seeds = tmp_path / "seeds"
+    seeds.mkdir()
+    chosen = {}
+    for content in candidates:
+        chosen.setdefault(owner(hashlib.sha256(content).hexdigest(), (0, 1)), content)
+    assert len(chosen) == 2, "the candidates all belong to one master"
+    for index, content in chosen.items():
+        (seeds / f"master-{index}").write_bytes(content)
+    return seeds
+
+
+def test_a_single_master_splits_its_one_seed_and_analyses_each_input_once(tmp_path):
+    out = tmp_path / "out"
+    seeds = tmp_path / "seeds"
+    seeds.mkdir()
+    (seeds / "start").write_bytes((EXAMPLES / "seeds" / "gate" / "start").read_bytes())
+    process = explore(out, "--target", f"{BUILD / 'gate'} @@", "--seeds", seeds,
+                      "--workers", 3, "--afl-target", f"{BUILD / 'gate.afl'} @@")
+    assert_oracles(out, process)
+    splitting = stats(out)["extra"]["splitting"]
+    assert splitting["traces"] >= 1 and splitting["split_dispatches"] >= 2, splitting
+    campaign = CampaignDir(out)
+    records = campaign.inspect_journal(campaign.done_journal)[0]
+    parts = [r for r in records if r.get("kind") == "part"]
+    done = {r["sha256"] for r in records if "kind" not in r}
+    # Each split input: its trace and every group but the last on record as parts, then one
+    # done record; no part twice.
+    assert parts and {r["sha256"] for r in parts} <= done
+    assert len({(r["sha256"], r["part"]) for r in parts}) == len(parts)
+    assert "split inputs" in process.stdout
+
+
+def test_two_masters_never_hold_overlapping_target_groups_at_once(tmp_path):
+    # Each master splits a gate seed of its own at the start, over the same branches, and
+    # the campaign runs until its frontier is exhausted.
+    out = tmp_path / "out"
+    seeds = seeds_owned(tmp_path, [b"GT0000abc", b"GT0000abe", b"GT0000abd", b"GT0001abc"])
+    env = dict(os.environ, SYMCC_MPI_LOG="DEBUG")
+    process = explore(out, "--target", f"{BUILD / 'gate'} @@", "--seeds", seeds,
+                      "--workers", 4, "--masters", 2, "--wall-timeout", 120,
+                      "--afl-target", f"{BUILD / 'gate.afl'} @@", env=env)
+    assert_oracles(out, process)
+    assert stats(out)["extra"]["stop_reason"] == "frontier exhausted"
+    groups = held_intervals(process.stdout + process.stderr)
+    by_master = defaultdict(set)
+    for group in groups:
+        by_master[group["rank"]] |= group["targets"]
+    assert len(by_master) == 2 and set.intersection(*by_master.values()), by_master.keys()
+    assert overlaps(groups) == []
+    claims = [m["target_claims"] for m in stats(out)["extra"]["per_master"].values()]
+    assert sum(c["claims"] for c in claims) == len(groups)
+    assert all(c["held"] == 0 for c in claims)
+
+
+def test_a_paused_master_blocks_its_target_group_only_until_the_ttl(tmp_path):
+    # Master 1 splits its seed, sends its first group (WORK #2) and stops (SIGSTOP) for 12 s
+    # holding that group's claim, with a 3 s TTL. Master 0's trace is held back 5 s by its
+    # worker (`stop`), so that its groups, over the same gate branches, come while master 1
+    # holds: the overlapping one goes out only once master 1's claim expired, and before
+    # master 1 is back.
+    out = tmp_path / "out"
+    seeds = seeds_owned(tmp_path, [b"GT0000abc", b"GT0000abe", b"GT0000abd", b"GT0001abc"])
+    env = dict(os.environ, SYMCC_MPI_LOG="DEBUG", SYMCC_TARGET_LEASE_TTL=str(TTL),
+               SYMCC_MPI_FAULTS="m1:pause@2=12,1:stop@1=5,2:stop@1=5")
+    process = explore(out, "--target", f"{BUILD / 'gate'} @@", "--seeds", seeds,
+                      "--workers", 4, "--masters", 2, "--wall-timeout", 30,
+                      "--fault-tolerance", "off",
+                      "--afl-target", f"{BUILD / 'gate.afl'} @@", env=env)
+    assert_oracles(out, process)
+    groups = held_intervals(process.stdout + process.stderr)
+    paused = [g for g in groups if g["rank"] == 3]  # master 1's first rank (3 ranks each)
+    assert paused, "master 1 claimed no target group"
+    held = min(paused, key=lambda g: g["claimed"])
+    taken = [g for g in groups if g["rank"] == 0 and g["targets"] & held["targets"]
+             and held["claimed"] < g["claimed"] < held["released"]]
+    assert taken, "master 0 never took the paused master's targets while it was paused"
+    assert all(g["claimed"] - held["claimed"] >= TTL for g in taken)
+    masters = stats(out)["extra"]["per_master"]
+    assert masters["0"]["target_claims"]["steals"] >= 1, masters["0"]
+    assert masters["1"]["target_claims"]["expiries"] >= 1, masters["1"]
