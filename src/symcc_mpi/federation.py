@@ -246,7 +246,8 @@ class Federation:
                              master.campaign.corpus)
         # Others' inputs in the frontier are no work of this master's (dropped at dispatch).
         owned = [d for d in master.frontier.pending if d in self.held or self.owns(d)]
-        return not owned and not master.dispatch.in_flight and not self.active_since_status
+        return not owned and not master.split.waiting and not master.dispatch.in_flight \
+            and not self.active_since_status
 
     def _take_recovered(self, frontier, recovered: dict[str, str], corpus: Path) -> int:
         taken = 0
