@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 import tempfile
@@ -56,6 +57,42 @@ def run_campaign_sampled(out: Path, *args: str, env: dict | None = None,
     stats["command_seconds"] = time.monotonic() - started
     samples.append(stats)
     return stats, launched, samples
+
+
+def step_series(points) -> list[tuple[float, int]]:
+    """(time, edges) points as a rising step series from (0, 0)."""
+    series = [(0.0, 0)]
+    for t, edges in sorted(points):
+        if edges > series[-1][1]:
+            series.append((t, edges))
+    return series
+
+
+def reported_series(out: Path, stats: dict, launched: float,
+                    samples: list[dict]) -> list[tuple[float, int]]:
+    """Edges over time as the campaign reported them: plot_data and stats.json (~1 s grain).
+
+    plot_data rows carry whole seconds since the master started (truncated): each is placed
+    at the end of its second. stats.json snapshots carry their own `last_update`.
+    """
+    points = [(s["last_update"] - launched, s["edges_found"]) for s in samples
+              if "last_update" in s]
+    start = stats["start_time"] - launched
+    for line in (out / "plot_data").read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            cells = [c.strip() for c in line.split(",")]
+            points.append((start + int(cells[0]) + 1.0, int(cells[-1])))
+    return step_series(points)
+
+
+def edges_at(series: list[tuple[float, int]], t: float) -> int:
+    return max((e for s, e in series if s <= t), default=0)
+
+
+def time_to(series: list[tuple[float, int]], edges: int,
+            budget: float = math.inf) -> float | None:
+    """When a step series first reaches `edges`, if it does within `budget`."""
+    return next((s for s, e in series if e >= edges and s <= budget), None)
 
 
 def print_table(columns: list[str], rows: list[list]) -> None:
