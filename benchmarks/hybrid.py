@@ -42,7 +42,15 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from _campaign import CLI, EXAMPLES, ROOT, build_targets, gnuplot_terminal, print_table
+from _campaign import (
+    CLI,
+    EXAMPLES,
+    ROOT,
+    build_targets,
+    gnuplot_terminal,
+    print_table,
+    time_to,
+)
 
 from symcc_mpi.triage import CoverageMap, CoverageProbe, Status
 
@@ -350,10 +358,6 @@ def afl_execs(afl_out: Path) -> int:
 # What the concolic side did, where the configuration has one (the helper has them all).
 CONCOLIC_FIGURES = ("symcc_executions", "symcc_killed", "generated", "kept", "crashes_kept",
                     "idle_seconds")
-
-
-def time_to(series: list[tuple[float, int]], edges: int) -> float | None:
-    return next((t for t, e in series if e >= edges), None)
 
 
 def figures(config: str, run: dict, afl_edges: int, afl_time: float) -> dict:

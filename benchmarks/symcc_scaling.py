@@ -40,9 +40,13 @@ from _campaign import (
     EXAMPLES,
     ROOT,
     build_targets,
+    edges_at,
     gnuplot_terminal,
     print_table,
+    reported_series,
     run_campaign_sampled,
+    step_series,
+    time_to,
 )
 
 from symcc_mpi.corpus import CampaignDir
@@ -184,32 +188,6 @@ def reference_loop(symcc: Path, afl: Path, seeds: Path, budget: float, scratch: 
 # --------------------------------------------------------------------------- campaigns
 
 
-def _step(points) -> list[tuple[float, int]]:
-    """(time, edges) points as a rising step series from (0, 0)."""
-    series = [(0.0, 0)]
-    for t, edges in sorted(points):
-        if edges > series[-1][1]:
-            series.append((t, edges))
-    return series
-
-
-def reported_series(out: Path, stats: dict, launched: float,
-                    samples: list[dict]) -> list[tuple[float, int]]:
-    """Edges over time as the campaign reported them: plot_data and stats.json (~1 s grain).
-
-    plot_data rows carry whole seconds since the master started (truncated): each is placed
-    at the end of its second. stats.json snapshots carry their own `last_update`.
-    """
-    points = [(s["last_update"] - launched, s["edges_found"]) for s in samples
-              if "last_update" in s]
-    start = stats["start_time"] - launched
-    for line in (out / "plot_data").read_text().splitlines():
-        if line.strip() and not line.startswith("#"):
-            cells = [c.strip() for c in line.split(",")]
-            points.append((start + int(cells[0]) + 1.0, int(cells[-1])))
-    return _step(points)
-
-
 def replayed_series(out: Path, afl: Path, stats: dict, launched: float,
                     scratch: Path) -> list[tuple[float, int]]:
     """Edges over time at the instants the master committed them (ms grain).
@@ -239,7 +217,7 @@ def replayed_series(out: Path, afl: Path, stats: dict, launched: float,
     for (t, _), cov in zip(timed, probe.probe([p for _, p in timed]), strict=True):
         cmap.merge(cov)
         points.append((t - launched, cmap.edges_covered))
-    return _step(points)
+    return step_series(points)
 
 
 def campaign(symcc: Path, afl: Path, seeds: Path, workers: int, pruning: str, budget: float,
@@ -276,14 +254,6 @@ def campaign(symcc: Path, afl: Path, seeds: Path, workers: int, pruning: str, bu
 
 
 # --------------------------------------------------------------------------- figures
-
-
-def edges_at(series: list[tuple[float, int]], t: float) -> int:
-    return max((e for s, e in series if s <= t), default=0)
-
-
-def time_to(series: list[tuple[float, int]], edges: int, budget: float) -> float | None:
-    return next((s for s, e in series if e >= edges and s <= budget), None)
 
 
 def figures(name: str, run: dict, budget: float, ref_edges: int, ref_time: float) -> dict:
