@@ -39,7 +39,7 @@ class CampaignConfig:
     # campaign is its instance `out` (AFL_OUT/NAME)
     afl_sync: Path | None = None
     # Split one input's solving across free workers when the frontier is thin (splitting.py)
-    split: bool = True
+    split: bool = False
 
     @property
     def hybrid(self) -> bool:

@@ -79,7 +79,7 @@ def test_a_single_master_splits_its_one_seed_and_analyses_each_input_once(tmp_pa
     seeds.mkdir()
     (seeds / "start").write_bytes((EXAMPLES / "seeds" / "gate" / "start").read_bytes())
     process = explore(out, "--target", f"{BUILD / 'gate'} @@", "--seeds", seeds,
-                      "--workers", 3, "--afl-target", f"{BUILD / 'gate.afl'} @@")
+                      "--split", "--workers", 3, "--afl-target", f"{BUILD / 'gate.afl'} @@")
     assert_oracles(out, process)
     splitting = stats(out)["extra"]["splitting"]
     assert splitting["traces"] >= 1 and splitting["split_dispatches"] >= 2, splitting
@@ -101,7 +101,7 @@ def test_two_masters_never_hold_overlapping_target_groups_at_once(tmp_path):
     seeds = seeds_owned(tmp_path, [b"GT0000abc", b"GT0000abe", b"GT0000abd", b"GT0001abc"])
     env = dict(os.environ, SYMCC_MPI_LOG="DEBUG")
     process = explore(out, "--target", f"{BUILD / 'gate'} @@", "--seeds", seeds,
-                      "--workers", 4, "--masters", 2, "--wall-timeout", 120,
+                      "--split", "--workers", 4, "--masters", 2, "--wall-timeout", 120,
                       "--afl-target", f"{BUILD / 'gate.afl'} @@", env=env)
     assert_oracles(out, process)
     assert stats(out)["extra"]["stop_reason"] == "frontier exhausted"
@@ -127,7 +127,7 @@ def test_a_paused_master_blocks_its_target_group_only_until_the_ttl(tmp_path):
     env = dict(os.environ, SYMCC_MPI_LOG="DEBUG", SYMCC_TARGET_LEASE_TTL=str(TTL),
                SYMCC_MPI_FAULTS="m1:pause@2=12,1:stop@1=5,2:stop@1=5")
     process = explore(out, "--target", f"{BUILD / 'gate'} @@", "--seeds", seeds,
-                      "--workers", 4, "--masters", 2, "--wall-timeout", 30,
+                      "--split", "--workers", 4, "--masters", 2, "--wall-timeout", 30,
                       "--fault-tolerance", "off",
                       "--afl-target", f"{BUILD / 'gate.afl'} @@", env=env)
     assert_oracles(out, process)
