@@ -45,8 +45,8 @@ from .durable.journal import Damage, DamageKind, JournalCorrupt, LineLog, Writer
 from .frontier import Frontier
 from .protocol import SHA256_PATTERN, TOKEN_PATTERN, Finding
 from .regular import DIRECTORY_FLAGS, read_regular
-from .splitting import parse_work_id, part_id
 from .report import afl_queue_name, parse_afl_queue_id
+from .splitting import parse_work_id, part_id
 
 MARKER = ".symcc-mpi"
 STOP_REQUEST = ".stop-request"

@@ -16,7 +16,7 @@ from .durable.generations import GenerationLogError
 from .executors import check_available
 from .faults import Faults
 from .protocol import ConfigVerdict, Tag
-from .splitting import parse_work_id
+from .splitting import SPLIT_ANEW, parse_work_id
 from .storage import STOP_ADVICE, STORAGE_EXIT, describe, storage_refused
 
 log = logging.getLogger("symcc_mpi.session")
@@ -559,8 +559,7 @@ def _load_state(master, config: CampaignConfig, campaign: CampaignDir,
                    and r["sha256"] not in done} - set(master.in_flight_at_takeover)
     for work in sorted(split_again):
         digest, part = parse_work_id(work)
-        campaign.record_work("requeue", sha256=digest, part=part,
-                             reason="its input is split anew")
+        campaign.record_work("requeue", sha256=digest, part=part, reason=SPLIT_ANEW)
     if not taking_over:  # a resumed run: the last run's master died, or was stopped so
         for work in master.in_flight_at_takeover:
             digest, part = parse_work_id(work)

@@ -36,6 +36,9 @@ from .frontier import Frontier
 MAX_GROUP = 64  # targets per group (F311 §3)
 TRACE = 0  # the part that reports the path's targets
 PART_SEPARATOR = "#"
+# Why a part goes out again after a run ended with its input half split (the journal's
+# requeue records, verify's re-execution oracle).
+SPLIT_ANEW = "its input is split anew"
 
 
 def part_id(digest: str, part: int) -> str:
@@ -104,10 +107,11 @@ class WorkSource:
                  proposal_limit: int | None = None,
                  mine: Callable[[str], bool] | None = None):
         """`shared_admission(work_id, targets, worker)`: the other masters' word on a group
-        (True: claimed for this master, for that worker rank); `on_release(work_id)`: a group's claim may be released
-        (its part committed, or set aside). `proposal_limit`: how many waiting groups one
-        `peek` may propose (F311 §6): by default all, so that a refused one is backfilled
-        by the next; the number that go out is the free workers', the coordinator's.
+        (True: claimed for this master, for that worker rank); `on_release(work_id)`: a
+        group's claim may be released (its part committed, or set aside). `proposal_limit`:
+        how many waiting groups one `peek` may propose (F311 §6): by default all, so that
+        a refused one is backfilled by the next; the number that go out is the free
+        workers', the coordinator's.
         `mine(digest)`: with several masters, whether an input in the frontier is this
         master's to analyse (the others' are dropped at their dispatch)."""
         self.mine = mine

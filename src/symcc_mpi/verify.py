@@ -18,6 +18,7 @@ from .corpus import (
 from .durable.generations import GENERATIONS_JOURNAL, GenerationLog, GenerationLogError
 from .durable.journal import DEFERRED_JOURNAL_NAME, inspect
 from .ownership import LEASE_DIRECTORY_PREFIX
+from .splitting import SPLIT_ANEW
 
 
 def verify_campaign(out: Path) -> tuple[list[str], dict]:
@@ -117,6 +118,7 @@ def _check_work(journal: list[dict], corpus: set[str], extra: dict) -> tuple[lis
     dispatches: Counter[str] = Counter()
     declared: Counter[str] = Counter()
     in_flight_at_failures = 0
+    split_anew = 0
     missing_children: set[str] = set()
     for record in journal:
         kind = record.get("kind")
@@ -124,6 +126,7 @@ def _check_work(journal: list[dict], corpus: set[str], extra: dict) -> tuple[lis
             dispatches[work_of(record)] += 1
         elif kind == "requeue":
             declared[work_of(record)] += 1
+            split_anew += record.get("reason") == SPLIT_ANEW
         elif kind == "recovered":
             in_flight_at_failures += len(record["requeued"])
             declared.update(record["requeued"])
@@ -147,6 +150,7 @@ def _check_work(journal: list[dict], corpus: set[str], extra: dict) -> tuple[lis
         "dispatches": sum(dispatches.values()),
         "dispatched again (declared)": again,
         "in flight at failures": in_flight_at_failures,
+        "parts split anew": split_anew,
         "out at the end": len(out),
     }
 

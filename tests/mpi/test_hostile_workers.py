@@ -14,7 +14,7 @@ from symcc_mpi.faults import HOSTILE_FIELDS, HOSTILE_MARK
 pytestmark = [pytest.mark.mpi, pytest.mark.timeout(600)]
 
 # Fields the schema refuses: the RESULT does not decode, so its READY's join recovers it.
-UNDECODABLE = {"outcome", "status", "size", "name"}
+UNDECODABLE = {"outcome", "status", "size", "name", "targets"}
 
 
 def hostile_campaign(build, out, faults: str, *extra, seeds=None):

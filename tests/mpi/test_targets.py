@@ -14,7 +14,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
-from harness import EXAMPLES, assert_oracles, explore, stats
+from harness import EXAMPLES, assert_oracles, explore, stats, verify
 
 from symcc_mpi.corpus import CampaignDir
 from symcc_mpi.ownership import owner
@@ -142,3 +142,51 @@ def test_a_paused_master_blocks_its_target_group_only_until_the_ttl(tmp_path):
     masters = stats(out)["extra"]["per_master"]
     assert masters["0"]["target_claims"]["steals"] >= 1, masters["0"]
     assert masters["1"]["target_claims"]["expiries"] >= 1, masters["1"]
+
+
+def gate_seed(tmp_path: Path) -> Path:
+    seeds = tmp_path / "seeds"
+    seeds.mkdir(exist_ok=True)
+    (seeds / "start").write_bytes((EXAMPLES / "seeds" / "gate" / "start").read_bytes())
+    return seeds
+
+
+def verify_facts(out: Path) -> dict[str, str]:
+    checked = verify(out)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    return dict(line.strip().split(": ", 1) for line in checked.stdout.splitlines()
+                if ": " in line)
+
+
+@pytest.mark.parametrize("fault", ["0:die@3", "0:die@3=after-manifest",
+                                   "0:die@2=after-publish"])
+def test_a_master_killed_while_it_splits_is_taken_over_and_nothing_is_analysed_twice(
+        tmp_path, fault):
+    # The seed's trace is WORK #1 and commit #1, its groups the next ones: the master dies
+    # after sending a group, or inside a group's commit (its manifest written, or its
+    # children published and its part record not yet). A worker takes the campaign over
+    # (ULFM), finishes what the manifest says, and splits the seed anew.
+    out = tmp_path / "out"
+    env = dict(os.environ, SYMCC_MPI_FAULTS=fault)
+    process = explore(out, "--target", f"{BUILD / 'gate'} @@", "--seeds", gate_seed(tmp_path),
+                      "--split", "--workers", 3, "--timeout", 20,
+                      "--afl-target", f"{BUILD / 'gate.afl'} @@", env=env)
+    assert_oracles(out, process)
+    extra = stats(out)["extra"]
+    assert extra["stop_reason"] == "frontier exhausted" and len(extra["failures"]) == 1
+    found = verify_facts(out)
+    assert found["out at the end"] == "0"
+    assert int(found["dispatched again (declared)"]) <= int(found["in flight at failures"]) \
+        + int(found["parts split anew"])
+
+
+def test_a_split_cut_short_without_fault_tolerance_is_split_anew_on_resume(tmp_path):
+    out = tmp_path / "out"
+    arguments = ["--target", f"{BUILD / 'gate'} @@", "--seeds", gate_seed(tmp_path), "--split",
+                 "--workers", 3, "--timeout", 20, "--afl-target", f"{BUILD / 'gate.afl'} @@"]
+    first = explore(out, *arguments, "--fault-tolerance", "off",
+                    env=dict(os.environ, SYMCC_MPI_FAULTS="0:die@3"))
+    assert first.returncode != 0 and "--resume" in first.stdout + first.stderr
+    second = explore(out, *arguments, "--resume")
+    assert_oracles(out, second)
+    assert stats(out)["extra"]["stop_reason"] == "frontier exhausted"

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import array
 import hashlib
-
 from dataclasses import replace
 
 import pytest

@@ -452,6 +452,8 @@ def _hostile_result(config: CampaignConfig, real: Result, field: str) -> bytes:
         message["pruning"] = b"\xc1 not a delta"
     elif field == "generation":
         message["generation"] += 1
+    elif field == "targets":
+        message["path_targets"] = [0, -1]  # targets are positive
     if field != "manifest-length":
         message["generated"] += len(entries)
     message["staged"] = entries + message["staged"]
