@@ -51,6 +51,19 @@ class SplittingMachine(RuleBasedStateMachine):
             else:
                 self.sent[work] = parse_work_id(work)[0]
 
+    @rule(path=st.lists(TARGETS, unique=True, min_size=1, max_size=4),
+          free=st.integers(min_value=2, max_value=4))
+    def split_the_next_input(self, path, free):
+        """A trace out and back in one step (the frontier thin for `free` workers): splits
+        come often enough for groups of two inputs to meet in flight."""
+        if self.source.waiting or not 0 < len(self.source.frontier.pending) < free:
+            return
+        work = self.source.peek(free)
+        self.source.take(work)
+        completes = self.source.completes_input(work, path)
+        self.source.finish(work, path, (), free)
+        assert not completes and parse_work_id(work)[0] in self.source.open
+
     @precondition(lambda self: self.sent)
     @rule(data=st.data(), path=st.lists(TARGETS, unique=True, max_size=6))
     def finish(self, data, path):
