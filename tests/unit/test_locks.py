@@ -129,6 +129,32 @@ def test_dead_holder_on_this_kernel_is_cleared(tmp_path):
     assert sorted(os.listdir(tmp_path)) == []
 
 
+def _die_releasing(path: Path) -> None:
+    """Fork a child that takes the lock and is SIGKILLed inside its release, after emptying
+    the lock directory and before removing it."""
+    def child():
+        lock = DirectoryLock(path, timeout=1)
+        lock.acquire()
+        os.unlink(path / HOLDER_FILE)  # release's first step
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    process = FORK.Process(target=child)
+    process.start()
+    process.join(10)
+    assert process.exitcode == -signal.SIGKILL
+    assert path.is_dir() and os.listdir(path) == []
+
+
+def test_an_empty_lock_left_by_a_releaser_killed_mid_release_is_cleared(tmp_path):
+    path = tmp_path / "a.lock"
+    _die_releasing(path)
+    assert break_if_dead(path) and not path.exists()
+    _die_releasing(path)
+    with DirectoryLock(path, timeout=0):  # free all along: the rename replaces it
+        assert (path / HOLDER_FILE).is_file()
+    assert os.listdir(tmp_path) == []
+
+
 def test_holder_on_another_host_is_never_cleared(tmp_path):
     clock = ManualClock()
     path = tmp_path / "a.lock"

@@ -156,7 +156,8 @@ def _sibling(path: str | Path, kind: str) -> str:
 
 
 def break_if_dead(path: str | Path) -> bool:
-    """Clear the lock at `path` if and only if its holder is provably dead; True if cleared.
+    """Clear the lock at `path` if and only if its holder is provably dead, or it has none
+    (an empty directory); True if cleared.
 
     Safe against racing breakers and new holders: the breaker holds the dead holder's flock
     (so no other breaker can act on the same lock) and checks, while holding it, that the lock
@@ -166,6 +167,11 @@ def break_if_dead(path: str | Path) -> bool:
     try:
         fd = os.open(holder_path, os.O_RDONLY | os.O_CLOEXEC)
     except (FileNotFoundError, NotADirectoryError):
+        # No holder: a free lock whose releaser was killed between emptying it and removing
+        # it (`release`). rmdir takes it away only while it is still empty.
+        with contextlib.suppress(OSError):
+            os.rmdir(path)
+            return True
         return False
     try:
         try:
