@@ -294,6 +294,63 @@ def _unlink(path: Path, *, fsync: bool) -> None:
         fsync_directory(path.parent)
 
 
+def open_sharded_table(root: Path, schema: str, shards: int, *, fsync: bool
+                       ) -> tuple[int, int]:
+    """Open (create if absent) the sharded table at `root` that this module's and
+    target_leases.py's tables share the layout of: `table.json`, `records/<shard>/`, `locks/`,
+    `quarantine/`. Returns the table's shard count (its creator's, whatever `shards` says)
+    and how many locks of dead holders it cleared. TableMismatch if `table.json` is not one
+    of `schema`."""
+    root.mkdir(parents=True, exist_ok=True)
+    meta = root / "table.json"
+    if not meta.exists():
+        _create_meta(root, meta, schema, shards, fsync=fsync)
+    try:
+        raw = json.loads(meta.read_bytes())
+        found_schema, found = raw["schema"], raw["shards"]
+    except (OSError, ValueError, TypeError, KeyError) as error:
+        raise TableMismatch(f"{meta}: unreadable table description ({error})") from None
+    if found_schema != schema:
+        raise TableMismatch(f"{meta}: schema {found_schema!r}, not {schema!r}")
+    if isinstance(found, bool) or not isinstance(found, int) or not 1 <= found <= MAX_SHARDS:
+        raise TableMismatch(f"{meta}: shard count {found!r} out of range")
+    created = False
+    for tree in ("records", "locks", "quarantine"):
+        created |= _mkdir(root / tree)
+    for directory in shard_directories(root, found):
+        created |= _mkdir(directory)
+    if created and fsync:
+        for directory in (root / "records", root):
+            fsync_directory(directory)
+    # A master killed inside an update leaves its lock; clear it now if (and only if) its
+    # holder is provably dead (locks.break_if_dead), so reopening leaves nothing behind.
+    locks = root / "locks"
+    sweep_debris(locks)
+    return found, sum(1 for name in os.listdir(locks)
+                      if name.endswith(".lock") and break_if_dead(locks / name))
+
+
+def shard_directories(root: Path, shards: int) -> list[Path]:
+    digits = len(f"{shards - 1:x}")
+    return [root / "records" / f"{shard:0{digits}x}" for shard in range(shards)]
+
+
+def _create_meta(root: Path, meta: Path, schema: str, shards: int, *, fsync: bool) -> None:
+    # Create-if-absent without a race: a complete file is linked into place, and link fails
+    # if another opener got there first; both then read the winner's shard count (two
+    # masters putting one key in two shards would lock two different locks).
+    staged = root / f".tmp-table.json.{os.getpid()}.{secrets.token_hex(4)}"
+    try:
+        write_durable(staged, json.dumps({"schema": schema, "shards": shards}).encode()
+                      + b"\n", fsync=fsync)
+        with contextlib.suppress(FileExistsError):
+            os.link(staged, meta)
+    finally:
+        staged.unlink(missing_ok=True)
+    if fsync:
+        fsync_directory(root)
+
+
 def _mkdir(path: Path) -> bool:
     try:
         path.mkdir()
@@ -457,55 +514,9 @@ class FencedWorkLeaseTable:
     # -- opening
 
     def _open(self, shards: int) -> int:
-        self.root.mkdir(parents=True, exist_ok=True)
-        meta = self.root / "table.json"
-        if not meta.exists():
-            self._create_meta(meta, shards)
-        try:
-            raw = json.loads(meta.read_bytes())
-            schema, found = raw["schema"], raw["shards"]
-        except (OSError, ValueError, TypeError, KeyError) as error:
-            raise TableMismatch(f"{meta}: unreadable table description ({error})") from None
-        if schema != TABLE_SCHEMA:
-            raise TableMismatch(f"{meta}: schema {schema!r}, not {TABLE_SCHEMA!r}")
-        if isinstance(found, bool) or not isinstance(found, int) or not 1 <= found <= MAX_SHARDS:
-            raise TableMismatch(f"{meta}: shard count {found!r} out of range")
-        digits = len(f"{found - 1:x}")
-        created = False
-        for tree in ("records", "locks", "quarantine"):
-            created |= _mkdir(self.root / tree)
-        for shard in range(found):
-            created |= _mkdir(self.root / "records" / f"{shard:0{digits}x}")
-        if created and self._fsync:
-            for directory in (self.root / "records", self.root):
-                fsync_directory(directory)
-        # A master killed inside an update leaves its lock; clear it now if (and only if) its
-        # holder is provably dead (locks.break_if_dead), so reopening leaves nothing behind.
-        locks = self.root / "locks"
-        sweep_debris(locks)
-        for name in os.listdir(locks):
-            if name.endswith(".lock") and break_if_dead(locks / name):
-                self._add("dead_locks_cleared")
+        found, cleared = open_sharded_table(self.root, TABLE_SCHEMA, shards, fsync=self._fsync)
+        self._add("dead_locks_cleared", cleared)
         return found
-
-    def _create_meta(self, meta: Path, shards: int) -> None:
-        # Create-if-absent without a race: a complete file is linked into place, and link fails
-        # if another opener got there first; both then read the winner's shard count (two
-        # masters hashing one digest to two shards would lock two different locks).
-        data = json.dumps({"schema": TABLE_SCHEMA, "shards": shards}).encode()
-        staged = self.root / f".tmp-table.json.{os.getpid()}.{secrets.token_hex(4)}"
-        try:
-            with open(staged, "wb") as handle:
-                handle.write(data + b"\n")
-                handle.flush()
-                if self._fsync:
-                    os.fsync(handle.fileno())
-            with contextlib.suppress(FileExistsError):
-                os.link(staged, meta)
-        finally:
-            staged.unlink(missing_ok=True)
-        if self._fsync:
-            fsync_directory(self.root)
 
     # -- machinery
 

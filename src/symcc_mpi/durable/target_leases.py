@@ -47,12 +47,10 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
-import json
 import logging
 import math
 import os
 import re
-import secrets
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -66,10 +64,11 @@ from symcc_mpi.durable.clock import SYSTEM_CLOCK, Clock
 from symcc_mpi.durable.leases import (
     MAX_SHARDS,
     CorruptRecord,
-    TableMismatch,
     default_lock_acquire_timeout,
+    open_sharded_table,
+    shard_directories,
 )
-from symcc_mpi.durable.locks import DirectoryLock, break_if_dead, sweep_debris
+from symcc_mpi.durable.locks import DirectoryLock
 from symcc_mpi.durable.master_leases import LONGEST_HEARTBEAT_INTERVAL
 
 log = logging.getLogger(__name__)
@@ -398,52 +397,9 @@ class FencedTargetLeaseTable:
     # -- opening
 
     def _open(self, shards: int) -> int:
-        self.root.mkdir(parents=True, exist_ok=True)
-        meta = self.root / "table.json"
-        if not meta.exists():
-            self._create_meta(meta, shards)
-        try:
-            raw = json.loads(meta.read_bytes())
-            schema, found = raw["schema"], raw["shards"]
-        except (OSError, ValueError, TypeError, KeyError) as error:
-            raise TableMismatch(f"{meta}: unreadable table description ({error})") from None
-        if schema != TABLE_SCHEMA:
-            raise TableMismatch(f"{meta}: schema {schema!r}, not {TABLE_SCHEMA!r}")
-        if isinstance(found, bool) or not isinstance(found, int) or not 1 <= found <= MAX_SHARDS:
-            raise TableMismatch(f"{meta}: shard count {found!r} out of range")
-        digits = len(f"{found - 1:x}")
-        self._record_dirs = [self.root / "records" / f"{s:0{digits}x}" for s in range(found)]
-        created = False
-        for directory in [self.root / t for t in ("records", "locks", "quarantine")]:
-            created |= _mkdir(directory)
-        for directory in self._record_dirs:
-            created |= _mkdir(directory)
-        if created and self._fsync:
-            for directory in (self.root / "records", self.root):
-                fsync_directory(directory)
-        # A master killed inside an update leaves its lock; clear it now if (and only if) its
-        # holder is provably dead (locks.break_if_dead), so reopening leaves nothing behind.
-        locks = self.root / "locks"
-        sweep_debris(locks)
-        for name in os.listdir(locks):
-            if name.endswith(".lock"):
-                break_if_dead(locks / name)
+        found, _ = open_sharded_table(self.root, TABLE_SCHEMA, shards, fsync=self._fsync)
+        self._record_dirs = shard_directories(self.root, found)
         return found
-
-    def _create_meta(self, meta: Path, shards: int) -> None:
-        # Create-if-absent without a race: a complete file is linked into place, and link fails
-        # if another opener got there first; both then read the winner's shard count (two
-        # masters filing one target in two shards would each see only their own record).
-        staged = self.root / f"{TEMPORARY_PREFIX}table.json.{os.getpid()}.{secrets.token_hex(4)}"
-        try:
-            write_durable(staged, json.dumps({"schema": TABLE_SCHEMA, "shards": shards}).encode()
-                          + b"\n", fsync=self._fsync)
-            with contextlib.suppress(FileExistsError):
-                os.link(staged, meta)
-        finally:
-            staged.unlink(missing_ok=True)
-        if self._fsync:
-            fsync_directory(self.root)
 
     # -- machinery
 
