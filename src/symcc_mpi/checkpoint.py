@@ -10,13 +10,13 @@ entries it covers; on resume only the entries after those are replayed through a
 from __future__ import annotations
 
 import logging
-import time
 from pathlib import Path
 
 import msgspec
 
 from .corpus import CampaignDir, CampaignError
 from .durable.atomic import write_durable
+from .durable.clock import SYSTEM_CLOCK
 from .pruning import MalformedDelta, PruningLedger, load_maps, save_maps
 
 log = logging.getLogger("symcc_mpi.checkpoint")
@@ -41,7 +41,7 @@ class _TriageState(msgspec.Struct, array_like=True):
 
 class Checkpointer:
     def __init__(self, campaign: CampaignDir, *, pruning: PruningLedger | None, triage,
-                 importer=None, clock=time.monotonic):
+                 importer=None, clock=SYSTEM_CLOCK.monotonic):
         self.campaign = campaign
         self.importer = importer  # afl_sync.Importer of a hybrid campaign: its cursors
         self.pruning = pruning

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import base64
 import logging
-import time
 from dataclasses import dataclass
 
 import msgspec
 
 from .corpus import StagingRejected
+from .durable.clock import SYSTEM_CLOCK
 from .executors import Outcome
 from .protocol import (
     NOT_ANALYSED,
@@ -147,7 +147,7 @@ class Committer:
                part: int | None = None, completes_input: bool = True) -> None:
         """Triage and promote the children, merge the map bits, record the input as done
         (or, for a part of a split input that does not complete it, the part)."""
-        now = time.time()
+        now = SYSTEM_CLOCK.time()
         parent = result.input_hash
         self.published = []
         for child in accepted.children:

@@ -36,11 +36,11 @@ import json
 import logging
 import os
 import shutil
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 from .durable.atomic import fsync_directory, write_durable
+from .durable.clock import SYSTEM_CLOCK
 from .durable.journal import Damage, DamageKind, JournalCorrupt, LineLog, Writer, inspect
 from .frontier import Frontier
 from .protocol import SHA256_PATTERN, TOKEN_PATTERN, Finding
@@ -202,7 +202,7 @@ class CampaignDir:
         for directory in (self.corpus, self.staging, self.queue, self.crashes, self.hangs,
                           self.state):
             directory.mkdir(parents=True, exist_ok=True)
-        marker = {"layout": LAYOUT_VERSION, "created": time.time(), "config": config_json}
+        marker = {"layout": LAYOUT_VERSION, "created": SYSTEM_CLOCK.time(), "config": config_json}
         write_durable(self.out / MARKER, json.dumps(marker, indent=1).encode())
 
     def lock(self, *, wait: float = 0.0) -> None:
@@ -211,15 +211,15 @@ class CampaignDir:
         on NFS the server frees a dead client's locks only when its lease expires)."""
         self.state.mkdir(parents=True, exist_ok=True)
         handle = open(self.state / "master.lock", "a+")
-        deadline = time.monotonic() + wait
+        deadline = SYSTEM_CLOCK.monotonic() + wait
         while True:
             try:
                 fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 break
             except OSError as error:
                 if error.errno in (errno.EWOULDBLOCK, errno.EACCES) \
-                        and time.monotonic() < deadline:
-                    time.sleep(0.2)
+                        and SYSTEM_CLOCK.monotonic() < deadline:
+                    SYSTEM_CLOCK.sleep(0.2)
                     continue
                 handle.close()
                 if error.errno in (errno.EWOULDBLOCK, errno.EACCES):
@@ -560,7 +560,7 @@ class CampaignDir:
         at the next group commit (`sync_done`), after those results are durable. `published`:
         the children it added to corpus/ (for verify's oracle: none may go missing)."""
         record = {"sha256": digest, "token": token, "outcome": outcome,
-                  "time": round(time.time(), 3)}
+                  "time": round(SYSTEM_CLOCK.time(), 3)}
         if generation:
             record["generation"] = generation
         if published:

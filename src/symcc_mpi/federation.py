@@ -18,12 +18,12 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import time
 from collections.abc import Iterable
 from dataclasses import asdict, replace
 from pathlib import Path
 
 from .config import UsageError
+from .durable.clock import SYSTEM_CLOCK
 from .durable.hints import HintReader, PublicationLog
 from .durable.leases import FencedWorkLeaseTable, LeaseConfig
 from .durable.master_leases import WorkLeases
@@ -370,16 +370,16 @@ class Federation:
 
     def wait_for_final_figures(self, master) -> None:
         """Root, before its final report: every other master's final figures, bounded."""
-        deadline = time.monotonic() + FINAL_FIGURES_WAIT
+        deadline = SYSTEM_CLOCK.monotonic() + FINAL_FIGURES_WAIT
         missing = set(self.indices[1:]) - self.final - self.dead
-        while missing and time.monotonic() < deadline:
+        while missing and SYSTEM_CLOCK.monotonic() < deadline:
             try:
                 incoming = self.channel.wait(deadline)
             except RankFailure:
                 self._masters_died()
                 incoming = None
             if incoming is not None:
-                self._on_message(master, incoming, time.monotonic())
+                self._on_message(master, incoming, SYSTEM_CLOCK.monotonic())
             missing = set(self.indices[1:]) - self.final - self.dead
         if missing:
             log.warning("no final figures from master(s) %s within %g s: the summary counts "

@@ -14,6 +14,7 @@ from rich.live import Live
 
 from .config import CampaignConfig
 from .corpus import MARKER, CampaignError
+from .durable.clock import SYSTEM_CLOCK
 from .report import (
     CampaignSnapshot,
     ReportWriter,
@@ -44,7 +45,7 @@ def _own_snapshot(master) -> CampaignSnapshot:
     coverage = master.triage
     return CampaignSnapshot(
         start_time=stats.start_time,
-        now=time.time(),
+        now=SYSTEM_CLOCK.time(),
         executions=stats.executions,
         generated=stats.generated,
         unique=stats.unique,
@@ -92,7 +93,7 @@ def _own_snapshot(master) -> CampaignSnapshot:
             },
             "pruning": asdict(master.pruning.statistics()) if master.pruning else None,
             "master_task_time": master.task_time_summary(),
-            "master_loop_seconds": time.monotonic() - master.loop_started,
+            "master_loop_seconds": SYSTEM_CLOCK.monotonic() - master.loop_started,
             "master_loop_cpu_seconds": time.process_time() - master.loop_cpu_start,
             "master_wakeups": master.wakeups,
             "doorbell_workers": len(master.ringing),
@@ -153,10 +154,10 @@ class CampaignReporter:
             self.writer.close(snapshot)
         else:
             self.writer.write(snapshot)
-        if not self.launched and (final or time.monotonic() >= self.next_line):
+        if not self.launched and (final or SYSTEM_CLOCK.monotonic() >= self.next_line):
             # Under a user's own mpiexec nobody renders the live view: log a line instead.
             print(progress_line(snapshot), file=sys.stderr, flush=True)
-            self.next_line = time.monotonic() + 10
+            self.next_line = SYSTEM_CLOCK.monotonic() + 10
 
 
 def read_snapshot(out: Path) -> CampaignSnapshot | None:
@@ -212,9 +213,9 @@ class LiveView:
             return
         if self.live is not None:
             self.live.update(render_live(snapshot))
-        elif time.monotonic() >= self.next_line:
+        elif SYSTEM_CLOCK.monotonic() >= self.next_line:
             self.console.print(progress_line(snapshot), markup=False, highlight=False)
-            self.next_line = time.monotonic() + 5
+            self.next_line = SYSTEM_CLOCK.monotonic() + 5
 
     def summary(self) -> None:
         print_summary(self.out, self.console)

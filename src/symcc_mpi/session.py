@@ -7,14 +7,15 @@ import logging
 import shutil
 import signal
 import sys
-import time
 from dataclasses import replace
 
 from .config import CampaignConfig, UsageError, check_numbers, check_seeds
 from .corpus import CampaignDir, CampaignError, check_out_dir, outstanding, work_of
+from .durable.clock import SYSTEM_CLOCK
 from .durable.generations import GenerationLogError
 from .executors import check_available
 from .faults import Faults
+from .host import MACHINE, Host
 from .protocol import ConfigVerdict, Tag
 from .splitting import SPLIT_ANEW, parse_work_id
 from .storage import STOP_ADVICE, STORAGE_EXIT, describe, storage_refused
@@ -27,43 +28,42 @@ FINAL_BARRIER_DEADLINE = 120.0  # seconds the masters wait for each other at the
 TAKEOVER_LOCK_WAIT = 120.0  # NFS keeps a dead client's locks until its lease expires (~90 s)
 
 
-def run_rank(config: CampaignConfig) -> int:
-    from mpi4py import MPI
-
+def run_rank(config: CampaignConfig, host: Host = MACHINE) -> int:
     from .roles.master import configure_logging
     from .transport import Channel
-    from .ulfm.capability import FaultTolerance, decide
 
-    world = Channel(MPI.COMM_WORLD)
+    world = Channel(host.world())
     configure_logging(world.rank)
     if world.rank != 0:
         # Ctrl-C on a terminal reaches every rank; only the master decides when work stops.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
-    decision = decide(MPI.COMM_WORLD, FaultTolerance(config.fault_tolerance))
+    decision = host.decide_fault_tolerance(world.comm, config)
     if world.rank == 0:
         log.info("fault tolerance %s", decision.reason)
     if config.masters > 1:
-        return _run_federated(world, config, outlive_ranks=decision.enabled)
-    job = Generations(config) if decision.enabled else None
+        return _run_federated(world, config, outlive_ranks=decision.enabled, host=host)
+    job = Generations(config, host) if decision.enabled else None
+    finalized = False
     try:
         if job is None:
-            return _run_role(world, config)
+            return _run_role(world, config, host)
         status = job.run()
         _flush(job.channel, world.rank)
-        _finalize_within(FINALIZE_DEADLINE)
+        finalized = True
+        host.finalize(FINALIZE_DEADLINE)
         return status
     except GenerationLogError as error:  # recovery refused: fail closed, in one line
         log.error("rank %d: cannot recover: %s; ending the job", world.rank, error)
-        MPI.COMM_WORLD.Abort(ABORT_STATUS)
+        world.comm.Abort(ABORT_STATUS)
         raise
     except Exception:
         # Left to unwind, the error would end this rank in MPI_Finalize, which waits for
         # every other rank, and they for it: the job would hang. Say it, then end the job.
         log.exception("rank %d failed; ending the job", world.rank)
-        MPI.COMM_WORLD.Abort(ABORT_STATUS)
+        world.comm.Abort(ABORT_STATUS)
         raise
     finally:
-        if not MPI.Is_finalized():
+        if not finalized:
             _flush(job.channel if job is not None else world, world.rank)
 
 
@@ -78,7 +78,7 @@ def _flush(channel, rank: int) -> None:
         log.warning("rank %d: messages unsent at exit: %s", rank, failure)
 
 
-def _finalize_within(seconds: int) -> None:
+def finalize_within(seconds: int) -> None:
     """MPI_Finalize, bounded: after ranks died, survivors can wait in it for ever (DESIGN §8,
     ompi#11404; seen here). Everything is committed and reported by now. mpi4py holds the
     GIL inside Finalize, so no Python thread could end the wait: SIGALRM, whose default
@@ -109,12 +109,13 @@ class Generations:
     recovery between two (ulfm/runtime.py). Rank 0 of each generation is the master; a
     worker that becomes rank 0 after the master died takes the campaign over from OUT."""
 
-    def __init__(self, config: CampaignConfig):
+    def __init__(self, config: CampaignConfig, host: Host = MACHINE):
         from mpi4py import MPI
 
         from .durable.generations import GENERATIONS_JOURNAL, GenerationLog
 
         self.config = config
+        self.host = host
         self.errhandler = MPI.ERRORS_RETURN
         self.log = GenerationLog(config.out / "state" / GENERATIONS_JOURNAL,
                                  quarantine_dir=config.out / "quarantine")
@@ -122,18 +123,16 @@ class Generations:
         self.master = None
         self.worker = None
         self.recoveries = 0
-        self.world_rank = MPI.COMM_WORLD.Get_rank()
+        self.world_rank = host.world().Get_rank()
 
     def run(self) -> int:
-        from mpi4py import MPI
-
         from .transport import Channel, RankFailure, failures_raised
-        from .ulfm.runtime import Generation, endpoint
+        from .ulfm.runtime import Generation
 
-        comm = MPI.COMM_WORLD.Dup()
+        comm = self.host.world().Dup()
         comm.Set_errhandler(self.errhandler)
         with failures_raised():  # a rank lost before the campaign began ends the job
-            members = tuple(comm.allgather(endpoint()))
+            members = tuple(comm.allgather(self.host.endpoint()))
         generation = Generation(-1, comm, members)
         self.channel = Channel(comm)
         if comm.Get_rank() == 0:
@@ -143,12 +142,12 @@ class Generations:
         else:
             from .roles.worker import Worker
 
-            self.worker = Worker(comm.Get_rank(), self.config)
+            self.worker = Worker(comm.Get_rank(), self.config, host=self.host)
         while True:
             try:
                 return self._serve()
             except RankFailure as failure:
-                detected = time.time()
+                detected = SYSTEM_CLOCK.time()
                 log.warning("rank %d: %s: recovering", generation.rank, failure)
                 try:
                     generation = self._recover(generation, detected)
@@ -157,7 +156,8 @@ class Generations:
 
     def _open(self, members: tuple[str, ...]) -> int | None:
         """Rank 0 of the first generation: the master, and the run's first generation."""
-        status, master = _open_or_refuse(self.channel, self.config, fault_tolerant=True)
+        status, master = _open_or_refuse(self.channel, self.config, fault_tolerant=True,
+                                         host=self.host)
         if master is None:
             return status
         try:
@@ -227,7 +227,8 @@ class Generations:
         self.worker.close()
         self.worker = None
         master = open_master(self.channel, replace(self.config, resume=True),
-                             fault_tolerant=True, world_rank=self.world_rank, taking_over=True)
+                             fault_tolerant=True, world_rank=self.world_rank, taking_over=True,
+                             host=self.host)
         master.generation, master.members = generation.number, generation.members
         first = self.log.first_of_run(generation.number)
         if first is not None:
@@ -246,7 +247,8 @@ class Generations:
         self._adopt(master)
 
 
-def _run_federated(world, config: CampaignConfig, *, outlive_ranks: bool) -> int:
+def _run_federated(world, config: CampaignConfig, *, outlive_ranks: bool,
+                   host: Host = MACHINE) -> int:
     """Several masters (federation.py): the ranks split into groups, a master and its
     workers each; the first master opens the campaign before the others join it.
     `outlive_ranks` (ULFM): a rank's death stops the campaign cleanly, everything the
@@ -264,60 +266,62 @@ def _run_federated(world, config: CampaignConfig, *, outlive_ranks: bool) -> int
             print(f"symcc-mpi: error: {error}", flush=True)
         return 2
     index = next(k for k, ranks in enumerate(layout) if world.rank in ranks)
-    group_comm = MPI.COMM_WORLD.Split(index, world.rank)
+    group_comm = world.comm.Split(index, world.rank)
     is_master = group_comm.Get_rank() == 0
-    masters_comm = MPI.COMM_WORLD.Split(0 if is_master else MPI.UNDEFINED, world.rank)
+    masters_comm = world.comm.Split(0 if is_master else MPI.UNDEFINED, world.rank)
     for comm in (group_comm, masters_comm) if outlive_ranks else ():
         if comm != MPI.COMM_NULL:
             comm.Set_errhandler(MPI.ERRORS_RETURN)
     group = Channel(group_comm)
-    epoch = MPI.COMM_WORLD.bcast(new_epoch() if world.rank == 0 else None, root=0)
+    finalized = False
+    epoch = world.comm.bcast(new_epoch() if world.rank == 0 else None, root=0)
     try:
         if not is_master:
             from .roles.worker import run_worker
 
             status = run_worker(group, config, fault_rank=world.rank,
-                                outlive_master=outlive_ranks)
+                                outlive_master=outlive_ranks, host=host)
         else:
             federation = Federation(Channel(masters_comm), index=index,
                                     masters=config.masters, out=config.out, epoch=epoch,
                                     world_ranks=layout, execution_timeout=config.timeout)
             status = _run_federated_master(group, masters_comm, federation, config,
-                                           outlive_ranks=outlive_ranks)
+                                           outlive_ranks=outlive_ranks, host=host)
             _flush(federation.channel, world.rank)
         if outlive_ranks:  # after a death, MPI_Finalize may wait for ever (DESIGN §8)
             _flush(group, world.rank)
-            _finalize_within(FINALIZE_DEADLINE)
+            finalized = True
+            host.finalize(FINALIZE_DEADLINE)
         return status
     except TimeoutError as error:  # a shared lock held past its deadline (F320 §2.6)
         log.error("rank %d: %s; ending the job", world.rank, error)
-        MPI.COMM_WORLD.Abort(CONFLICT_EXIT)
+        world.comm.Abort(CONFLICT_EXIT)
         raise
     except Exception:
         log.exception("rank %d failed; ending the job", world.rank)
-        MPI.COMM_WORLD.Abort(ABORT_STATUS)
+        world.comm.Abort(ABORT_STATUS)
         raise
     finally:
-        if not MPI.Is_finalized():  # under ULFM the group was flushed before MPI_Finalize
+        if not finalized:  # under ULFM the group was flushed before MPI_Finalize
             _flush(group, world.rank)
 
 
 def _run_federated_master(group, masters_comm, federation, config: CampaignConfig, *,
-                          outlive_ranks: bool) -> int:
+                          outlive_ranks: bool, host: Host = MACHINE) -> int:
     """Root opens OUT (checks, creates, adds the seeds), then the others open their state;
     any master's refusal refuses the whole job. After the campaign, the masters meet once
     more and root removes the job's lease table."""
     problem = ""
     master = None
     if federation.root:
-        status, master = _open_or_refuse(group, config, federation=federation)
+        status, master = _open_or_refuse(group, config, federation=federation, host=host)
         problem = "" if master is not None else "the first master refused the campaign"
     problem = masters_comm.bcast(problem, root=0)
     if not federation.root:
         if problem:
             _refuse_workers(group, problem)
             return 2
-        status, master = _open_or_refuse(group, config, federation=federation)
+        status, master = _open_or_refuse(group, config, federation=federation, host=host)
     refusals = [p for p in masters_comm.allgather(
         "" if master is not None else f"master {federation.index} refused")]
     if any(refusals):
@@ -344,14 +348,14 @@ def _barrier_within(comm, seconds: float) -> bool:
     next run's first master removes it)."""
     from mpi4py import MPI
 
-    deadline = time.monotonic() + seconds
+    deadline = SYSTEM_CLOCK.monotonic() + seconds
     try:
         request = comm.Ibarrier()
         while not request.Test():
-            if time.monotonic() >= deadline:
+            if SYSTEM_CLOCK.monotonic() >= deadline:
                 log.warning("the other masters did not finish within %g s", seconds)
                 return False
-            time.sleep(0.01)
+            SYSTEM_CLOCK.sleep(0.01)
     except MPI.Exception as error:
         log.warning("the masters' last meeting failed: %s", error)
         return False
@@ -363,12 +367,12 @@ def _refuse_workers(channel, problem: str) -> None:
         channel.send(rank, Tag.CONFIG, ConfigVerdict(ok=False, error=problem))
 
 
-def _run_role(channel, config: CampaignConfig) -> int:
+def _run_role(channel, config: CampaignConfig, host: Host = MACHINE) -> int:
     if channel.rank != 0:
         from .roles.worker import run_worker
 
-        return run_worker(channel, config)
-    status, master = _open_or_refuse(channel, config)
+        return run_worker(channel, config, host=host)
+    status, master = _open_or_refuse(channel, config, host=host)
     if master is None:
         return status
     try:
@@ -380,13 +384,13 @@ def _run_role(channel, config: CampaignConfig) -> int:
 
 
 def _open_or_refuse(channel, config: CampaignConfig, *, fault_tolerant: bool = False,
-                    federation=None):
+                    federation=None, host: Host = MACHINE):
     """(None, the master), or (exit status, None) once every worker was told why not."""
     try:
         if channel.size < 2:
             raise UsageError("a campaign needs at least 2 MPI ranks (1 master + 1 worker)")
         return None, open_master(channel, config, fault_tolerant=fault_tolerant,
-                                 federation=federation)
+                                 federation=federation, host=host)
     except (UsageError, CampaignError, OSError) as error:
         if isinstance(error, OSError) and not storage_refused(error):
             raise
@@ -430,7 +434,8 @@ def check_fault_plan() -> None:
 
 
 def open_master(channel, config: CampaignConfig, *, fault_tolerant: bool = False,
-                world_rank: int = 0, taking_over: bool = False, federation=None):
+                world_rank: int = 0, taking_over: bool = False, federation=None,
+                host: Host = MACHINE):
     """The master of `channel`'s ranks, its campaign open. With several masters
     (`federation`), the first opens OUT as a lone master does and the others join it: their
     own state under state/master-k/, the seeds and queue/ left to the first."""
@@ -471,7 +476,7 @@ def open_master(channel, config: CampaignConfig, *, fault_tolerant: bool = False
                         reporter=reporter, deferrals=deferrals,
                         watchdog=WatchdogConfig.from_env(execution_timeout=config.timeout),
                         fault_tolerant=fault_tolerant, world_rank=world_rank,
-                        federation=federation, importer=importer)
+                        federation=federation, importer=importer, doorbell=host.doorbell())
         _load_state(master, config, campaign, covered_entries, taking_over=taking_over,
                     names_entries=not joining)
     except BaseException:

@@ -16,7 +16,6 @@ the communicator. Without ULFM such a failure ends the job, as MPI's default han
 from __future__ import annotations
 
 import statistics
-import time
 from collections import deque
 from collections.abc import Collection
 from contextlib import contextmanager
@@ -26,6 +25,7 @@ import msgspec
 from mpi4py import MPI
 
 from .doorbell import Ringer
+from .durable.clock import SYSTEM_CLOCK
 from .protocol import MalformedMessage, ResultField, Tag, decode, encode
 
 MIN_NAP = 0.00005
@@ -169,8 +169,7 @@ class Channel:
             failed = self.comm.Get_failed()
         group = self.comm.Get_group()
         try:
-            return set(MPI.Group.Translate_ranks(failed, list(range(failed.Get_size())),
-                                                 group))
+            return set(failed.Translate_ranks(list(range(failed.Get_size())), group))
         finally:
             group.Free()
             failed.Free()
@@ -187,13 +186,13 @@ class Channel:
 
     def flush(self, timeout: float) -> bool:
         """Complete the sends still in flight; False if they did not within `timeout`."""
-        deadline = time.monotonic() + timeout
+        deadline = SYSTEM_CLOCK.monotonic() + timeout
         nap = MIN_NAP
         while self._sending:
             self._progress_sends()
-            if time.monotonic() >= deadline:
+            if SYSTEM_CLOCK.monotonic() >= deadline:
                 return not self._sending
-            time.sleep(nap)
+            SYSTEM_CLOCK.sleep(nap)
             nap = min(nap * NAP_GROWTH, self.max_nap)
         return True
 
@@ -221,7 +220,7 @@ class Channel:
             incoming = self.poll(source)
             if incoming is not None:
                 return incoming
-            if deadline is not None and time.monotonic() >= deadline:
+            if deadline is not None and SYSTEM_CLOCK.monotonic() >= deadline:
                 return None
-            time.sleep(nap)
+            SYSTEM_CLOCK.sleep(nap)
             nap = min(nap * NAP_GROWTH, self.max_nap)

@@ -1,5 +1,8 @@
 """Injected clocks: dispatch deadlines, journal timestamps, work leases and lock waits read time
-only through a Clock, so tests move it."""
+only through a Clock, so tests move it.
+
+SYSTEM_CLOCK is the process's clock, which every loop reads and naps on: the system's, unless
+the deterministic simulation (tests/simulation) points its `source` at virtual time."""
 
 from __future__ import annotations
 
@@ -16,11 +19,17 @@ class Clock(Protocol):
 
 
 class SystemClock:
+    def __init__(self) -> None:
+        self.source = time  # anything with time(), monotonic() and sleep()
+
     def time(self) -> float:
-        return time.time()
+        return self.source.time()
 
     def monotonic(self) -> float:
-        return time.monotonic()
+        return self.source.monotonic()
+
+    def sleep(self, seconds: float) -> None:
+        self.source.sleep(seconds)
 
 
 class ManualClock:

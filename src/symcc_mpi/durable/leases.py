@@ -380,7 +380,7 @@ class FencedWorkLeaseTable:
         lock_timeout: float,
         shards: int = DEFAULT_SHARDS,
         clock: Clock = SYSTEM_CLOCK,
-        sleep: Callable[[float], object] = time.sleep,
+        sleep: Callable[[float], object] = SYSTEM_CLOCK.sleep,
         writer: Writer | None = None,
         remover: Remover | None = None,
         fsync: bool = False,

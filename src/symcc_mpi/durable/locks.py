@@ -38,7 +38,6 @@ import json
 import os
 import secrets
 import socket
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -268,7 +267,7 @@ class DirectoryLock:
         *,
         timeout: float,
         clock: Clock = SYSTEM_CLOCK,
-        sleep: Callable[[float], object] = time.sleep,
+        sleep: Callable[[float], object] = SYSTEM_CLOCK.sleep,
         label: str = "",
     ):
         if not timeout >= 0:

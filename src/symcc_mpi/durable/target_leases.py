@@ -229,7 +229,7 @@ class FencedTargetLeaseTable:
         lock_timeout: float = default_lock_acquire_timeout(),
         clock: Clock = SYSTEM_CLOCK,
         fsync: bool = True,
-        sleep: Callable[[float], object] = time.sleep,
+        sleep: Callable[[float], object] = SYSTEM_CLOCK.sleep,
         write: Writer | None = None,
     ):
         if not isinstance(owner, str) or not owner or len(owner) > _MAX_NAME:

@@ -31,6 +31,7 @@ from ..dispatch.coordinator import DispatchCoordinator
 from ..dispatch.tables import CommitStart, ResultClass
 from ..dispatch.watchdog import WatchdogConfig
 from ..doorbell import Doorbell
+from ..durable.clock import SYSTEM_CLOCK
 from ..executors import Outcome
 from ..faults import Faults, die, stop_self
 from ..protocol import (
@@ -80,7 +81,7 @@ class WorkerStats:
 
 @dataclass
 class MasterStats:
-    start_time: float = field(default_factory=time.time)
+    start_time: float = field(default_factory=SYSTEM_CLOCK.time)
     executions: int = 0
     generated: int = 0
     unique: int = 0
@@ -116,7 +117,7 @@ class Master:
                  *, triage=None, pruning: PruningLedger | None = None, reporter=None,
                  federation=None, importer=None,
                  deferrals=None, watchdog: WatchdogConfig, fault_tolerant: bool = False,
-                 world_rank: int = 0):
+                 world_rank: int = 0, doorbell: Doorbell | None = None):
         self.channel = channel
         self.config = config
         self.campaign = campaign
@@ -173,7 +174,7 @@ class Master:
         self.run_started = _command_time()
         # The campaign's clock for --wall-timeout: from the run's first master on, across
         # generations and masters (F443 §4 step 8); open_master sets it from the log.
-        self.budget_start = time.time()
+        self.budget_start = SYSTEM_CLOCK.time()
         self.drain_deadline = 0.0
         self.next_stop_file_check = 0.0
         self.ack_deadline = 0.0
@@ -183,14 +184,14 @@ class Master:
         # Per token in flight: when its WORK went out, and the master time that took.
         self.sends: dict[str, tuple[float, float]] = {}
         self.naps = Naps()
-        self.doorbell = Doorbell()
+        self.doorbell = doorbell if doorbell is not None else Doorbell()
         self.ringing: set[int] = set()  # workers that ring it after each send
         self.wakeups = 0
         # Master time spent on each task (hand-off + handling its RESULT), for benchmarks.
         self.dispatch_mark = 0.0
         self.task_seconds: deque[float] = deque(maxlen=100_000)
         self.loop_cpu_start = 0.0
-        self.loop_started = time.monotonic()
+        self.loop_started = SYSTEM_CLOCK.monotonic()
         for rank in self.workers:
             self.stats.per_worker[rank] = WorkerStats()
         for note in watchdog.notes:
@@ -222,7 +223,7 @@ class Master:
         self.rang = False
         if not self.loop_cpu_start:  # the figures span every generation this master serves
             self.loop_cpu_start = time.process_time()
-            self.loop_started = time.monotonic()
+            self.loop_started = SYSTEM_CLOCK.monotonic()
         while self.phase is not Phase.DONE:
             try:
                 self._round()
@@ -248,7 +249,7 @@ class Master:
         # F317 round order: messages, then the join, then dispatch, then the deadlines.
         # A round that received nothing has nothing to join, and deadlines (seconds) are
         # swept every SWEEP_INTERVAL: an idle round then costs little more than a probe.
-        now = time.monotonic()
+        now = SYSTEM_CLOCK.monotonic()
         if (self.fault_tolerant or self.outlives_ranks) and now >= self.next_failure_check:
             # A dead worker with nothing pending is not reported by a probe (F443 §6.1).
             self.next_failure_check = now + FAILURE_POLL
@@ -258,14 +259,14 @@ class Master:
         if self.importer is not None and self.phase is Phase.RUNNING:
             with self._stopping_if_storage_refuses():
                 if self.importer.round(now):
-                    self.stats.last_find = time.time()  # afl-fuzz counts imports as finds
+                    self.stats.last_find = SYSTEM_CLOCK.time()  # afl-fuzz counts imports as finds
                     handled += 1
         if handled:
             for recovery in self.dispatch.join().recoveries:
                 self.sends.pop(recovery.token, None)
                 self._discard_staging(recovery.token)  # its worker is done with it
         if self.phase is Phase.RUNNING:
-            self.dispatch_mark = time.perf_counter()
+            self.dispatch_mark = SYSTEM_CLOCK.monotonic()
             handled += self.dispatch.dispatch(self._send_work)
             if len(self.dispatch.retired) >= len(self.workers):  # sends kept failing
                 self._stop_if_no_worker_left("every worker retired")
@@ -406,24 +407,24 @@ class Master:
             self._note_requeue(work.input_hash, "its send failed")
             raise
         if self.stats.startup_seconds is None:
-            self.stats.startup_seconds = time.time() - _command_time()
+            self.stats.startup_seconds = SYSTEM_CLOCK.time() - _command_time()
         if self.stats.failures and self.stats.failures[-1]["first_dispatch"] is None:
-            self.stats.failures[-1]["first_dispatch"] = time.time()
+            self.stats.failures[-1]["first_dispatch"] = SYSTEM_CLOCK.time()
             self._report_now()
         # A dispatch's master time runs from the previous send (or the round's first) to its
         # own: reading the input, the transaction, the send.
-        now = time.perf_counter()
+        now = SYSTEM_CLOCK.monotonic()
         self.sends[work.token] = (now, now - self.dispatch_mark)
         self.dispatch_mark = now
 
     def _on_result(self, rank: int, result: Result) -> None:
-        started = time.perf_counter()
+        started = SYSTEM_CLOCK.monotonic()
         self._judge_and_commit(rank, result)
         sent = self.sends.pop(result.token, None)
         if sent is not None:
             sent_at, sending = sent
             self.naps.observe_round_trip(started - sent_at)
-            self.task_seconds.append(sending + time.perf_counter() - started)
+            self.task_seconds.append(sending + SYSTEM_CLOCK.monotonic() - started)
 
     def task_time_summary(self) -> dict:
         samples = list(self.task_seconds)
@@ -551,7 +552,7 @@ class Master:
         self.stop_requested_by_signal = True
 
     def _advance_phase(self) -> None:
-        now = time.monotonic()
+        now = SYSTEM_CLOCK.monotonic()
         if self.phase is Phase.RUNNING:
             reason = self._stop_reason(now)
             if reason:
@@ -591,7 +592,7 @@ class Master:
         for rank in self.workers:
             if rank not in self.failed_ranks and rank not in self.acked:
                 self.channel.send(rank, Tag.STOP, Stop(self.stats.stop_reason))
-        self.ack_deadline = time.monotonic() + SHUTDOWN_GRACE
+        self.ack_deadline = SYSTEM_CLOCK.monotonic() + SHUTDOWN_GRACE
 
     # -- generations (ulfm/) -------------------------------------------------------------
 
@@ -665,14 +666,14 @@ class Master:
                 return "stop requested"
         if self.dispatch.exhausted and federation is None and self.importer is None:
             return "frontier exhausted"  # a hybrid campaign waits for the fuzzers"
-        elapsed = time.time() - self.budget_start
+        elapsed = SYSTEM_CLOCK.time() - self.budget_start
         if self.config.wall_timeout is not None and elapsed >= self.config.wall_timeout:
             return "wall-clock budget spent"
         if self.config.max_idle is not None:
             last = max(self.stats.last_find, self.stats.start_time,
                        *(f.get("last_find") or 0 for f in self.federation.figures.values())
                        if self.federation is not None else ())
-            if time.time() - last >= self.config.max_idle:
+            if SYSTEM_CLOCK.time() - last >= self.config.max_idle:
                 return f"no new finding for {self.config.max_idle:g} s"
         return ""
 
@@ -694,7 +695,7 @@ class Master:
     def _drain(self, reason: str) -> None:
         self.stats.stop_reason = reason
         self.phase = Phase.DRAINING
-        self.drain_deadline = time.monotonic() + self.config.timeout + SHUTDOWN_GRACE
+        self.drain_deadline = SYSTEM_CLOCK.monotonic() + self.config.timeout + SHUTDOWN_GRACE
 
     @contextmanager
     def _stopping_if_storage_refuses(self):
@@ -759,9 +760,9 @@ def _command_time() -> float:
         with open("/proc/self/stat") as stat, open("/proc/uptime") as uptime:
             start_ticks = int(stat.read().rsplit(")", 1)[1].split()[19])
             age = float(uptime.read().split()[0]) - start_ticks / os.sysconf("SC_CLK_TCK")
-        return time.time() - age
+        return SYSTEM_CLOCK.time() - age
     except (OSError, ValueError, IndexError):
-        return time.time()
+        return SYSTEM_CLOCK.time()
 
 
 def configure_logging(rank: int) -> None:

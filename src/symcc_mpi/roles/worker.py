@@ -12,7 +12,6 @@ import signal
 import socket
 import tempfile
 import threading
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -21,9 +20,10 @@ import msgspec
 from ..config import CampaignConfig
 from ..corpus import sha256_bytes
 from ..dispatch.objects import OBJECT_CACHE_CAPACITY
-from ..doorbell import Ringer
-from ..executors import ExecutorError, make_executor
+from ..durable.clock import SYSTEM_CLOCK
+from ..executors import ExecutorError
 from ..faults import HOSTILE_MARK, Faults, die, stop_self
+from ..host import MACHINE, Host
 from ..protocol import (
     INVALID_INPUT,
     STORAGE_REFUSED,
@@ -55,17 +55,19 @@ class Worker:
     """One worker rank's executor and scratch space, kept across the generations of the job
     (ulfm/): `serve` runs the worker loop on one generation's channel."""
 
-    def __init__(self, rank: int, config: CampaignConfig, *, fault_rank: int | None = None):
+    def __init__(self, rank: int, config: CampaignConfig, *, fault_rank: int | None = None,
+                 host: Host = MACHINE):
         self.rank = rank
         self.config = config
         self.scratch = Path(tempfile.mkdtemp(prefix=f"symcc-mpi-w{rank}-"))
         # Node-local: QSYM rewrites the whole map file at every interesting branch.
         self.qsym_map = WorkerMap(self.scratch / "qsym.map") if config.prunes else None
+        self.host = host
         self.executor = None
         self.probe = None
         self.problem = ""  # why this rank cannot work, if it cannot
         try:
-            self.executor = make_executor(config, scratch=self.scratch,
+            self.executor = host.executor(config, scratch=self.scratch,
                                           coverage_map=self.qsym_map.path
                                           if self.qsym_map else None)
             self.probe = _make_probe(config)
@@ -93,7 +95,7 @@ class Worker:
             channel.send(MASTER, Tag.STOP_ACK, StopAck(0, 0.0))
             _wait_for(channel, Tag.RELEASE)
             return 1
-        doorbell = Ringer(verdict.doorbell)
+        doorbell = self.host.ringer(verdict.doorbell)
         if doorbell.reachable:
             channel.ring_after_sends(MASTER, doorbell)
         last_token = None
@@ -110,7 +112,7 @@ class Worker:
                 message = _wait_for(channel, Tag.WORK, Tag.STOP)
                 if isinstance(message, Stop):
                     break
-                received = time.monotonic()
+                received = SYSTEM_CLOCK.monotonic()
                 if last_token is not None:
                     finished_staging.append(config.out / ".staging" / last_token)
                 if message.generation != self.generation:
@@ -173,14 +175,14 @@ class Worker:
 
 
 def run_worker(channel: Channel, config: CampaignConfig, *, fault_rank: int | None = None,
-               outlive_master: bool = False) -> int:
+               outlive_master: bool = False, host: Host = MACHINE) -> int:
     """A worker for the whole job, when the job has one generation. `fault_rank`: the rank
     its fault plan names (its rank in MPI_COMM_WORLD, with several masters).
     `outlive_master` (ULFM, several masters): it watches its master while it executes, and
     if the master dies it ends quietly; the other masters end the campaign."""
     # Ctrl-C on a terminal reaches every rank; only the master decides when work stops.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    worker = Worker(channel.rank, config, fault_rank=fault_rank)
+    worker = Worker(channel.rank, config, fault_rank=fault_rank, host=host)
     try:
         return worker.serve(channel, watch_during_runs=outlive_master)
     except RankFailure as failure:

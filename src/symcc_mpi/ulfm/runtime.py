@@ -18,10 +18,10 @@ from __future__ import annotations
 import logging
 import os
 import socket
-import time
 from dataclasses import dataclass
 from typing import Any
 
+from ..durable.clock import SYSTEM_CLOCK
 from ..durable.generations import GenerationLog, GenerationLogError, digest_of
 from ..transport import RankFailure, failures_raised
 
@@ -72,7 +72,7 @@ def recover(generation: Generation, generations: GenerationLog, *,
             errhandler=None) -> tuple[Generation, Repair]:
     """Every survivor of `generation` calls this; all return the same next generation.
     Raises GenerationLogError when the log refuses (a fork): the caller must abort."""
-    began = time.monotonic()
+    began = SYSTEM_CLOCK.monotonic()
     me = generation.members[generation.rank]  # this process's endpoint(), as all ranks saw it
     revoke(generation.comm)
     plan = {"generation": generation.number, "members": list(generation.members)}
@@ -111,7 +111,7 @@ def recover(generation: Generation, generations: GenerationLog, *,
                "members": members, "failed": list(failed)}
     _reconciled(generations.commit, receipt)
     repaired = Generation(generation.number + 1, comm, tuple(members))
-    return repaired, Repair(generation.number, failed, shrinks, time.monotonic() - began)
+    return repaired, Repair(generation.number, failed, shrinks, SYSTEM_CLOCK.monotonic() - began)
 
 
 def _reconciled(write, document: dict[str, Any]):

@@ -1,0 +1,313 @@
+"""One schedule: a whole campaign (a job, then `--resume` jobs until it is complete) run by the
+real session code in the simulated world, its invariants checked after every turn.
+
+A schedule is a seed and a list of faults, each at a virtual time. The seed draws the faults
+(`Schedule.generate`) and, during the run, every delay, interleaving and tie; so the same
+schedule gives the same run, turn for turn (`Outcome.trace`). Shrinking (shrink.py) removes
+faults and workers while the failure persists.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import logging
+import os
+import random
+import shutil
+import signal
+import tempfile
+from collections import Counter
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from symcc_mpi.config import CampaignConfig
+from symcc_mpi.dispatch.watchdog import ENV_WATCHDOG
+from symcc_mpi.durable.clock import SYSTEM_CLOCK
+from symcc_mpi.session import run_rank
+
+from .invariants import Checker, Violation
+from .world import (
+    Group,
+    JobAborted,
+    Process,
+    Scheduler,
+    children_of,
+    sim_host,
+)
+
+WATCHDOG_SECONDS = 1.0
+EXECUTION_TIMEOUT = 0.25  # the campaign's --timeout: the master drains for it + 10 s
+HORIZON = 400.0  # virtual seconds a job may take before it counts as hung
+FAULT_WINDOW = 0.8  # faults fall in the first virtual seconds, while work is in flight
+
+FAULT_KINDS = ("kill-worker", "kill-master", "pause-worker", "pause-master", "slow-link",
+               "clock-jump", "suspend", "stale-generation")
+
+
+@dataclass(frozen=True)
+class Fault:
+    at: float  # virtual seconds since the job began
+    kind: str
+    rank: int = 0  # a world rank (a worker's), where the kind names one
+    seconds: float = 0.0
+
+    def __str__(self) -> str:
+        who = f" rank {self.rank}" if self.kind in ("kill-worker", "pause-worker",
+                                                      "slow-link") else ""
+        return f"{self.kind}{who} at {self.at:.3f} s ({self.seconds:+.2f} s)"
+
+
+@dataclass(frozen=True)
+class Schedule:
+    seed: int
+    workers: int = 3
+    seeds: int = 2
+    faults: tuple[Fault, ...] = ()
+    fanout: int = 2
+    depth: int = 3
+    space: int = 10
+    execution_seconds: tuple[float, float] = (0.005, 0.06)
+    delays: tuple[float, float] = (0.00005, 0.004)
+
+    @classmethod
+    def generate(cls, seed: int) -> Schedule:
+        rng = random.Random(f"schedule-{seed}")
+        workers = rng.choice((1, 2, 3, 3, 4))
+        faults = []
+        for _ in range(rng.choice((0, 1, 1, 2, 2, 3, 4))):
+            kind = rng.choice(FAULT_KINDS)
+            at = rng.uniform(0.0, FAULT_WINDOW)
+            rank = rng.randint(1, workers)
+            seconds = {
+                "pause-worker": rng.uniform(0.2, 3.0) * WATCHDOG_SECONDS,
+                "pause-master": rng.uniform(0.2, 3.0) * WATCHDOG_SECONDS,
+                "slow-link": rng.uniform(0.5, 2.5) * WATCHDOG_SECONDS,
+                "clock-jump": rng.choice((-1, 1)) * rng.uniform(1.0, 3600.0),
+                "suspend": rng.uniform(0.5, 3.0) * WATCHDOG_SECONDS,
+            }.get(kind, 0.0)
+            faults.append(Fault(round(at, 4), kind, rank, round(seconds, 3)))
+        faults.sort(key=lambda f: f.at)
+        return cls(seed, workers=workers, seeds=rng.choice((1, 2, 3)), faults=tuple(faults))
+
+    def describe(self) -> str:
+        faults = "; ".join(map(str, self.faults)) or "no fault"
+        return f"seed {self.seed}: {self.workers} workers, {self.seeds} seeds, {faults}"
+
+
+@dataclass
+class Outcome:
+    schedule: Schedule
+    violation: Violation | None = None
+    jobs: int = 0
+    turns: int = 0
+    checked_turns: int = 0  # turns after which the invariants were checked
+    virtual_seconds: float = 0.0
+    faults: Counter = field(default_factory=Counter)  # injected, by kind
+    checks: Counter = field(default_factory=Counter)  # evaluated, by invariant
+    executions: int = 0
+    inputs: int = 0
+    trace: str = ""  # a digest of every turn: equal traces, equal runs
+
+    @property
+    def failed(self) -> bool:
+        return self.violation is not None
+
+
+class Simulation:
+    def __init__(self, schedule: Schedule, *, root: Path | None = None):
+        self.schedule = schedule
+        self.rng = random.Random(f"run-{schedule.seed}")
+        self.scheduler: Scheduler | None = None
+        self.directory = Path(tempfile.mkdtemp(prefix="symcc-mpi-sim-", dir=root or _scratch()))
+        self.out = self.directory / "out"
+        self.executions: Counter[str] = Counter()
+        self.outcome = Outcome(schedule)
+        self.trace = hashlib.sha256()
+        self.jobs_run = 0
+
+    # -- what the executor reports -------------------------------------------------------
+
+    def executed(self, digest: str, process: Process) -> None:
+        self.executions[digest] += 1
+        self.trace.update(f"x{digest[:8]}{process.index}".encode())
+
+    # -- a campaign ----------------------------------------------------------------------
+
+    def run(self) -> Outcome:
+        saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+        saved_env = os.environ.get(ENV_WATCHDOG)
+        os.environ[ENV_WATCHDOG] = str(WATCHDOG_SECONDS)
+        try:
+            seeds = self._write_seeds()
+            config = CampaignConfig(target=("simulated", "@@"), seeds=seeds, out=self.out,
+                                    workers=self.schedule.workers, executor="noop",
+                                    timeout=EXECUTION_TIMEOUT, live=False,
+                                    fault_tolerance="on")
+            checker = self.checker = Checker(self)
+            faults = self.schedule.faults
+            for _ in range(4):
+                self._job(config, faults, checker)
+                if checker.campaign_complete():
+                    break
+                config, faults = replace(config, resume=True), ()  # as a user would go on
+            else:
+                raise Violation("the campaign is not complete after three --resume runs",
+                                self.scheduler.steps if self.scheduler else 0)
+            checker.final()
+        except Violation as violation:
+            self.outcome.violation = violation
+        finally:
+            for s, handler in saved.items():
+                signal.signal(s, handler)
+            if saved_env is None:
+                os.environ.pop(ENV_WATCHDOG, None)
+            else:
+                os.environ[ENV_WATCHDOG] = saved_env
+            SYSTEM_CLOCK.source = _real_time()
+            shutil.rmtree(self.directory, ignore_errors=True)
+        self.outcome.executions = sum(self.executions.values())
+        self.outcome.trace = self.trace.hexdigest()[:16]
+        return self.outcome
+
+    def _write_seeds(self) -> Path:
+        seeds = self.directory / "seeds"
+        seeds.mkdir()
+        for number in range(self.schedule.seeds):
+            (seeds / f"seed{number}").write_bytes(bytes([0, number, 0]))
+        return seeds
+
+    def reachable(self) -> set[str]:
+        """Every input the campaign must analyse: the seeds' closure under the executor."""
+        schedule = self.schedule
+        todo = [bytes([0, n, 0]) for n in range(schedule.seeds)]
+        seen = {hashlib.sha256(d).hexdigest(): d for d in todo}
+        while todo:
+            data = todo.pop()
+            for child in children_of(data, fanout=schedule.fanout, depth=schedule.depth,
+                                     space=schedule.space):
+                digest = hashlib.sha256(child).hexdigest()
+                if digest not in seen:
+                    seen[digest] = child
+                    todo.append(child)
+        return set(seen)
+
+    def _job(self, config: CampaignConfig, faults: tuple[Fault, ...], checker: Checker) -> None:
+        self.jobs_run += 1
+        self.outcome.jobs += 1
+        scheduler = Scheduler(self.rng, delays=self.schedule.delays)
+        if self.scheduler is not None:  # virtual time goes on across jobs
+            scheduler.now = self.scheduler.now
+            scheduler.wall_offset = self.scheduler.wall_offset
+        self.scheduler = scheduler
+        SYSTEM_CLOCK.source = scheduler
+        Group.every = []
+        processes = [Process(i, f"simhost/{self.jobs_run}{i:02d}/0")
+                     for i in range(config.workers + 1)]
+        world = Group(scheduler, processes)
+        for process in processes:
+            host = sim_host(self, process, world)
+            scheduler.spawn(process, lambda host=host: run_rank(config, host))
+        begun = scheduler.now
+        pending = sorted(faults, key=lambda f: f.at)
+        checker.begin_job(processes)
+        try:
+            while True:
+                while pending and pending[0].at + begun <= scheduler.now:
+                    self._inject(pending.pop(0), processes)
+                process = scheduler.next_turn()
+                if process is None:
+                    break
+                if pending and pending[0].at + begun < scheduler.now:
+                    scheduler.wake(process, scheduler.now)  # its turn after the fault
+                    scheduler.now = pending[0].at + begun
+                    continue
+                if scheduler.now - begun > HORIZON:
+                    raise Violation(f"the job did not end within {HORIZON:g} virtual seconds "
+                                    f"(ranks still running: {_running(processes)})",
+                                    scheduler.steps)
+                try:
+                    scheduler.run_turn(process)
+                except JobAborted:
+                    break
+                except Violation:
+                    raise
+                except Exception as error:  # noqa: BLE001 - a rank's traceback is a finding
+                    raise Violation(f"rank {process.index} raised {type(error).__name__}: "
+                                    f"{error}", scheduler.steps) from error
+                self.trace.update(f"t{process.index}{scheduler.now:.9f}".encode())
+                checker.after_turn(process)
+        finally:
+            self.outcome.turns += scheduler.steps
+            self.outcome.virtual_seconds = scheduler.now
+            scheduler.free()
+        checker.end_job(processes, aborted=scheduler.aborted)
+
+    def _inject(self, fault: Fault, processes: list[Process]) -> None:
+        scheduler = self.scheduler
+        self.outcome.faults[fault.kind] += 1
+        self.trace.update(str(fault).encode())
+        if fault.kind == "kill-worker" or fault.kind == "pause-worker" \
+                or fault.kind == "slow-link" or fault.kind == "stale-generation":
+            process = processes[fault.rank] if fault.rank < len(processes) else None
+            if process is None or self.checker_role(process) == "master":
+                return  # that rank took the campaign over: the fault names a worker
+        if fault.kind in ("kill-master", "pause-master"):
+            process = next((p for p in processes
+                            if p.alive and self.checker_role(p) == "master"), None)
+            if process is None:
+                return
+        if fault.kind.startswith("kill"):
+            self.checker.note_kill(process)
+            scheduler.kill(process)
+            self._lose_messages(process)
+        elif fault.kind.startswith("pause"):
+            scheduler.pause(process, fault.seconds)
+        elif fault.kind == "slow-link":
+            scheduler.slow[process.index] = fault.seconds
+        elif fault.kind == "clock-jump":
+            scheduler.wall_offset += fault.seconds
+        elif fault.kind == "suspend":  # the whole machine stops: both clocks jump
+            for process in processes:
+                if process.alive:
+                    scheduler.pause(process, fault.seconds)
+        elif fault.kind == "stale-generation":
+            scheduler.stale_results.add(process.index)
+
+    def _lose_messages(self, process: Process) -> None:
+        """A killed rank's messages still on their way arrive, or are lost, as the schedule
+        draws (MPI promises nothing about them)."""
+        for group in Group.every:
+            for queue in group.queues.values():
+                doomed = [m for m in queue if m.source is process
+                          and m.deliver_at > self.scheduler.now and self.rng.random() < 0.5]
+                for message in doomed:
+                    queue.remove(message)
+
+    def checker_role(self, process: Process) -> str:
+        return self.checker.role(process)
+
+
+def _running(processes: list[Process]) -> str:
+    return ", ".join(str(p.index) for p in processes if p.alive and not p.finished) or "none"
+
+
+def _scratch() -> str | None:
+    shm = Path("/dev/shm")
+    return str(shm) if shm.is_dir() and os.access(shm, os.W_OK) else None
+
+
+def _real_time():
+    import time
+
+    return time
+
+
+def run_schedule(schedule: Schedule, *, verbose: bool = False) -> Outcome:
+    """`verbose`: the ranks' log and the campaign's output, as a real job prints them."""
+    if verbose:
+        return Simulation(schedule).run()
+    logging.getLogger("symcc_mpi").setLevel(logging.CRITICAL)
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        return Simulation(schedule).run()
