@@ -39,7 +39,7 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
-from .durable.atomic import fsync_directory, write_durable
+from .durable.atomic import SYSTEM_DISK, fsync_directory, write_durable
 from .durable.clock import SYSTEM_CLOCK
 from .durable.journal import Damage, DamageKind, JournalCorrupt, LineLog, Writer, inspect
 from .frontier import Frontier
@@ -721,7 +721,7 @@ def _fsync_file(path: str, synced: set[tuple[int, int]]) -> None:
     try:
         info = os.fstat(fd)
         if (info.st_dev, info.st_ino) not in synced:
-            os.fsync(fd)
+            SYSTEM_DISK.fsync(fd)
             synced.add((info.st_dev, info.st_ino))
     except OSError as error:
         error.filename = path  # fsync names no file: the stop line must say which

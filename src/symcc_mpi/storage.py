@@ -20,8 +20,10 @@ STORAGE_EXIT = 75
 
 
 def storage_refused(error: BaseException) -> bool:
-    """Whether `error` says the filesystem refused the write, not what was being written."""
-    return isinstance(error, OSError) and error.errno in _STORAGE_ERRNOS
+    """Whether `error` says the filesystem refused the write, not what was being written
+    (or, `storage_refused` set, that a journal can take no more writes)."""
+    return isinstance(error, OSError) and (error.errno in _STORAGE_ERRNOS
+                                           or getattr(error, "storage_refused", False))
 
 
 def describe(error: OSError, fallback: str | os.PathLike) -> str:

@@ -9,18 +9,22 @@ stacks: the session code is not told it is watched), the messages in flight, and
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from collections import Counter
 from pathlib import Path
 
 import msgspec
 
-from symcc_mpi.corpus import CampaignDir
+from symcc_mpi.corpus import CampaignDir, done_journals
 from symcc_mpi.dispatch.tables import Table
 from symcc_mpi.durable.generations import GENERATIONS_JOURNAL, GenerationLog
+from symcc_mpi.durable.journal import DEFERRED_JOURNAL_NAME
 from symcc_mpi.protocol import Tag
+from symcc_mpi.roles.master import Master
+from symcc_mpi.roles.worker import Worker
 from symcc_mpi.session import Generations
-from symcc_mpi.verify import verify_campaign
+from symcc_mpi.verify import _read_deferred, verify_campaign
 
 from .world import Process, SimComm
 
@@ -38,41 +42,50 @@ class Checker:
     def __init__(self, simulation):
         self.simulation = simulation
         self.out: Path = simulation.out
-        self.jobs: dict[int, Generations] = {}
+        self.roles: dict[int, object] = {}  # per process, as of its last turn
         self.processes: list[Process] = []
-        self.journal_size = -1
+        self.journal_sizes: tuple = ()
+        self.judged: set[str] = set()  # tokens of the done records checked
         self.done: Counter[str] = Counter()  # work id -> done records
         self.records: list[dict] = []
         self.corpus_seen: set[str] = set()
         self.corpus_listed = -1
-        self.done_journal = CampaignDir(self.out).done_journal
         self.generations = self.out / "state" / GENERATIONS_JOURNAL
         self.generations_size = -1
         self.generation = None  # the log's current generation
         self.killed_masters = 0
+        # Per fault: until when its effects may still show, and every input seen in flight
+        # meanwhile (work in flight at a failure may run again, F443 §3; other work not).
+        self.exposures: list[tuple[float, set[str]]] = []
 
     # -- the ranks' objects --------------------------------------------------------------
 
-    def job_of(self, process: Process) -> Generations | None:
-        job = self.jobs.get(process.index)
-        if job is None and process.glet is not None:
-            frame = process.glet.gr_frame
-            while frame is not None and job is None:
-                candidate = frame.f_locals.get("self")
-                if isinstance(candidate, Generations):
-                    job = candidate
-                frame = frame.f_back
-            if job is not None:
-                self.jobs[process.index] = job
-        return job
+    def role_of(self, process: Process):
+        """The rank's Master or Worker object, the innermost on its stack (a worker that
+        took the campaign over is a master from then on); None while it opens or ends."""
+        if process.glet is None or process.glet.gr_frame is None:
+            return self.roles.get(process.index)
+        role = None
+        frame = process.glet.gr_frame
+        while frame is not None:
+            candidate = frame.f_locals.get("self")
+            if isinstance(candidate, Master | Worker):
+                role = candidate
+                break
+            if isinstance(candidate, Generations):
+                role = candidate.master or candidate.worker
+                break
+            frame = frame.f_back
+        self.roles[process.index] = role
+        return role
 
     def role(self, process: Process) -> str | None:
-        job = self.job_of(process)
-        if job is None:
-            return None
-        if job.master is not None:
-            return "master"
-        return "worker" if job.worker is not None else None  # None: opening the campaign
+        role = self.role_of(process)
+        return "master" if isinstance(role, Master) else "worker" if role else None
+
+    def masters(self) -> list:
+        return [role for p in self.processes if p.alive
+                and isinstance(role := self.role_of(p), Master)]
 
     def _count(self, rule: str) -> None:
         self.simulation.outcome.checks[rule] += 1
@@ -84,7 +97,7 @@ class Checker:
 
     def begin_job(self, processes: list[Process]) -> None:
         self.processes = processes
-        self.jobs = {}
+        self.roles = {}
 
     def note_kill(self, process: Process) -> None:
         if self.role(process) == "master":
@@ -94,8 +107,13 @@ class Checker:
         for process in processes:
             if process.alive and not process.finished:
                 self._fail(f"rank {process.index} neither ended nor died, and the job is over")
-        self._check_journal()
         self._count("a job ends with every live rank returned")
+        if _stop_reason(self.out) == "frontier exhausted" and not self.campaign_complete():
+            missing = sorted(self.simulation.reachable(self.deferred()) - set(self.done))
+            self._fail(f"F320 quiescence: the job ended with its frontier exhausted, but "
+                       f"{len(missing)} reachable inputs were never analysed, e.g. "
+                       f"{missing[0][:12]}")
+        self._count("F320 an exhausted frontier leaves no input unanalysed")
 
     # -- after every turn ----------------------------------------------------------------
 
@@ -107,17 +125,34 @@ class Checker:
         if role != "master" and not self.simulation.scheduler.activity:
             return
         self.simulation.outcome.checked_turns += 1
-        master_process = next((p for p in self.processes
-                               if p.alive and self.role(p) == "master"), None)
-        master = self.jobs[master_process.index].master if master_process else None
-        if master is not None:
+        masters = self.masters()
+        self._note_exposed(masters)
+        for master in masters:
             self._check_tables(master)
             self._check_object_caches(master)
             self._check_generation(master)
         self._check_journal()
         self._check_corpus()
-        if master is not None and not master.storage_problem:
-            self._check_nothing_lost(master)
+        if self.simulation.schedule.masters == 1:
+            if masters and not masters[0].storage_problem:
+                self._check_nothing_lost(masters[0])
+        else:
+            self._check_single_winner(masters)
+            self._check_quiescence(masters)
+
+    def fault_injected(self, until: float) -> None:
+        self.exposures.append((until, set()))
+        self._note_exposed(self.masters())
+
+    def _note_exposed(self, masters: list) -> None:
+        now = self.simulation.scheduler.now
+        open_windows = [seen for until, seen in self.exposures if now <= until]
+        if not open_windows:
+            return
+        in_flight = {tx.work_id.split("#")[0] for master in masters
+                     for _, tx in master.dispatch.tables.transactions()}
+        for seen in open_windows:
+            seen |= in_flight
 
     def _check_tables(self, master) -> None:
         """F313 D1: a rank is in at most one of preparing, active and committing; an idle,
@@ -150,9 +185,9 @@ class Checker:
             if not believed:
                 continue
             process = comm.group.members[rank]
-            job = self.job_of(process)
-            worker = job.worker if job is not None else None
-            if not process.alive or worker is None or worker.generation != master.generation:
+            worker = self.role_of(process)
+            if not process.alive or not isinstance(worker, Worker) \
+                    or worker.generation != master.generation:
                 continue
             coming = set()
             for message in comm.group.queues.get((rank, comm.rank), ()):
@@ -184,24 +219,26 @@ class Checker:
         self._count("F443 no rank ahead of the generation log")
 
     def _check_journal(self) -> None:
-        """Nothing committed twice: a work id has at most one done record, and each done
-        record's RESULT came in the generation it was committed in (F443 §3)."""
-        try:
-            size = self.done_journal.stat().st_size
-        except FileNotFoundError:
+        """Nothing committed twice: a work id has at most one done record over every
+        master's journal, and each done record's RESULT came in the generation it was
+        committed in (F443 §3)."""
+        paths = done_journals(self.out)
+        sizes = tuple(_size(path) for path in paths)
+        if sizes == self.journal_sizes:
             return
-        if size == self.journal_size:
-            return
-        self.journal_size = size
-        records, _ = CampaignDir(self.out).inspect_journal()
+        self.journal_sizes = sizes
+        records = []
+        for path in paths:
+            records += CampaignDir(self.out).inspect_journal(path)[0]
         done = Counter(_work_id(r) for r in records if "kind" not in r)
         twice = [work for work, n in done.items() if n > 1]
         if twice:
             self._fail(f"committed twice: {twice[0][:12]} has {done[twice[0]]} done records")
         sent = self.simulation.scheduler.results
-        for record in records[len(self.records):]:
-            if "kind" in record:
+        for record in records:
+            if "kind" in record or record.get("token") in self.judged:
                 continue
+            self.judged.add(record.get("token"))
             generation = sent.get(record.get("token"))
             if generation is not None and generation != record.get("generation", 0):
                 self._fail(f"F443: {record['sha256'][:12]} committed in generation "
@@ -230,6 +267,39 @@ class Checker:
                 self.corpus_seen.add(name)
         self._count("every corpus file is named by its content")
 
+    def _check_single_winner(self, masters: list) -> None:
+        """F320: no input is being committed by two masters at once (a paused master may
+        still hold in flight what another took over at its lease's expiry; its commit is
+        fenced)."""
+        owner: dict[str, int] = {}
+        for master in masters:
+            for table, tx in master.dispatch.tables.transactions():
+                if table is not Table.COMMITTING:
+                    continue
+                digest = tx.work_id.split("#")[0]
+                other = owner.setdefault(digest, master.federation.index)
+                if other != master.federation.index:
+                    self._fail(f"F320: {digest[:12]} is being committed by masters {other} "
+                               f"and {master.federation.index}")
+        self._count("F320 one master commits an input")
+
+    def _check_quiescence(self, masters: list) -> None:
+        """F320 §2.5: once the masters decided the frontier is exhausted, no master has an
+        input of its own waiting or in flight."""
+        if not any(master.federation.done for master in masters):
+            return
+        for master in masters:
+            federation = master.federation
+            if master.dispatch.in_flight:
+                self._fail(f"F320: quiescence decided while master {federation.index} has "
+                           f"{master.dispatch.in_flight} inputs in flight")
+            waiting = [d for d in master.frontier.pending
+                       if d in federation.held or federation.owns(d)]
+            if waiting:
+                self._fail(f"F320: quiescence decided while master {federation.index} has "
+                           f"{waiting[0][:12]} waiting")
+        self._count("F320 quiescence only when no master has work")
+
     def _check_nothing_lost(self, master) -> None:
         """Every input in the corpus is analysed, waiting, in flight or set aside."""
         frontier = master.frontier
@@ -246,17 +316,24 @@ class Checker:
 
     # -- the finished campaign -----------------------------------------------------------
 
+    def deferred(self) -> set[str]:
+        paths = [self.out / "state" / DEFERRED_JOURNAL_NAME,
+                 *(p.parent / DEFERRED_JOURNAL_NAME for p in done_journals(self.out))]
+        return {w.split("#")[0] for p in set(paths) for w in _read_deferred(p)[0]}
+
     def campaign_complete(self) -> bool:
-        self.journal_size = -1
+        self.journal_sizes = ()
         self._check_journal()
-        return self.simulation.reachable() <= set(self.done)
+        deferred = self.deferred()
+        return self.simulation.reachable(deferred) <= set(self.done) | deferred
 
     def final(self) -> None:
         problems, facts = verify_campaign(self.out)
         if problems:
             self._fail(f"verify: {problems[0]}")
         self._count("verify's oracles over the finished campaign")
-        reachable = self.simulation.reachable()
+        deferred = self.deferred()
+        reachable = self.simulation.reachable(deferred) - deferred
         analysed = set(self.done)
         if analysed != reachable:
             extra = sorted(analysed - reachable)
@@ -266,8 +343,17 @@ class Checker:
         self._check_reexecution()
 
     def _check_reexecution(self) -> None:
-        """An input runs again only if it was in flight when something failed: each extra
-        execution is declared by a requeue record, or by the takeover of a dead master."""
+        """An input runs again only if it was in flight when something failed: no more
+        often than faults found it in flight, and with one master (F443 §3) each extra run
+        declared by a requeue record or by the takeover of a dead master."""
+        exposed = Counter(d for _, seen in self.exposures for d in seen)
+        for digest, runs in self.simulation.executions.items():
+            if runs > 1 + exposed[digest]:
+                self._fail(f"{digest[:12]} ran {runs} times, in flight at "
+                           f"{exposed[digest]} faults")
+        self._count("only work in flight at a failure runs again")
+        if self.simulation.schedule.masters > 1:
+            return
         requeued = Counter()
         for record in self.records:
             if record.get("kind") == "requeue":
@@ -280,7 +366,21 @@ class Checker:
             if runs > allowed:
                 self._fail(f"{digest[:12]} ran {runs} times with {requeued[digest]} declared "
                            "re-dispatches")
-        self._count("only work in flight at a failure runs again")
+        self._count("F443 every re-dispatch is declared")
+
+
+def _stop_reason(out: Path) -> str:
+    try:
+        return json.loads((out / "stats.json").read_text())["extra"]["stop_reason"]
+    except (OSError, ValueError, KeyError):
+        return ""
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return -1
 
 
 def _work_id(record: dict) -> str:

@@ -24,7 +24,9 @@ from pathlib import Path
 
 from symcc_mpi.config import CampaignConfig
 from symcc_mpi.dispatch.watchdog import ENV_WATCHDOG
+from symcc_mpi.durable.atomic import SYSTEM_DISK
 from symcc_mpi.durable.clock import SYSTEM_CLOCK
+from symcc_mpi.durable.leases import ENV_TTL
 from symcc_mpi.session import run_rank
 
 from .invariants import Checker, Violation
@@ -33,17 +35,25 @@ from .world import (
     JobAborted,
     Process,
     Scheduler,
+    SimDisk,
     children_of,
     sim_host,
 )
 
 WATCHDOG_SECONDS = 1.0
+LEASE_TTL = 2.0  # the masters' work leases (F320), seconds
+ENVIRONMENT = {ENV_WATCHDOG: str(WATCHDOG_SECONDS), ENV_TTL: str(LEASE_TTL)}
 EXECUTION_TIMEOUT = 0.25  # the campaign's --timeout: the master drains for it + 10 s
 HORIZON = 400.0  # virtual seconds a job may take before it counts as hung
+EXPOSURE_SLACK = 2 * max(WATCHDOG_SECONDS, LEASE_TTL)  # a fault's effects outlast it so long
 FAULT_WINDOW = 0.8  # faults fall in the first virtual seconds, while work is in flight
 
 FAULT_KINDS = ("kill-worker", "kill-master", "pause-worker", "pause-master", "slow-link",
-               "clock-jump", "suspend", "stale-generation")
+               "clock-jump", "suspend", "stale-generation", "send-error", "disk-error",
+               "disk-full", "torn-write", "slow-disk")
+WINDOW_FAULTS = ("pause-worker", "pause-master", "slow-link", "suspend", "slow-disk")
+MASTER_FAULTS = ("kill-master", "pause-master", "send-error", "disk-error", "disk-full",
+                 "torn-write", "slow-disk")
 
 
 @dataclass(frozen=True)
@@ -62,7 +72,8 @@ class Fault:
 @dataclass(frozen=True)
 class Schedule:
     seed: int
-    workers: int = 3
+    workers: int = 3  # in all, over the masters
+    masters: int = 1
     seeds: int = 2
     faults: tuple[Fault, ...] = ()
     fanout: int = 2
@@ -74,7 +85,8 @@ class Schedule:
     @classmethod
     def generate(cls, seed: int) -> Schedule:
         rng = random.Random(f"schedule-{seed}")
-        workers = rng.choice((1, 2, 3, 3, 4))
+        masters = rng.choice((1, 1, 1, 2, 2, 3))
+        workers = masters * rng.choice((1, 2, 2, 3)) if masters > 1 else rng.choice((1, 2, 3, 4))
         faults = []
         for _ in range(rng.choice((0, 1, 1, 2, 2, 3, 4))):
             kind = rng.choice(FAULT_KINDS)
@@ -86,14 +98,19 @@ class Schedule:
                 "slow-link": rng.uniform(0.5, 2.5) * WATCHDOG_SECONDS,
                 "clock-jump": rng.choice((-1, 1)) * rng.uniform(1.0, 3600.0),
                 "suspend": rng.uniform(0.5, 3.0) * WATCHDOG_SECONDS,
+                "slow-disk": rng.uniform(0.5, 3.0) * LEASE_TTL,
+                "disk-error": rng.randint(1, 3),
+                "send-error": rng.randint(1, 3),
             }.get(kind, 0.0)
             faults.append(Fault(round(at, 4), kind, rank, round(seconds, 3)))
         faults.sort(key=lambda f: f.at)
-        return cls(seed, workers=workers, seeds=rng.choice((1, 2, 3)), faults=tuple(faults))
+        return cls(seed, workers=workers, masters=masters, seeds=rng.choice((1, 2, 3)),
+                   faults=tuple(faults))
 
     def describe(self) -> str:
         faults = "; ".join(map(str, self.faults)) or "no fault"
-        return f"seed {self.seed}: {self.workers} workers, {self.seeds} seeds, {faults}"
+        masters = f"{self.masters} masters, " if self.masters > 1 else ""
+        return f"seed {self.seed}: {masters}{self.workers} workers, {self.seeds} seeds, {faults}"
 
 
 @dataclass
@@ -137,12 +154,13 @@ class Simulation:
 
     def run(self) -> Outcome:
         saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-        saved_env = os.environ.get(ENV_WATCHDOG)
-        os.environ[ENV_WATCHDOG] = str(WATCHDOG_SECONDS)
+        saved_env = {name: os.environ.get(name) for name in ENVIRONMENT}
+        os.environ.update(ENVIRONMENT)
         try:
             seeds = self._write_seeds()
             config = CampaignConfig(target=("simulated", "@@"), seeds=seeds, out=self.out,
-                                    workers=self.schedule.workers, executor="noop",
+                                    workers=self.schedule.workers,
+                                    masters=self.schedule.masters, executor="noop",
                                     timeout=EXECUTION_TIMEOUT, live=False,
                                     fault_tolerance="on")
             checker = self.checker = Checker(self)
@@ -161,11 +179,13 @@ class Simulation:
         finally:
             for s, handler in saved.items():
                 signal.signal(s, handler)
-            if saved_env is None:
-                os.environ.pop(ENV_WATCHDOG, None)
-            else:
-                os.environ[ENV_WATCHDOG] = saved_env
+            for name, value in saved_env.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
             SYSTEM_CLOCK.source = _real_time()
+            SYSTEM_DISK.source = os
             shutil.rmtree(self.directory, ignore_errors=True)
         self.outcome.executions = sum(self.executions.values())
         self.outcome.trace = self.trace.hexdigest()[:16]
@@ -178,13 +198,16 @@ class Simulation:
             (seeds / f"seed{number}").write_bytes(bytes([0, number, 0]))
         return seeds
 
-    def reachable(self) -> set[str]:
-        """Every input the campaign must analyse: the seeds' closure under the executor."""
+    def reachable(self, deferred: set[str] = frozenset()) -> set[str]:
+        """Every input the campaign must analyse or set aside: the seeds' closure under the
+        executor, through every input but those `deferred` (never run, so no children)."""
         schedule = self.schedule
         todo = [bytes([0, n, 0]) for n in range(schedule.seeds)]
         seen = {hashlib.sha256(d).hexdigest(): d for d in todo}
         while todo:
             data = todo.pop()
+            if hashlib.sha256(data).hexdigest() in deferred:
+                continue
             for child in children_of(data, fanout=schedule.fanout, depth=schedule.depth,
                                      space=schedule.space):
                 digest = hashlib.sha256(child).hexdigest()
@@ -202,9 +225,10 @@ class Simulation:
             scheduler.wall_offset = self.scheduler.wall_offset
         self.scheduler = scheduler
         SYSTEM_CLOCK.source = scheduler
+        SYSTEM_DISK.source = SimDisk(scheduler)
         Group.every = []
         processes = [Process(i, f"simhost/{self.jobs_run}{i:02d}/0")
-                     for i in range(config.workers + 1)]
+                     for i in range(config.workers + config.masters)]
         world = Group(scheduler, processes)
         for process in processes:
             host = sim_host(self, process, world)
@@ -248,16 +272,18 @@ class Simulation:
         scheduler = self.scheduler
         self.outcome.faults[fault.kind] += 1
         self.trace.update(str(fault).encode())
+        lasts = fault.seconds if fault.kind in WINDOW_FAULTS else 0.0
+        self.checker.fault_injected(scheduler.now + lasts + EXPOSURE_SLACK)
         if fault.kind == "kill-worker" or fault.kind == "pause-worker" \
                 or fault.kind == "slow-link" or fault.kind == "stale-generation":
             process = processes[fault.rank] if fault.rank < len(processes) else None
             if process is None or self.checker_role(process) == "master":
                 return  # that rank took the campaign over: the fault names a worker
-        if fault.kind in ("kill-master", "pause-master"):
-            process = next((p for p in processes
-                            if p.alive and self.checker_role(p) == "master"), None)
-            if process is None:
+        if fault.kind in MASTER_FAULTS:
+            masters = [p for p in processes if p.alive and self.checker_role(p) == "master"]
+            if not masters:
                 return
+            process = masters[fault.rank % len(masters)]
         if fault.kind.startswith("kill"):
             self.checker.note_kill(process)
             scheduler.kill(process)
@@ -274,6 +300,16 @@ class Simulation:
                     scheduler.pause(process, fault.seconds)
         elif fault.kind == "stale-generation":
             scheduler.stale_results.add(process.index)
+        elif fault.kind == "send-error":
+            scheduler.send_errors[process.index] = int(fault.seconds)
+        elif fault.kind == "disk-error":
+            process.disk_fault = ("error", int(fault.seconds))
+        elif fault.kind == "disk-full":
+            process.disk_fault = ("full",)
+        elif fault.kind == "torn-write":
+            process.disk_fault = ("tear",)
+        elif fault.kind == "slow-disk":
+            process.disk_fault = ("stall", fault.seconds)
 
     def _lose_messages(self, process: Process) -> None:
         """A killed rank's messages still on their way arrive, or are lost, as the schedule

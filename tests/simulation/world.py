@@ -16,6 +16,7 @@ revoked communicator, raises the error class a real one would.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import heapq
 import os
@@ -28,6 +29,7 @@ import greenlet
 import msgspec
 from mpi4py import MPI
 
+from symcc_mpi.durable.generations import GENERATIONS_JOURNAL
 from symcc_mpi.executors.base import ExecutionResult, Outcome
 from symcc_mpi.host import Host
 from symcc_mpi.protocol import Tag
@@ -36,6 +38,7 @@ from symcc_mpi.ulfm.capability import Decision
 WALL_START = 1_800_000_000.0  # the virtual wall clock's reading at virtual monotonic 0
 MIN_NAP = 1e-6  # a sleep of 0 still lets the others run
 RESULT = int(Tag.RESULT)
+WORK = int(Tag.WORK)
 FD_DIRECTORY = "/proc/self/fd"
 
 
@@ -69,6 +72,7 @@ class Process:
     rang: bool = False
     waiting_for_ring: bool = False
     files: set[int] = field(default_factory=set)  # descriptors it opened and holds open
+    disk_fault: tuple | None = None  # what its next durable write or fsync meets (SimDisk)
     watched: bool = True  # its turns may open files (a worker's idle polls do not)
 
 
@@ -101,6 +105,7 @@ class Scheduler:
         self.descriptors = _open_descriptors()
         self.results: dict[str, int] = {}  # token -> generation, of every RESULT sent
         self.stale_results: set[int] = set()  # processes whose next RESULT lags a generation
+        self.send_errors: dict[int, int] = {}  # process -> WORK sends still to fail
 
     # -- the clock source ----------------------------------------------------------------
 
@@ -173,7 +178,7 @@ class Scheduler:
 
     def kill(self, process: Process) -> None:
         """SIGKILL: the rank never runs again; no `finally` of its runs now."""
-        if not process.alive or process.finished:
+        if not process.alive or (process.finished and not process.files):
             return
         process.alive = False
         if process.files:
@@ -194,10 +199,10 @@ class Scheduler:
         self.wake(process, process.paused_until)
 
     def abort(self, status: int) -> None:
+        """MPI_Abort: every rank of the job is killed."""
         self.aborted = status
         for process in self.processes:
-            if process.alive and not process.finished:
-                process.alive = False
+            self.kill(process)
         raise JobAborted(status)
 
     # -- messages ------------------------------------------------------------------------
@@ -410,6 +415,9 @@ class SimComm:
         target = self.group.members[dest]
         if not target.alive:
             _raise(MPI.ERR_PROC_FAILED)
+        if tag == WORK and self.scheduler.send_errors.get(self.process.index):
+            self.scheduler.send_errors[self.process.index] -= 1
+            _raise(MPI.ERR_OTHER)  # not a failed peer: the send alone failed
         payload = bytes(buffer[0])
         if tag == RESULT:
             payload = self._note_result(payload)
@@ -573,6 +581,50 @@ class SimRinger:
 
     def close(self) -> None:
         pass
+
+
+class SimDisk:
+    """The durable writes of the rank whose turn it is, as its fault (if any) has them:
+    ("error", n): the next n fail with EIO; ("full",): every one fails with ENOSPC; ("tear",):
+    the next journal write stops halfway and the rank dies there; ("stall", s): the next
+    fsync takes s seconds (the rank is stopped inside it, mid-commit)."""
+
+    def __init__(self, scheduler: Scheduler):
+        self.scheduler = scheduler
+
+    def _fault(self, call: str) -> tuple | None:
+        process = self.scheduler.current
+        fault = process.disk_fault if process is not None else None
+        if fault is None:
+            return None
+        kind = fault[0]
+        if kind == "error":
+            process.disk_fault = ("error", fault[1] - 1) if fault[1] > 1 else None
+            raise OSError(errno.EIO, "injected I/O error")
+        if kind == "full":
+            raise OSError(errno.ENOSPC, "injected: no space left on device")
+        if (kind == "tear") == (call == "write"):
+            process.disk_fault = None
+            return fault
+        return None
+
+    def write(self, fd: int, data) -> int:
+        if self._fault("write") is None:
+            return os.write(fd, data)
+        os.write(fd, bytes(data[:max(1, len(data) // 2)]))
+        process = self.scheduler.current
+        self.scheduler.kill(process)
+        self.scheduler.park()  # never resumed: it died inside the write
+        raise AssertionError("a dead rank ran again")
+
+    def fsync(self, fd: int) -> None:
+        # Not inside the generation log's blocking flock: a real rank waiting on it sleeps in
+        # the kernel, here it would stop every rank of this one process.
+        if not os.readlink(f"{FD_DIRECTORY}/{fd}").endswith(GENERATIONS_JOURNAL):
+            fault = self._fault("fsync")
+            if fault is not None:
+                self.scheduler.sleep(fault[1])
+        os.fsync(fd)
 
 
 def children_of(data: bytes, *, fanout: int, depth: int, space: int) -> list[bytes]:

@@ -20,10 +20,28 @@ from pathlib import Path
 TEMPORARY_PREFIX = ".tmp-"
 
 
+class SystemDisk:
+    """The process's durable writes (journal appends and every fsync): the system's, unless
+    the deterministic simulation (tests/simulation) points `source` at a disk that fails,
+    tears or stalls them."""
+
+    def __init__(self) -> None:
+        self.source = os  # anything with write(fd, data) and fsync(fd)
+
+    def write(self, fd: int, data) -> int:
+        return self.source.write(fd, data)
+
+    def fsync(self, fd: int) -> None:
+        self.source.fsync(fd)
+
+
+SYSTEM_DISK = SystemDisk()
+
+
 def fsync_directory(directory: Path) -> None:
     fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        os.fsync(fd)
+        SYSTEM_DISK.fsync(fd)
     finally:
         os.close(fd)
 
@@ -35,7 +53,7 @@ def write_durable(path: Path, data: bytes, *, fsync: bool = True) -> None:
             handle.write(data)
             if fsync:
                 handle.flush()
-                os.fsync(handle.fileno())
+                SYSTEM_DISK.fsync(handle.fileno())
         os.replace(temporary, path)
     except BaseException as error:
         temporary.unlink(missing_ok=True)  # a full disk must not leave half a file behind

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .atomic import write_durable
+from .atomic import SYSTEM_DISK, write_durable
 from .journal import LineError, decode_line, encode_line, write_all
 
 GENERATIONS_JOURNAL = "generations.jsonl"
@@ -171,7 +171,7 @@ class GenerationLog:
         line = encode_line({"ordinal": record.ordinal, "kind": kind, "generation": generation,
                             "body": body, "digest": record.digest})
         self.writer(fd, line)
-        os.fsync(fd)
+        SYSTEM_DISK.fsync(fd)
         return record
 
 
@@ -201,7 +201,7 @@ def _confirmed(fd: int, existing: Record, body: dict[str, Any]) -> Record:
     if existing.digest != digest_of(body):
         raise ForkRefused(f"{existing.kind} of generation {existing.generation} is already "
                           f"recorded (ordinal {existing.ordinal}) with another digest")
-    os.fsync(fd)
+    SYSTEM_DISK.fsync(fd)
     return existing
 
 
@@ -219,4 +219,4 @@ def _cut_torn_tail(fd: int, path: Path, quarantine_dir: Path) -> None:
     with open(quarantine_dir / "REASONS", "a") as reasons:
         reasons.write(f"{kept.name}: interrupted append cut from {path} at byte {keep}\n")
     os.ftruncate(fd, keep)
-    os.fsync(fd)
+    SYSTEM_DISK.fsync(fd)

@@ -59,7 +59,7 @@ from typing import Any
 
 import msgspec
 
-from .atomic import fsync_directory, is_temporary, write_durable
+from .atomic import SYSTEM_DISK, fsync_directory, is_temporary, write_durable
 from .clock import SYSTEM_CLOCK, Clock
 
 log = logging.getLogger(__name__)
@@ -74,7 +74,7 @@ MAX_ID_LENGTH = 256
 def write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
-        written = os.write(fd, view)
+        written = SYSTEM_DISK.write(fd, view)
         view = view[written:]
 
 
@@ -156,7 +156,11 @@ class JournalError(Exception):
 
 
 class JournalBroken(OSError):
-    """A failed append could not be cut back off the file; no further appends are accepted."""
+    """A failed append could not be cut back off the file; no further appends are accepted.
+    Nothing more can be committed: the campaign stops as when the filesystem refuses writes
+    (storage.py)."""
+
+    storage_refused = True
 
 
 class JournalClosed(JournalError):
@@ -319,7 +323,7 @@ class LineLog:
         with open(self.path, "r+b") as handle:
             handle.truncate(keep)
             if self.fsync:
-                os.fsync(handle.fileno())
+                SYSTEM_DISK.fsync(handle.fileno())
 
     def _replace(self, data: bytes) -> None:
         write_durable(self.path, data, fsync=self.fsync)
@@ -355,7 +359,7 @@ class LineLog:
         try:
             self.writer(self._fd, data)
             if self.fsync and sync:
-                os.fsync(self._fd)
+                SYSTEM_DISK.fsync(self._fd)
         except OSError as error:
             self._cut_back()
             if error.filename is None:  # os.write/fsync name no file: say which (one line)
@@ -387,7 +391,7 @@ class LineLog:
         try:
             os.ftruncate(self._fd, self.size)
             if self.fsync:
-                os.fsync(self._fd)
+                SYSTEM_DISK.fsync(self._fd)
         except OSError as error:
             self.broken = error
             log.error("journal %s: could not remove a failed append: %s", self.path, error)

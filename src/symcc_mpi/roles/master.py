@@ -183,6 +183,9 @@ class Master:
         self.dispatch.workers = len(self.workers)
         # Per token in flight: when its WORK went out, and the master time that took.
         self.sends: dict[str, tuple[float, float]] = {}
+        # Per rank, the token of the last WORK sent: a worker removes a dispatch's staging
+        # when it asks for the next, so a dead one may leave that one behind.
+        self.last_work: dict[int, str] = {}
         self.naps = Naps()
         self.doorbell = doorbell if doorbell is not None else Doorbell()
         self.ringing: set[int] = set()  # workers that ring it after each send
@@ -299,6 +302,8 @@ class Master:
             log.error("rank %d died (%s)", rank, failure)
             for token in self.dispatch.retire(rank, "it died"):
                 self._discard_staging(token)
+            if rank in self.last_work:
+                self._discard_staging(self.last_work.pop(rank))
             self.acked.add(rank)  # no STOP_ACK will come
         if self.phase is Phase.RUNNING:
             self._begin_stop(f"a worker died (rank{'s' if len(dead) > 1 else ''} "
@@ -415,6 +420,7 @@ class Master:
         # own: reading the input, the transaction, the send.
         now = SYSTEM_CLOCK.monotonic()
         self.sends[work.token] = (now, now - self.dispatch_mark)
+        self.last_work[rank] = work.token
         self.dispatch_mark = now
 
     def _on_result(self, rank: int, result: Result) -> None:
@@ -477,14 +483,14 @@ class Master:
         with self._stopping_if_storage_refuses(), self.dispatch.boundary(rank):
             if self.dispatch.begin_commit(rank, result.token, completes_input=completes) \
                     is CommitStart.COMMITTING:
-                if self.fault_tolerant:  # F443 §3 step 6: the manifest, then the publication
-                    self.campaign.record_work(
-                        "commit", sha256=result.input_hash, token=result.token,
-                        generation=self.generation, rank=rank,
-                        result=encode_manifest(result, accepted),
-                        **({} if part is None else {"part": part}))
-                    self._fault_in_commit("after-manifest")
                 try:
+                    if self.fault_tolerant:  # F443 §3 step 6: the manifest, then publication
+                        self.campaign.record_work(
+                            "commit", sha256=result.input_hash, token=result.token,
+                            generation=self.generation, rank=rank,
+                            result=encode_manifest(result, accepted),
+                            **({} if part is None else {"part": part}))
+                        self._fault_in_commit("after-manifest")
                     self.committer.commit(rank, result, accepted, part=part,
                                           completes_input=completes)
                 except OSError as error:
@@ -717,6 +723,8 @@ class Master:
         self.storage_problem = problem
         log.error("%s: %s", problem, STOP_ADVICE)
         if self.phase is Phase.RUNNING:
+            if self.federation is not None and not self.federation.done:
+                self.federation.stopping(problem)  # the others cannot go on without it
             self._drain(problem)
 
     def release_workers(self) -> None:
