@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 from collections import Counter
 from pathlib import Path
@@ -38,11 +39,26 @@ class Violation(Exception):
         self.step = step
 
 
+class Tracebacks(logging.Handler):
+    """A rank that logs a traceback met an error nobody handled: a finding, whatever the
+    campaign's oracles say afterwards."""
+
+    def __init__(self):
+        super().__init__(logging.ERROR)
+        self.seen: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.exc_info and record.exc_info[0] is not None:
+            error = record.exc_info[1]
+            self.seen.append(f"{record.getMessage()}: {type(error).__name__}: {error}")
+
+
 class Checker:
     def __init__(self, simulation):
         self.simulation = simulation
         self.out: Path = simulation.out
         self.roles: dict[int, object] = {}  # per process, as of its last turn
+        self.tracebacks = Tracebacks()
         self.processes: list[Process] = []
         self.journal_sizes: tuple = ()
         self.judged: set[str] = set()  # tokens of the done records checked
@@ -104,6 +120,7 @@ class Checker:
             self.killed_masters += 1
 
     def end_job(self, processes: list[Process], *, aborted: int | None) -> None:
+        self.no_traceback()
         for process in processes:
             if process.alive and not process.finished:
                 self._fail(f"rank {process.index} neither ended nor died, and the job is over")
@@ -120,6 +137,7 @@ class Checker:
     def after_turn(self, process: Process) -> None:
         """After a turn that did something: a worker's turn that neither sent nor received
         changed nothing anyone can see (its naps are its own)."""
+        self.no_traceback()
         role = self.role(process)
         process.watched = role != "worker"
         if role != "master" and not self.simulation.scheduler.activity:
@@ -153,6 +171,10 @@ class Checker:
                      for _, tx in master.dispatch.tables.transactions()}
         for seen in open_windows:
             seen |= in_flight
+
+    def no_traceback(self) -> None:
+        if self.tracebacks.seen:
+            self._fail(f"a rank logged a traceback: {self.tracebacks.seen[0]}")
 
     def _check_tables(self, master) -> None:
         """F313 D1: a rank is in at most one of preparing, active and committing; an idle,
@@ -220,8 +242,8 @@ class Checker:
 
     def _check_journal(self) -> None:
         """Nothing committed twice: a work id has at most one done record over every
-        master's journal, and each done record's RESULT came in the generation it was
-        committed in (F443 §3)."""
+        master's journal, and each done record's RESULT is of its WORK's generation
+        (F443 §3)."""
         paths = done_journals(self.out)
         sizes = tuple(_size(path) for path in paths)
         if sizes == self.journal_sizes:
@@ -234,16 +256,16 @@ class Checker:
         twice = [work for work, n in done.items() if n > 1]
         if twice:
             self._fail(f"committed twice: {twice[0][:12]} has {done[twice[0]]} done records")
-        sent = self.simulation.scheduler.results
+        sent = self.simulation.scheduler.works
         for record in records:
             if "kind" in record or record.get("token") in self.judged:
                 continue
             self.judged.add(record.get("token"))
             generation = sent.get(record.get("token"))
             if generation is not None and generation != record.get("generation", 0):
-                self._fail(f"F443: {record['sha256'][:12]} committed in generation "
-                           f"{record.get('generation', 0)} from a RESULT of generation "
-                           f"{generation}")
+                self._fail(f"F443: {record['sha256'][:12]} committed from a RESULT of "
+                           f"generation {record.get('generation', 0)} for a WORK of "
+                           f"generation {generation}")
         self.records = records
         self.done = done
         self._count("nothing committed twice")

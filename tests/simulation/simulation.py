@@ -143,6 +143,7 @@ class Simulation:
         self.outcome = Outcome(schedule)
         self.trace = hashlib.sha256()
         self.jobs_run = 0
+        self.checker: Checker | None = None
 
     # -- what the executor reports -------------------------------------------------------
 
@@ -164,10 +165,11 @@ class Simulation:
                                     timeout=EXECUTION_TIMEOUT, live=False,
                                     fault_tolerance="on")
             checker = self.checker = Checker(self)
+            logging.getLogger("symcc_mpi").addHandler(checker.tracebacks)
             faults = self.schedule.faults
             for _ in range(4):
-                self._job(config, faults, checker)
-                if checker.campaign_complete():
+                clean = self._job(config, faults, checker)
+                if clean and checker.campaign_complete():
                     break
                 config, faults = replace(config, resume=True), ()  # as a user would go on
             else:
@@ -177,6 +179,8 @@ class Simulation:
         except Violation as violation:
             self.outcome.violation = violation
         finally:
+            if self.checker is not None:
+                logging.getLogger("symcc_mpi").removeHandler(self.checker.tracebacks)
             for s, handler in saved.items():
                 signal.signal(s, handler)
             for name, value in saved_env.items():
@@ -216,7 +220,9 @@ class Simulation:
                     todo.append(child)
         return set(seen)
 
-    def _job(self, config: CampaignConfig, faults: tuple[Fault, ...], checker: Checker) -> None:
+    def _job(self, config: CampaignConfig, faults: tuple[Fault, ...], checker: Checker) -> bool:
+        """One mpiexec of the campaign; True if every rank ended with status 0 (else the
+        user is told to go on with --resume, and the simulation does)."""
         self.jobs_run += 1
         self.outcome.jobs += 1
         scheduler = Scheduler(self.rng, delays=self.schedule.delays)
@@ -254,6 +260,7 @@ class Simulation:
                 try:
                     scheduler.run_turn(process)
                 except JobAborted:
+                    checker.no_traceback()
                     break
                 except Violation:
                     raise
@@ -267,6 +274,7 @@ class Simulation:
             self.outcome.virtual_seconds = scheduler.now
             scheduler.free()
         checker.end_job(processes, aborted=scheduler.aborted)
+        return scheduler.aborted is None and all(p.alive and p.status == 0 for p in processes)
 
     def _inject(self, fault: Fault, processes: list[Process]) -> None:
         scheduler = self.scheduler
@@ -344,6 +352,6 @@ def run_schedule(schedule: Schedule, *, verbose: bool = False) -> Outcome:
     """`verbose`: the ranks' log and the campaign's output, as a real job prints them."""
     if verbose:
         return Simulation(schedule).run()
-    logging.getLogger("symcc_mpi").setLevel(logging.CRITICAL)
+    logging.getLogger("symcc_mpi").setLevel(logging.ERROR)  # tracebacks are findings
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
         return Simulation(schedule).run()

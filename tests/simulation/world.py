@@ -103,7 +103,7 @@ class Scheduler:
         self.slow: dict[int, float] = {}  # extra delay on a process's outgoing messages
         self.activity = False  # this turn sent, received or joined something
         self.descriptors = _open_descriptors()
-        self.results: dict[str, int] = {}  # token -> generation, of every RESULT sent
+        self.works: dict[str, int] = {}  # token -> generation, of every WORK sent
         self.stale_results: set[int] = set()  # processes whose next RESULT lags a generation
         self.send_errors: dict[int, int] = {}  # process -> WORK sends still to fail
 
@@ -154,7 +154,7 @@ class Scheduler:
         self.current = process
         self.activity = False
         try:
-            process.glet.switch()
+            returned = process.glet.switch()
         finally:
             self.current = None
             if process.watched or self.activity:
@@ -162,6 +162,7 @@ class Scheduler:
         self.steps += 1
         if process.glet.dead and process.alive:
             process.finished = True
+            process.status = returned
 
     def _note_files(self, process: Process) -> None:
         """Which rank holds which descriptor, so that its death closes them as the kernel
@@ -420,16 +421,19 @@ class SimComm:
             _raise(MPI.ERR_OTHER)  # not a failed peer: the send alone failed
         payload = bytes(buffer[0])
         if tag == RESULT:
-            payload = self._note_result(payload)
+            payload = self._lag(payload)
+        elif tag == WORK:
+            work = msgspec.msgpack.decode(payload)
+            self.scheduler.works[work["token"]] = work["generation"]
         at = self.scheduler.deliver_time(self.process, target)
         queue = self.group.queues.setdefault((dest, self.rank), deque())
         queue.append(Message(self.process, target, tag, payload, at))
         self.scheduler.activity = True
         return SimRequest()
 
-    def _note_result(self, payload: bytes) -> bytes:
-        """Record each RESULT's generation; a worker made to lag (the `stale-generation`
-        fault) sends the generation before its own, once."""
+    def _lag(self, payload: bytes) -> bytes:
+        """A worker made to lag (the `stale-generation` fault) sends its next RESULT with the
+        generation before its own."""
         scheduler = self.scheduler
         try:
             message = msgspec.msgpack.decode(payload)
@@ -441,7 +445,6 @@ class SimComm:
             scheduler.stale_results.discard(self.process.index)
             message["generation"] -= 1
             payload = msgspec.msgpack.encode(message)
-        scheduler.results[message.get("token")] = message["generation"]
         return payload
 
     def Send(self, buffer, dest: int, tag: int) -> None:  # noqa: N802

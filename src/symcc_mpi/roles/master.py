@@ -722,10 +722,12 @@ class Master:
             return
         self.storage_problem = problem
         log.error("%s: %s", problem, STOP_ADVICE)
-        if self.phase is Phase.RUNNING:
-            if self.federation is not None and not self.federation.done:
-                self.federation.stopping(problem)  # the others cannot go on without it
-            self._drain(problem)
+        if self.phase is not Phase.RUNNING:  # not what it stopped for, but what it ended with
+            self.stats.stop_reason = problem
+            return
+        if self.federation is not None and not self.federation.done:
+            self.federation.stopping(problem)  # the others cannot go on without it
+        self._drain(problem)
 
     def release_workers(self) -> None:
         """After `close`: the campaign is durable, the workers may go."""
