@@ -3,6 +3,7 @@ every other rank runs the worker loop. Rank 0's verdict reaches workers before a
 
 from __future__ import annotations
 
+import errno
 import logging
 import shutil
 import signal
@@ -56,15 +57,25 @@ def run_rank(config: CampaignConfig, host: Host = MACHINE) -> int:
         log.error("rank %d: cannot recover: %s; ending the job", world.rank, error)
         world.comm.Abort(ABORT_STATUS)
         raise
-    except Exception:
+    except Exception as error:
         # Left to unwind, the error would end this rank in MPI_Finalize, which waits for
         # every other rank, and they for it: the job would hang. Say it, then end the job.
-        log.exception("rank %d failed; ending the job", world.rank)
-        world.comm.Abort(ABORT_STATUS)
+        _end_job(world, config, error)
         raise
     finally:
         if not finalized:
             _flush(job.channel if job is not None else world, world.rank)
+
+
+def _end_job(world, config: CampaignConfig, error: Exception) -> None:
+    """MPI_Abort after `error`: OUT failing (a recovery's generation log, say) in one line,
+    anything else with its traceback."""
+    if isinstance(error, OSError) and (storage_refused(error) or error.errno == errno.EIO):
+        log.error("rank %d: %s: %s; ending the job", world.rank, describe(error, config.out),
+                  STOP_ADVICE)
+        world.comm.Abort(STORAGE_EXIT)
+    log.exception("rank %d failed; ending the job", world.rank)
+    world.comm.Abort(ABORT_STATUS)
 
 
 def _flush(channel, rank: int) -> None:
@@ -297,9 +308,8 @@ def _run_federated(world, config: CampaignConfig, *, outlive_ranks: bool,
         log.error("rank %d: %s; ending the job", world.rank, error)
         world.comm.Abort(CONFLICT_EXIT)
         raise
-    except Exception:
-        log.exception("rank %d failed; ending the job", world.rank)
-        world.comm.Abort(ABORT_STATUS)
+    except Exception as error:
+        _end_job(world, config, error)
         raise
     finally:
         if not finalized:  # under ULFM the group was flushed before MPI_Finalize

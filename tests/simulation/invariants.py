@@ -46,9 +46,10 @@ class Tracebacks(logging.Handler):
     def __init__(self):
         super().__init__(logging.ERROR)
         self.seen: list[str] = []
+        self.judging = True  # not while dead ranks are freed: they died, they did not fail
 
     def emit(self, record: logging.LogRecord) -> None:
-        if record.exc_info and record.exc_info[0] is not None:
+        if self.judging and record.exc_info and record.exc_info[0] is not None:
             error = record.exc_info[1]
             self.seen.append(f"{record.getMessage()}: {type(error).__name__}: {error}")
 

@@ -1,120 +1,116 @@
-"""Deliberately broken variants of the code under simulation: each breaks one rule the
-simulation must catch (issue 14). `apply(name)` patches it in for the duration of a block."""
+"""Deliberately broken variants of the code under simulation, each breaking one rule the
+simulation must catch (issue 14). A variant is the real source of one function with one
+edit, compiled where the function lives and patched in for the duration of `apply(name)`:
+the same textual mutation a mutation-testing tool would make."""
 
 from __future__ import annotations
+import __future__
 
 import contextlib
+import inspect
+import textwrap
+from dataclasses import dataclass
 
-from symcc_mpi.dispatch import coordinator, tables
-from symcc_mpi.dispatch.objects import ObjectTransferCache
-from symcc_mpi.durable import leases
-from symcc_mpi.roles import master
-
-
-def _cache_before_send(patch):
-    """F313 D7: the object cache updated before the WORK send (a failed send leaves the
-    master believing the worker holds what it never received)."""
-    original = coordinator.DispatchCoordinator._dispatch_one
-
-    def dispatch_one(self, rank, work_id, send):
-        def send_after_confirming(rank, work):
-            plan = self.objects.plan(rank, list(work.objects), lambda digest: work.objects[digest])
-            self.objects.confirm(plan)
-            send(rank, work)
-
-        return original(self, rank, work_id, send_after_confirming)
-
-    patch(coordinator.DispatchCoordinator, "_dispatch_one", dispatch_one)
-    forget = ObjectTransferCache.forget
-    patch(ObjectTransferCache, "forget", lambda self, rank: None if forget else None)
+from symcc_mpi.dispatch.coordinator import DispatchCoordinator
+from symcc_mpi.dispatch.tables import DispatchTables
+from symcc_mpi.durable.leases import WorkLease
+from symcc_mpi.roles.master import Master
 
 
-def _active_popped_before_commit(patch):
-    """F313 D5: the transaction leaves `active` before `begin_commit`'s fence ran: a fence
-    that raises leaves it in no table, and the input is never requeued."""
-
-    def begin_commit(self, worker, token, fence):
-        tx = self._tables[tables.Table.ACTIVE].get(worker)
-        if tx is None or tx.token != token:
-            return tables.CommitStart.NOT_ACTIVE
-        del self._tables[tables.Table.ACTIVE][worker]
-        if not fence():
-            self._counts["fenced"] += 1
-            self._tables[tables.Table.ACTIVE][worker] = tx
-            self._close(tx, tables.Table.ACTIVE)
-            return tables.CommitStart.FENCED
-        tx.begin_commit()
-        self._tables[tables.Table.COMMITTING][worker] = tx
-        return tables.CommitStart.COMMITTING
-
-    patch(tables.DispatchTables, "begin_commit", begin_commit)
+@dataclass(frozen=True)
+class Edit:
+    owner: type
+    function: str
+    old: str
+    new: str
 
 
-def _committing_stolen_by_age(patch):
-    """F321: a `committing` work lease expires like a `leased` one, so another master takes
-    over an input whose commit is under way."""
-    patch(leases.WorkLease, "expired",
-          lambda self, now: self.status in ("leased", "committing") and now >= self.expires)
-
-
-def _older_generation_accepted(patch):
-    """F443: a RESULT of an older generation is judged and committed."""
-    original = master.Master._judge_and_commit
-
-    def judge_and_commit(self, rank, result):
-        if result.generation < self.generation:
-            import msgspec
-
-            result = msgspec.structs.replace(result, generation=self.generation)
-            result = _Lagging(result)
-        return original(self, rank, result)
-
-    patch(master.Master, "_judge_and_commit", judge_and_commit)
-
-
-class _Lagging:
-    """The RESULT as judged (generation made current), committed as it came."""
-
-    def __init__(self, result):
-        self._result = result
-
-    def __getattr__(self, name):
-        return getattr(self._result, name)
-
-
-def _idle_master_exits(patch):
-    """F320: a master whose own frontier is empty ends the campaign without the COMMIT
-    round of the quiescence protocol."""
-    original = master.Master._stop_reason
-
-    def stop_reason(self, now):
-        if self.federation is not None and self.dispatch.exhausted:
-            return "frontier exhausted"
-        return original(self, now)
-
-    patch(master.Master, "_stop_reason", stop_reason)
+@dataclass(frozen=True)
+class Mutation:
+    rule: str
+    what: str
+    edits: tuple[Edit, ...]
 
 
 MUTATIONS = {
-    "cache-before-send": _cache_before_send,
-    "active-popped-before-begin-commit": _active_popped_before_commit,
-    "committing-stolen-by-age": _committing_stolen_by_age,
-    "older-generation-accepted": _older_generation_accepted,
-    "idle-master-exits": _idle_master_exits,
+    "cache-before-send": Mutation(
+        "F313 D7",
+        "the object cache is updated before the WORK send, and a failed send does not undo "
+        "it (its rollback, forgetting the rank's cache, alone would mask the reordering)",
+        (Edit(DispatchCoordinator, "_dispatch_one",
+              "                send(rank, Work(",
+              "                self.objects.confirm(plan)\n                send(rank, Work("),
+         Edit(DispatchCoordinator, "_dispatch_one",
+              "                self.tables.sent(rank, token)\n"
+              "                self.objects.confirm(plan)\n",
+              "                self.tables.sent(rank, token)\n"),
+         Edit(DispatchCoordinator, "_send_failed",
+              "        self.objects.forget(rank)", "        pass"))),
+    "active-popped-before-begin-commit": Mutation(
+        "F313 D5",
+        "the transaction leaves `active` before `begin_commit`'s fence runs",
+        (Edit(DispatchTables, "begin_commit",
+              "        if not fence():",
+              "        del self._tables[Table.ACTIVE][worker]\n        if not fence():"),
+         Edit(DispatchTables, "begin_commit",
+              "            self._close(tx, Table.ACTIVE)",
+              "            self._tables[Table.ACTIVE][worker] = tx\n"
+              "            self._close(tx, Table.ACTIVE)"),
+         Edit(DispatchTables, "begin_commit",
+              "        self._tables[Table.COMMITTING][worker] = tx\n"
+              "        del self._tables[Table.ACTIVE][worker]",
+              "        self._tables[Table.COMMITTING][worker] = tx"))),
+    "committing-stolen-by-age": Mutation(
+        "F321",
+        "a `committing` work lease expires like a `leased` one",
+        (Edit(WorkLease, "expired", 'self.status == "leased"',
+              'self.status in ("leased", "committing")'),)),
+    "older-generation-accepted": Mutation(
+        "F443",
+        "a RESULT of an older generation is judged and committed",
+        (Edit(Master, "_judge_and_commit", "if result.generation != self.generation:",
+              "if result.generation > self.generation:"),)),
+    "idle-master-exits": Mutation(
+        "F320",
+        "a master whose own frontier is exhausted ends the campaign without the COMMIT round",
+        (Edit(Master, "_stop_reason",
+              "if self.dispatch.exhausted and federation is None and self.importer is None:",
+              "if self.dispatch.exhausted and self.importer is None:"),
+         Edit(Master, "_stop_reason",
+              "            if not federation.root:\n                return \"\"\n",
+              ""))),
 }
+
+
+def _mutated(owner: type, function: str, edits: list[Edit]):
+    original = owner.__dict__[function]
+    source = inspect.getsource(original)  # indented as in its class, as the edits are
+    for edit in edits:
+        if edit.old not in source:
+            raise LookupError(f"mutation of {owner.__name__}.{function}: {edit.old!r} is no "
+                              "longer in its source")
+        source = source.replace(edit.old, edit.new, 1)
+    source = textwrap.dedent(source)
+    namespace: dict = {}
+    code = compile(source, inspect.getsourcefile(original), "exec",
+                   flags=__future__.annotations.compiler_flag, dont_inherit=True)
+    exec(code, original.__globals__, namespace)  # noqa: S102
+    return original, namespace[function]
 
 
 @contextlib.contextmanager
 def apply(name: str):
+    """The variant `name` in place of the real code, within the block."""
+    by_function: dict[tuple[type, str], list[Edit]] = {}
+    for edit in MUTATIONS[name].edits:
+        by_function.setdefault((edit.owner, edit.function), []).append(edit)
     saved = []
-
-    def patch(owner, attribute, value):
-        saved.append((owner, attribute, owner.__dict__[attribute]))
-        setattr(owner, attribute, value)
-
-    MUTATIONS[name](patch)
     try:
-        yield
+        for (owner, function), edits in by_function.items():
+            original, variant = _mutated(owner, function, edits)
+            saved.append((owner, function, original))
+            setattr(owner, function, variant)
+        yield MUTATIONS[name]
     finally:
-        for owner, attribute, value in reversed(saved):
-            setattr(owner, attribute, value)
+        for owner, function, original in reversed(saved):
+            setattr(owner, function, original)

@@ -272,7 +272,9 @@ class Simulation:
         finally:
             self.outcome.turns += scheduler.steps
             self.outcome.virtual_seconds = scheduler.now
+            checker.tracebacks.judging = False
             scheduler.free()
+            checker.tracebacks.judging = True
         checker.end_job(processes, aborted=scheduler.aborted)
         return scheduler.aborted is None and all(p.alive and p.status == 0 for p in processes)
 

@@ -706,11 +706,13 @@ class Master:
     @contextmanager
     def _stopping_if_storage_refuses(self):
         """Around the master's own writes into OUT (commit, journals, checkpoints, reports):
-        a full, over-quota or read-only filesystem stops the campaign; anything else raises."""
+        a full, over-quota or read-only filesystem stops the campaign, as does an I/O error
+        no commit handled (the device is failing: a group commit's fsync, a lease); anything
+        else raises."""
         try:
             yield
         except OSError as error:
-            if not storage_refused(error):
+            if not (storage_refused(error) or error.errno == errno.EIO):
                 raise
             self._stop_for_resources(describe(error, self.config.out))
 

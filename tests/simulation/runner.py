@@ -1,0 +1,131 @@
+"""Many schedules over several processes, the table of what they injected and checked, the
+search of a mutation's first failing schedule, and shrinking a failing schedule."""
+
+from __future__ import annotations
+
+import multiprocessing
+import time
+from collections import Counter
+from dataclasses import dataclass, field, replace
+
+from .mutations import apply
+from .simulation import Schedule, run_schedule
+
+
+@dataclass
+class Run:
+    """What one schedule came to, small enough to cross a process boundary."""
+
+    seed: int
+    described: str
+    violation: str | None
+    step: int | None
+    faults: Counter
+    checks: Counter
+    turns: int
+    checked_turns: int
+    jobs: int
+    executions: int
+    trace: str
+
+
+@dataclass
+class Summary:
+    runs: list[Run] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def failures(self) -> list[Run]:
+        return [run for run in self.runs if run.violation is not None]
+
+    def table(self) -> str:
+        runs = self.runs
+        faults, checks = Counter(), Counter()
+        mixes = Counter()
+        for run in runs:
+            faults.update(run.faults)
+            checks.update(run.checks)
+            mixes[len(run.faults)] += 1
+        lines = [f"{len(runs)} schedules in {self.seconds:.1f} s "
+                 f"({len(self.failures)} failed), "
+                 f"{sum(r.turns for r in runs)} turns, invariants checked after "
+                 f"{sum(r.checked_turns for r in runs)} of them, "
+                 f"{sum(r.jobs for r in runs)} jobs, {sum(r.executions for r in runs)} "
+                 "executions", "",
+                 f"{'fault injected':<28}{'times':>8}{'schedules':>11}"]
+        for kind, times in sorted(faults.items()):
+            having = sum(1 for r in runs if kind in r.faults)
+            lines.append(f"{kind:<28}{times:>8}{having:>11}")
+        lines += ["", "fault kinds mixed in one schedule: " + ", ".join(
+            f"{n} kinds: {mixes[n]}" for n in sorted(mixes)), "",
+            f"{'invariant':<58}{'checked':>10}"]
+        for rule, times in sorted(checks.items()):
+            lines.append(f"{rule:<58}{times:>10}")
+        for run in self.failures[:10]:
+            lines += ["", f"FAILED {run.described}", f"  {run.violation}"]
+        return "\n".join(lines)
+
+
+def run_one(seed: int, mutation: str | None = None,
+            schedule: Schedule | None = None) -> Run:
+    schedule = schedule or Schedule.generate(seed)
+    if mutation is None:
+        outcome = run_schedule(schedule)
+    else:
+        with apply(mutation):
+            outcome = run_schedule(schedule)
+    violation = outcome.violation
+    return Run(seed, schedule.describe(), None if violation is None else str(violation),
+               None if violation is None else violation.step, outcome.faults, outcome.checks,
+               outcome.turns, outcome.checked_turns, outcome.jobs, outcome.executions,
+               outcome.trace)
+
+
+def _run_seed(arguments: tuple[int, str | None]) -> Run:
+    return run_one(*arguments)
+
+
+def run_many(seeds: range, *, processes: int = 2, mutation: str | None = None,
+             stop_at_first: bool = False, progress=None) -> Summary:
+    """Every schedule of `seeds` (fork: the children share what the parent imported)."""
+    summary = Summary()
+    started = time.monotonic()
+    context = multiprocessing.get_context("fork")
+    with context.Pool(processes) as pool:
+        for run in pool.imap(_run_seed, [(seed, mutation) for seed in seeds], chunksize=4):
+            summary.runs.append(run)
+            if progress is not None:
+                progress(run)
+            if stop_at_first and run.violation is not None:
+                pool.terminate()
+                break
+    summary.seconds = time.monotonic() - started
+    return summary
+
+
+def shrink(schedule: Schedule, mutation: str | None = None, *, budget: int = 60) -> Schedule:
+    """A smaller schedule that still fails: fewer faults, workers and seeds, tried one
+    change at a time (each try is a whole run, so `budget` bounds them)."""
+
+    def fails(candidate: Schedule) -> bool:
+        nonlocal budget
+        budget -= 1
+        return run_one(candidate.seed, mutation, candidate).violation is not None
+
+    improved = True
+    while improved and budget > 0:
+        improved = False
+        candidates = [replace(schedule, faults=schedule.faults[:i] + schedule.faults[i + 1:])
+                      for i in range(len(schedule.faults))]
+        if schedule.workers > schedule.masters:
+            candidates.append(replace(schedule, workers=schedule.workers - schedule.masters
+                                      if schedule.masters > 1 else schedule.workers - 1))
+        if schedule.seeds > 1:
+            candidates.append(replace(schedule, seeds=schedule.seeds - 1))
+        for candidate in candidates:
+            if budget <= 0:
+                break
+            if fails(candidate):
+                schedule, improved = candidate, True
+                break
+    return schedule
