@@ -77,11 +77,15 @@ class Checker:
 
     # -- the ranks' objects --------------------------------------------------------------
 
-    def role_of(self, process: Process):
+    def role_of(self, process: Process, *, refresh: bool = False):
         """The rank's Master or Worker object, the innermost on its stack (a worker that
-        took the campaign over is a master from then on); None while it opens or ends."""
+        took the campaign over is a master from then on); None while it opens or ends.
+        Looked up again after a turn that may have changed it (`refresh`)."""
+        known = self.roles.get(process.index)
+        if known is not None and not refresh:
+            return known
         if process.glet is None or process.glet.gr_frame is None:
-            return self.roles.get(process.index)
+            return known
         role = None
         frame = process.glet.gr_frame
         while frame is not None:
@@ -139,9 +143,11 @@ class Checker:
         """After a turn that did something: a worker's turn that neither sent nor received
         changed nothing anyone can see (its naps are its own)."""
         self.no_traceback()
-        role = self.role(process)
-        process.watched = role != "worker"
-        if role != "master" and not self.simulation.scheduler.activity:
+        activity = self.simulation.scheduler.activity
+        # A role changes only in a turn that did something (a takeover joins collectives).
+        role = self.role_of(process, refresh=activity or process.glet.dead)
+        process.watched = not isinstance(role, Worker)
+        if not isinstance(role, Master) and not activity:
             return
         self.simulation.outcome.checked_turns += 1
         masters = self.masters()

@@ -12,6 +12,10 @@ from .mutations import apply
 from .simulation import Schedule, run_schedule
 
 
+CHUNK = 4  # schedules handed to a process at once
+SCHEDULE_SECONDS = 120  # real seconds a schedule may take before its process is given up
+
+
 @dataclass
 class Run:
     """What one schedule came to, small enough to cross a process boundary."""
@@ -92,7 +96,16 @@ def run_many(seeds: range, *, processes: int = 2, mutation: str | None = None,
     started = time.monotonic()
     context = multiprocessing.get_context("fork")
     with context.Pool(processes) as pool:
-        for run in pool.imap(_run_seed, [(seed, mutation) for seed in seeds], chunksize=4):
+        runs = pool.imap(_run_seed, [(seed, mutation) for seed in seeds], chunksize=CHUNK)
+        for seed in seeds:
+            try:
+                run = runs.next(timeout=CHUNK * SCHEDULE_SECONDS)
+            except multiprocessing.TimeoutError:  # a lost child, or a schedule that spins
+                run = Run(seed, f"seed {seed} or the next", "no answer within "
+                          f"{CHUNK * SCHEDULE_SECONDS} s", None, Counter(), Counter(), 0, 0,
+                          0, 0, "")
+                summary.runs.append(run)
+                break
             summary.runs.append(run)
             if progress is not None:
                 progress(run)

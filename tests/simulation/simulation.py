@@ -45,6 +45,7 @@ LEASE_TTL = 2.0  # the masters' work leases (F320), seconds
 ENVIRONMENT = {ENV_WATCHDOG: str(WATCHDOG_SECONDS), ENV_TTL: str(LEASE_TTL)}
 EXECUTION_TIMEOUT = 0.25  # the campaign's --timeout: the master drains for it + 10 s
 HORIZON = 400.0  # virtual seconds a job may take before it counts as hung
+MAX_TURNS = 1_000_000  # turns a job may take (time that stands still is a livelock)
 EXPOSURE_SLACK = 2 * max(WATCHDOG_SECONDS, LEASE_TTL)  # a fault's effects outlast it so long
 FAULT_WINDOW = 0.8  # faults fall in the first virtual seconds, while work is in flight
 
@@ -253,6 +254,10 @@ class Simulation:
                     scheduler.wake(process, scheduler.now)  # its turn after the fault
                     scheduler.now = pending[0].at + begun
                     continue
+                if scheduler.steps > MAX_TURNS:
+                    raise Violation(f"the job took {MAX_TURNS} turns without ending "
+                                    f"(ranks still running: {_running(processes)})",
+                                    scheduler.steps)
                 if scheduler.now - begun > HORIZON:
                     raise Violation(f"the job did not end within {HORIZON:g} virtual seconds "
                                     f"(ranks still running: {_running(processes)})",

@@ -181,6 +181,8 @@ class Scheduler:
         """SIGKILL: the rank never runs again; no `finally` of its runs now."""
         if not process.alive or (process.finished and not process.files):
             return
+        if process is self.current:  # killed inside its turn: what it opened so far too
+            self._note_files(process)
         process.alive = False
         if process.files:
             # Closed as the kernel closes a dead process's files; the numbers stay taken
