@@ -40,8 +40,8 @@ from .world import (
     sim_host,
 )
 
-WATCHDOG_SECONDS = 1.0
-LEASE_TTL = 2.0  # the masters' work leases (F320), seconds
+WATCHDOG_SECONDS = 0.5
+LEASE_TTL = 1.0  # the masters' work leases (F320), seconds
 ENVIRONMENT = {ENV_WATCHDOG: str(WATCHDOG_SECONDS), ENV_TTL: str(LEASE_TTL)}
 EXECUTION_TIMEOUT = 0.25  # the campaign's --timeout: the master drains for it + 10 s
 HORIZON = 400.0  # virtual seconds a job may take before it counts as hung
