@@ -4,6 +4,7 @@ search of a mutation's first failing schedule, and shrinking a failing schedule.
 from __future__ import annotations
 
 import multiprocessing
+import queue
 import time
 from collections import Counter
 from dataclasses import dataclass, field, replace
@@ -11,8 +12,6 @@ from dataclasses import dataclass, field, replace
 from .mutations import apply
 from .simulation import Schedule, run_schedule
 
-
-CHUNK = 4  # schedules handed to a process at once
 SCHEDULE_SECONDS = 120  # real seconds a schedule may take before its process is given up
 
 
@@ -85,33 +84,42 @@ def run_one(seed: int, mutation: str | None = None,
                outcome.trace)
 
 
-def _run_seed(arguments: tuple[int, str | None]) -> Run:
-    return run_one(*arguments)
+def _serve(seeds: list[int], mutation: str | None, results) -> None:
+    for seed in seeds:
+        results.put(run_one(seed, mutation))
 
 
 def run_many(seeds: range, *, processes: int = 2, mutation: str | None = None,
              stop_at_first: bool = False, progress=None) -> Summary:
-    """Every schedule of `seeds` (fork: the children share what the parent imported)."""
+    """Every schedule of `seeds`, dealt round-robin to `processes` forked children (they
+    share what this process imported). A child silent for SCHEDULE_SECONDS is given up."""
     summary = Summary()
     started = time.monotonic()
     context = multiprocessing.get_context("fork")
-    with context.Pool(processes) as pool:
-        runs = pool.imap(_run_seed, [(seed, mutation) for seed in seeds], chunksize=CHUNK)
-        for seed in seeds:
+    results = context.Queue()
+    children = [context.Process(target=_serve, args=(list(seeds)[i::processes], mutation,
+                                                     results), daemon=True)
+                for i in range(processes)]
+    for child in children:
+        child.start()
+    try:
+        for _ in seeds:
             try:
-                run = runs.next(timeout=CHUNK * SCHEDULE_SECONDS)
-            except multiprocessing.TimeoutError:  # a lost child, or a schedule that spins
-                run = Run(seed, f"seed {seed} or the next", "no answer within "
-                          f"{CHUNK * SCHEDULE_SECONDS} s", None, Counter(), Counter(), 0, 0,
-                          0, 0, "")
-                summary.runs.append(run)
+                run = results.get(timeout=SCHEDULE_SECONDS)
+            except queue.Empty:  # a child died, or a schedule spins in real time
+                summary.runs.append(Run(-1, "a schedule", f"no answer within "
+                                        f"{SCHEDULE_SECONDS} s", None, Counter(), Counter(),
+                                        0, 0, 0, 0, ""))
                 break
             summary.runs.append(run)
             if progress is not None:
                 progress(run)
             if stop_at_first and run.violation is not None:
-                pool.terminate()
                 break
+    finally:
+        for child in children:  # SIGKILL: a simulated master's SIGTERM handler may be in
+            child.kill()
+            child.join()
     summary.seconds = time.monotonic() - started
     return summary
 
