@@ -19,7 +19,7 @@ SYMCC_STAMP = $(SYMCC_HOME)/.symcc-mpi-complete
 HAVE_SYMCC_SOURCE := $(shell [ -f "$(SYMCC_SOURCE)/symcc-src.tar.gz" ] && \
 	[ -f "$(SYMCC_SOURCE)/build.sh" ] && echo 1)
 
-.PHONY: setup system-packages symcc examples demo test benchmarks clean
+.PHONY: setup system-packages symcc examples demo test simulate benchmarks clean
 
 setup: $(STAMP)
 
@@ -73,6 +73,12 @@ test: examples
 	$(if $(HAVE_SYMCC_SOURCE),SYMCC_MPI_REQUIRE_SYMCC=1) $(PYTHON) -m pytest -q -p no:cacheprovider tests; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; \
 	exit $$rc
+
+# The deterministic simulation (tests/simulation): SEEDS schedules of the real session code
+# under faults, every invariant checked after every turn. SEED=N replays one, with its log.
+SEEDS ?= 1000
+simulate: setup
+	cd tests && ../$(PYTHON) -m simulation $(if $(SEED),--seed $(SEED) --verbose,--seeds $(SEEDS))
 
 clean:
 	rm -rf $(DEMO_OUT) examples/build .pytest_cache

@@ -3,6 +3,7 @@
     python -m simulation --seeds 1000              # from tests/: schedules 0..999
     python -m simulation --seed 17 --verbose       # replay one, with the ranks' log
     python -m simulation --seed 17 --shrink        # and shrink it
+    python -m simulation --schedule '{...}'        # replay a shrunk schedule (its JSON)
     python -m simulation --mutation NAME           # the first schedule catching a variant
 """
 
@@ -15,7 +16,7 @@ import sys
 
 from .mutations import MUTATIONS
 from .runner import run_many, run_one, shrink
-from .simulation import Schedule, run_schedule
+from .simulation import Fault, Schedule, run_schedule
 
 
 def main() -> int:
@@ -24,12 +25,13 @@ def main() -> int:
     parser.add_argument("--first", type=int, default=0, help="the first schedule's seed")
     parser.add_argument("--processes", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--seed", type=int, help="replay this schedule alone")
+    parser.add_argument("--schedule", help="replay this schedule, as --shrink prints it")
     parser.add_argument("--verbose", action="store_true", help="with the ranks' log")
     parser.add_argument("--shrink", action="store_true", help="shrink a failing --seed")
     parser.add_argument("--mutation", choices=sorted(MUTATIONS),
                         help="run a deliberately broken variant until a schedule fails")
     arguments = parser.parse_args()
-    if arguments.seed is not None:
+    if arguments.seed is not None or arguments.schedule:
         return _replay(arguments)
     if arguments.mutation:
         mutation = MUTATIONS[arguments.mutation]
@@ -56,13 +58,19 @@ def main() -> int:
 
 
 def _replay(arguments) -> int:
-    schedule = Schedule.generate(arguments.seed)
+    if arguments.schedule:
+        plain = json.loads(arguments.schedule)
+        schedule = Schedule(**{**plain, "faults": tuple(Fault(**f) for f in plain["faults"]),
+                               "execution_seconds": tuple(plain["execution_seconds"]),
+                               "delays": tuple(plain["delays"])})
+    else:
+        schedule = Schedule.generate(arguments.seed)
     print(schedule.describe())
     if arguments.verbose:
         outcome = run_schedule(schedule, verbose=True)
         print(f"violation: {outcome.violation}; trace {outcome.trace}")
         return 1 if outcome.failed else 0
-    run = run_one(arguments.seed, arguments.mutation)
+    run = run_one(schedule.seed, arguments.mutation, schedule)
     print(f"{run.violation or 'every invariant held'}; trace {run.trace}")
     if run.violation and arguments.shrink:
         smaller = shrink(schedule, arguments.mutation)

@@ -164,6 +164,8 @@ class Checker:
         else:
             self._check_single_winner(masters)
             self._check_quiescence(masters)
+            for master in masters:
+                self._check_leases_kept(master)
 
     def fault_injected(self, until: float) -> None:
         self.exposures.append((until, set()))
@@ -202,6 +204,14 @@ class Checker:
                 self._fail(f"F317 W6: parked rank {rank} is idle")
         self._count("F313 D1 one table per rank, none when idle")
         self._count("F317 W6 a parked rank is not idle")
+        for table, tx in tables.transactions():
+            if tx.state.value != table.value:
+                self._fail(f"F313: rank {tx.worker}'s transaction is {tx.state.value} in the "
+                           f"{table.value} table")
+            if table is not Table.ACTIVE and tx.expired(float("inf"), 1e-9):
+                self._fail(f"F317 W1: a {table.value} transaction of rank {tx.worker} has a "
+                           "deadline")
+        self._count("F317 W1 only active dispatches have a deadline, in their table's state")
 
     def _check_object_caches(self, master) -> None:
         """F313 D7: the master never believes a worker holds an object it neither received
@@ -329,6 +339,27 @@ class Checker:
                            f"{waiting[0][:12]} waiting")
         self._count("F320 quiescence only when no master has work")
 
+    def _check_leases_kept(self, master) -> None:
+        """F320 with F313 D5: every input a master holds the lease of is waiting, in flight,
+        analysed or set aside there (a lease held for nothing blocks the input until it
+        expires, and its master never runs it)."""
+        frontier = master.frontier
+        pending = None
+        held = None
+        for digest in master.federation.held:
+            if digest in frontier.done or digest in master.dispatch.unreadable:
+                continue
+            if pending is None:
+                pending = set(frontier.pending)
+                held = {tx.work_id.split("#")[0]
+                        for _, tx in master.dispatch.tables.transactions()}
+                held |= {w.split("#")[0] for w in master.dispatch.recovery.deferred()}
+            if digest not in pending and digest not in held:
+                self._fail(f"F313 D5: master {master.federation.index} holds the lease of "
+                           f"{digest[:12]}, which is neither waiting, in flight, analysed nor "
+                           "set aside there")
+        self._count("F320/F313 D5 a held lease is for work the master has")
+
     def _check_nothing_lost(self, master) -> None:
         """Every input in the corpus is analysed, waiting, in flight or set aside."""
         frontier = master.frontier
@@ -372,12 +403,14 @@ class Checker:
         self._check_reexecution()
 
     def _check_reexecution(self) -> None:
-        """An input runs again only if it was in flight when something failed: no more
-        often than faults found it in flight, and with one master (F443 §3) each extra run
-        declared by a requeue record or by the takeover of a dead master."""
+        """An input runs again only if it was in flight when something failed: once more
+        per master for each fault that found it in flight (a paused master's watchdog takes
+        it back, another master takes its lease over), and with one master (F443 §3) each
+        extra run declared by a requeue record or by the takeover of a dead master."""
         exposed = Counter(d for _, seen in self.exposures for d in seen)
+        masters = self.simulation.schedule.masters
         for digest, runs in self.simulation.executions.items():
-            if runs > 1 + exposed[digest]:
+            if runs > 1 + masters * exposed[digest]:
                 self._fail(f"{digest[:12]} ran {runs} times, in flight at "
                            f"{exposed[digest]} faults")
         self._count("only work in flight at a failure runs again")
