@@ -31,6 +31,7 @@ from symcc_mpi.session import run_rank
 
 from .invariants import Checker, Violation
 from .world import (
+    LEASES,
     Group,
     JobAborted,
     Process,
@@ -52,9 +53,11 @@ FAULT_WINDOW = 0.8  # faults fall in the first virtual seconds, while work is in
 FAULT_KINDS = ("kill-worker", "kill-master", "pause-worker", "pause-master", "slow-link",
                "clock-jump", "suspend", "stale-generation", "send-error", "disk-error",
                "disk-full", "torn-write", "slow-disk")
-WINDOW_FAULTS = ("pause-worker", "pause-master", "slow-link", "suspend", "slow-disk")
+LEASE_FAULTS = ("lease-write-error", "slow-lease-write")  # several masters only
+WINDOW_FAULTS = ("pause-worker", "pause-master", "slow-link", "suspend", "slow-disk",
+                 "slow-lease-write")
 MASTER_FAULTS = ("kill-master", "pause-master", "send-error", "disk-error", "disk-full",
-                 "torn-write", "slow-disk")
+                 "torn-write", "slow-disk", *LEASE_FAULTS)
 
 
 @dataclass(frozen=True)
@@ -90,7 +93,7 @@ class Schedule:
         workers = masters * rng.choice((1, 2, 2, 3)) if masters > 1 else rng.choice((1, 2, 3, 4))
         faults = []
         for _ in range(rng.choice((0, 1, 1, 2, 2, 3, 4))):
-            kind = rng.choice(FAULT_KINDS)
+            kind = rng.choice(FAULT_KINDS + (LEASE_FAULTS if masters > 1 else ()))
             at = rng.uniform(0.0, FAULT_WINDOW)
             rank = rng.randint(1, workers)
             seconds = {
@@ -100,6 +103,8 @@ class Schedule:
                 "clock-jump": rng.choice((-1, 1)) * rng.uniform(1.0, 3600.0),
                 "suspend": rng.uniform(0.5, 3.0) * WATCHDOG_SECONDS,
                 "slow-disk": rng.uniform(0.5, 3.0) * LEASE_TTL,
+                "slow-lease-write": rng.uniform(1.0, 3.0) * LEASE_TTL,
+                "lease-write-error": rng.randint(1, 2),
                 "disk-error": rng.randint(1, 3),
                 "send-error": rng.randint(1, 3),
             }.get(kind, 0.0)
@@ -325,6 +330,10 @@ class Simulation:
             process.disk_fault = ("tear",)
         elif fault.kind == "slow-disk":
             process.disk_fault = ("stall", fault.seconds)
+        elif fault.kind == "lease-write-error":
+            process.disk_fault = ("error", int(fault.seconds), LEASES)
+        elif fault.kind == "slow-lease-write":
+            process.disk_fault = ("stall", fault.seconds, LEASES)
 
     def _lose_messages(self, process: Process) -> None:
         """A killed rank's messages still on their way arrive, or are lost, as the schedule

@@ -32,6 +32,7 @@ from mpi4py import MPI
 from symcc_mpi.durable.generations import GENERATIONS_JOURNAL
 from symcc_mpi.executors.base import ExecutionResult, Outcome
 from symcc_mpi.host import Host
+from symcc_mpi.ownership import LEASE_DIRECTORY_PREFIX
 from symcc_mpi.protocol import Tag
 from symcc_mpi.ulfm.capability import Decision
 
@@ -40,6 +41,7 @@ MIN_NAP = 1e-6  # a sleep of 0 still lets the others run
 RESULT = int(Tag.RESULT)
 WORK = int(Tag.WORK)
 FD_DIRECTORY = "/proc/self/fd"
+LEASES = "leases"
 
 
 class JobAborted(Exception):
@@ -592,19 +594,21 @@ class SimDisk:
     """The durable writes of the rank whose turn it is, as its fault (if any) has them:
     ("error", n): the next n fail with EIO; ("full",): every one fails with ENOSPC; ("tear",):
     the next journal write stops halfway and the rank dies there; ("stall", s): the next
-    fsync takes s seconds (the rank is stopped inside it, mid-commit)."""
+    fsync takes s seconds (the rank is stopped inside it, mid-commit). A fault whose last
+    item is LEASES meets only writes to the masters' shared lease tables (F320)."""
 
     def __init__(self, scheduler: Scheduler):
         self.scheduler = scheduler
 
-    def _fault(self, call: str) -> tuple | None:
+    def _fault(self, call: str, path: str = "") -> tuple | None:
         process = self.scheduler.current
         fault = process.disk_fault if process is not None else None
-        if fault is None:
+        if fault is None or (fault[-1] == LEASES and LEASE_DIRECTORY_PREFIX not in path):
             return None
         kind = fault[0]
         if kind == "error":
-            process.disk_fault = ("error", fault[1] - 1) if fault[1] > 1 else None
+            process.disk_fault = (("error", fault[1] - 1) + fault[2:]) if fault[1] > 1 \
+                else None
             raise OSError(errno.EIO, "injected I/O error")
         if kind == "full":
             raise OSError(errno.ENOSPC, "injected: no space left on device")
@@ -625,8 +629,9 @@ class SimDisk:
     def fsync(self, fd: int) -> None:
         # Not inside the generation log's blocking flock: a real rank waiting on it sleeps in
         # the kernel, here it would stop every rank of this one process.
-        if not os.readlink(f"{FD_DIRECTORY}/{fd}").endswith(GENERATIONS_JOURNAL):
-            fault = self._fault("fsync")
+        path = os.readlink(f"{FD_DIRECTORY}/{fd}")
+        if not path.endswith(GENERATIONS_JOURNAL):
+            fault = self._fault("fsync", path)
             if fault is not None:
                 self.scheduler.sleep(fault[1])
         os.fsync(fd)
