@@ -56,6 +56,7 @@ FAULT_KINDS = ("kill-worker", "kill-master", "pause-worker", "pause-master", "sl
 LEASE_FAULTS = ("lease-write-error", "slow-lease-write")  # several masters only
 WINDOW_FAULTS = ("pause-worker", "pause-master", "slow-link", "suspend", "slow-disk",
                  "slow-lease-write")
+LASTING_FAULTS = ("slow-link", "disk-full")  # until the job ends
 MASTER_FAULTS = ("kill-master", "pause-master", "send-error", "disk-error", "disk-full",
                  "torn-write", "slow-disk", *LEASE_FAULTS)
 
@@ -238,6 +239,8 @@ class Simulation:
         self.scheduler = scheduler
         SYSTEM_CLOCK.source = scheduler
         SYSTEM_DISK.source = SimDisk(scheduler)
+        scheduler.struck = lambda seconds: checker.fault_injected(
+            scheduler.now + seconds + EXPOSURE_SLACK)
         Group.every = []
         processes = [Process(i, f"simhost/{self.jobs_run}{i:02d}/0")
                      for i in range(config.workers + config.masters)]
@@ -292,7 +295,8 @@ class Simulation:
         scheduler = self.scheduler
         self.outcome.faults[fault.kind] += 1
         self.trace.update(str(fault).encode())
-        lasts = fault.seconds if fault.kind in WINDOW_FAULTS else 0.0
+        lasts = float("inf") if fault.kind in LASTING_FAULTS else \
+            fault.seconds if fault.kind in WINDOW_FAULTS else 0.0
         self.checker.fault_injected(scheduler.now + lasts + EXPOSURE_SLACK)
         if fault.kind == "kill-worker" or fault.kind == "pause-worker" \
                 or fault.kind == "slow-link" or fault.kind == "stale-generation":

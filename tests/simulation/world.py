@@ -108,6 +108,9 @@ class Scheduler:
         self.works: dict[str, int] = {}  # token -> generation, of every WORK sent
         self.stale_results: set[int] = set()  # processes whose next RESULT lags a generation
         self.send_errors: dict[int, int] = {}  # process -> WORK sends still to fail
+        # Called when a fault planned earlier strikes (a write, a send), with how long its
+        # effect lasts: the simulation widens the window of work it may disturb.
+        self.struck = lambda seconds: None
 
     # -- the clock source ----------------------------------------------------------------
 
@@ -422,6 +425,7 @@ class SimComm:
             _raise(MPI.ERR_PROC_FAILED)
         if tag == WORK and self.scheduler.send_errors.get(self.process.index):
             self.scheduler.send_errors[self.process.index] -= 1
+            self.scheduler.struck(0.0)
             _raise(MPI.ERR_OTHER)  # not a failed peer: the send alone failed
         payload = bytes(buffer[0])
         if tag == RESULT:
@@ -447,6 +451,7 @@ class SimComm:
             return payload
         if self.process.index in scheduler.stale_results and message["generation"] > 0:
             scheduler.stale_results.discard(self.process.index)
+            scheduler.struck(0.0)
             message["generation"] -= 1
             payload = msgspec.msgpack.encode(message)
         return payload
@@ -606,6 +611,8 @@ class SimDisk:
         if fault is None or (fault[-1] == LEASES and LEASE_DIRECTORY_PREFIX not in path):
             return None
         kind = fault[0]
+        if kind in ("error", "full") or (kind == "tear") == (call == "write"):
+            self.scheduler.struck(fault[1] if kind == "stall" else 0.0)
         if kind == "error":
             process.disk_fault = (("error", fault[1] - 1) + fault[2:]) if fault[1] > 1 \
                 else None
