@@ -64,6 +64,16 @@ ABORT_SILENT = 70  # MPI_Abort's status when workers stay silent past STOP (F317
 FAILURE_POLL = 0.1  # under ULFM: seconds between asking MPI for dead ranks (Get_failed)
 
 
+class DispatchNotRecorded(OSError):
+    """OUT refused the record a dispatch needs before it leaves: the campaign stops (no
+    worker is blamed for it, as for a send that failed)."""
+
+    storage_refused = True
+
+    def __init__(self, error: OSError):
+        super().__init__(error.errno, error.strerror, error.filename)
+
+
 class Phase(enum.Enum):
     RUNNING = "running"
     DRAINING = "draining"  # no new dispatch; waiting for the results in flight
@@ -135,7 +145,8 @@ class Master:
         self.dispatch = DispatchCoordinator(self.frontier, watchdog=watchdog,
                                             deferrals=deferrals, load=self._load_input,
                                             pruning=pruning, on_requeue=self._note_requeue,
-                                            fatal=(RankFailure,), admission=federation,
+                                            fatal=(RankFailure, DispatchNotRecorded),
+                                            admission=federation,
                                             source=self.split)
         self.checkpoint = Checkpointer(campaign, pruning=pruning, triage=triage,
                                        importer=importer)
@@ -270,7 +281,8 @@ class Master:
                 self._discard_staging(recovery.token)  # its worker is done with it
         if self.phase is Phase.RUNNING:
             self.dispatch_mark = SYSTEM_CLOCK.monotonic()
-            handled += self.dispatch.dispatch(self._send_work)
+            with self._stopping_if_storage_refuses():  # the dispatch record (F443)
+                handled += self.dispatch.dispatch(self._send_work)
             if len(self.dispatch.retired) >= len(self.workers):  # sends kept failing
                 self._stop_if_no_worker_left("every worker retired")
         if handled or now >= self.next_sweep:
@@ -388,9 +400,14 @@ class Master:
             raise OSError(f"injected failure of WORK send #{self.work_sends} to rank {rank}")
         if self.fault_tolerant:  # F443 §3 step 3: the dispatch is on record before it leaves
             part = parse_work_id(self.dispatch.work_of(rank, preparing=True))[1]
-            self.campaign.record_work("dispatch", sha256=work.input_hash, token=work.token,
-                                      generation=self.generation, rank=rank,
-                                      **({} if part is None else {"part": part}))
+            try:
+                self.campaign.record_work("dispatch", sha256=work.input_hash,
+                                          token=work.token, generation=self.generation,
+                                          rank=rank, **({} if part is None else {"part": part}))
+            except OSError as error:
+                if storage_refused(error) or error.errno == errno.EIO:
+                    raise DispatchNotRecorded(error) from error  # not the worker's failure
+                raise
         try:
             self.channel.send(rank, Tag.WORK, work)
             if self.faults.fire("die", self.work_sends):
@@ -732,10 +749,15 @@ class Master:
         self._drain(problem)
 
     def release_workers(self) -> None:
-        """After `close`: the campaign is durable, the workers may go."""
-        for rank in self.workers:
-            if rank not in self.failed_ranks:
-                self.channel.send(rank, Tag.RELEASE, Release())
+        """After `close`: the campaign is durable, the workers may go. A rank found dead now
+        changes nothing (there is no campaign left to recover it into)."""
+        try:
+            for rank in self.workers:
+                if rank not in self.failed_ranks:
+                    self.channel.send(rank, Tag.RELEASE, Release())
+        except RankFailure as failure:
+            log.warning("a rank died after the campaign was closed (%s): not recovered",
+                        failure)
 
     def close(self) -> None:
         if self.faults.fire_at("die", "closing", 1):
