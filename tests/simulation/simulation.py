@@ -273,7 +273,7 @@ class Simulation:
                 try:
                     scheduler.run_turn(process)
                 except JobAborted:
-                    checker.no_traceback()
+                    checker.after_abort()
                     break
                 except Violation:
                     raise

@@ -328,15 +328,13 @@ class Master:
         with self._stopping_if_storage_refuses():
             federation.round(self, now)
         if federation.conflict:
-            from mpi4py import MPI
-
             from ..federation import CONFLICT_EXIT
 
             log.error("the masters disagree on the end of the campaign (%s); ending the job",
                       federation.conflict)
             for handler in logging.getLogger().handlers:
                 handler.flush()
-            MPI.COMM_WORLD.Abort(CONFLICT_EXIT)
+            self.channel.comm.Abort(CONFLICT_EXIT)  # MPI_Abort ends every rank of the job
 
     def _exit_status(self) -> int:
         if self.storage_problem:
