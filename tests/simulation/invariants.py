@@ -194,17 +194,6 @@ class Checker:
         for seen in open_windows:
             seen |= in_flight
 
-    def after_abort(self) -> None:
-        """MPI_Abort ended the job: for an error, or because the masters disagreed on the
-        campaign's end (F320's conflict: correct masters never do)."""
-        self.no_traceback()
-        for master in self.roles.values():  # every rank is dead now: as they last were
-            if isinstance(master, Master) and master.federation is not None \
-                    and master.federation.conflict:
-                self._fail(f"F320: the masters disagree on the end of the campaign "
-                           f"({master.federation.conflict})")
-        self._count("F320 the masters never disagree on the end")
-
     def no_traceback(self) -> None:
         if self.tracebacks.seen:
             self._fail(f"a rank logged a traceback: {self.tracebacks.seen[0]}")

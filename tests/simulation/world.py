@@ -44,7 +44,7 @@ FD_DIRECTORY = "/proc/self/fd"
 LEASES = "leases"
 
 
-class JobAborted(Exception):
+class JobAborted(BaseException):
     """MPI_Abort: every rank of the job ends at once."""
 
     def __init__(self, status: int):
