@@ -53,10 +53,6 @@ MUTATIONS = {
               "        if not fence():",
               "        del self._tables[Table.ACTIVE][worker]\n        if not fence():"),
          Edit(DispatchTables, "begin_commit",
-              "            self._close(tx, Table.ACTIVE)",
-              "            self._tables[Table.ACTIVE][worker] = tx\n"
-              "            self._close(tx, Table.ACTIVE)"),
-         Edit(DispatchTables, "begin_commit",
               "        self._tables[Table.COMMITTING][worker] = tx\n"
               "        del self._tables[Table.ACTIVE][worker]",
               "        self._tables[Table.COMMITTING][worker] = tx"))),
