@@ -10,6 +10,7 @@ faults and workers while the failure persists.
 from __future__ import annotations
 
 import contextlib
+import gc
 import hashlib
 import io
 import logging
@@ -31,6 +32,7 @@ from symcc_mpi.session import run_rank
 
 from .invariants import Checker, Violation
 from .world import (
+    COMMITTING,
     LEASES,
     Group,
     JobAborted,
@@ -53,9 +55,9 @@ FAULT_WINDOW = 0.8  # faults fall in the first virtual seconds, while work is in
 FAULT_KINDS = ("kill-worker", "kill-master", "pause-worker", "pause-master", "slow-link",
                "clock-jump", "suspend", "stale-generation", "send-error", "disk-error",
                "disk-full", "torn-write", "slow-disk")
-LEASE_FAULTS = ("lease-write-error", "slow-lease-write")  # several masters only
+LEASE_FAULTS = ("lease-write-error", "slow-lease-write", "slow-commit-lease")  # >1 master
 WINDOW_FAULTS = ("pause-worker", "pause-master", "slow-link", "suspend", "slow-disk",
-                 "slow-lease-write")
+                 "slow-lease-write", "slow-commit-lease")
 LASTING_FAULTS = ("slow-link", "disk-full")  # until the job ends
 MASTER_FAULTS = ("kill-master", "pause-master", "send-error", "disk-error", "disk-full",
                  "torn-write", "slow-disk", *LEASE_FAULTS)
@@ -105,6 +107,7 @@ class Schedule:
                 "suspend": rng.uniform(0.5, 3.0) * WATCHDOG_SECONDS,
                 "slow-disk": rng.uniform(0.5, 3.0) * LEASE_TTL,
                 "slow-lease-write": rng.uniform(1.0, 3.0) * LEASE_TTL,
+                "slow-commit-lease": rng.uniform(1.0, 3.0) * LEASE_TTL,
                 "lease-write-error": rng.randint(1, 2),
                 "disk-error": rng.randint(1, 3),
                 "send-error": rng.randint(1, 3),
@@ -287,6 +290,10 @@ class Simulation:
             self.outcome.virtual_seconds = scheduler.now
             checker.tracebacks.judging = False
             scheduler.free()
+            # The dead ranks' files close now, not when a later schedule's collection
+            # happens to free them (and their numbers, reused within one turn, would hide
+            # from the descriptor tracking).
+            gc.collect()
             checker.tracebacks.judging = True
         checker.end_job(processes, aborted=scheduler.aborted)
         return scheduler.aborted is None and all(p.alive and p.status == 0 for p in processes)
@@ -338,6 +345,8 @@ class Simulation:
             process.disk_fault = ("error", int(fault.seconds), LEASES)
         elif fault.kind == "slow-lease-write":
             process.disk_fault = ("stall", fault.seconds, LEASES)
+        elif fault.kind == "slow-commit-lease":
+            process.disk_fault = ("stall", fault.seconds, COMMITTING)
 
     def _lose_messages(self, process: Process) -> None:
         """A killed rank's messages still on their way arrive, or are lost, as the schedule

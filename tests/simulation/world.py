@@ -42,6 +42,15 @@ RESULT = int(Tag.RESULT)
 WORK = int(Tag.WORK)
 FD_DIRECTORY = "/proc/self/fd"
 LEASES = "leases"
+COMMITTING = "committing"
+
+
+def _contents(path: str) -> bytes:
+    try:
+        with open(path, "rb") as handle:
+            return handle.read(1 << 16)
+    except OSError:
+        return b""
 
 
 class JobAborted(BaseException):
@@ -600,7 +609,9 @@ class SimDisk:
     ("error", n): the next n fail with EIO; ("full",): every one fails with ENOSPC; ("tear",):
     the next journal write stops halfway and the rank dies there; ("stall", s): the next
     fsync takes s seconds (the rank is stopped inside it, mid-commit). A fault whose last
-    item is LEASES meets only writes to the masters' shared lease tables (F320)."""
+    item is LEASES meets only writes to the masters' shared lease tables (F320); one whose
+    last item is COMMITTING only the lease write that marks a commit under way, the worst
+    moment for it (a simulator's "buggify")."""
 
     def __init__(self, scheduler: Scheduler):
         self.scheduler = scheduler
@@ -608,7 +619,10 @@ class SimDisk:
     def _fault(self, call: str, path: str = "") -> tuple | None:
         process = self.scheduler.current
         fault = process.disk_fault if process is not None else None
-        if fault is None or (fault[-1] == LEASES and LEASE_DIRECTORY_PREFIX not in path):
+        if fault is None or (fault[-1] in (LEASES, COMMITTING)
+                             and LEASE_DIRECTORY_PREFIX not in path):
+            return None
+        if fault[-1] == COMMITTING and b'"committing"' not in _contents(path):
             return None
         kind = fault[0]
         if kind in ("error", "full") or (kind == "tear") == (call == "write"):
