@@ -316,6 +316,8 @@ class Simulation:
                 return
             process = masters[fault.rank % len(masters)]
         if fault.kind.startswith("kill"):
+            if process.finished:
+                return  # it exited before: nothing to kill, its messages are sent
             self.checker.note_kill(process)
             scheduler.kill(process)
             self._lose_messages(process)
