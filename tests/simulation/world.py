@@ -45,14 +45,6 @@ LEASES = "leases"
 COMMITTING = "committing"
 
 
-def _contents(path: str) -> bytes:
-    try:
-        with open(path, "rb") as handle:
-            return handle.read(1 << 16)
-    except OSError:
-        return b""
-
-
 class JobAborted(BaseException):
     """MPI_Abort: every rank of the job ends at once."""
 
@@ -616,16 +608,21 @@ class SimDisk:
     def __init__(self, scheduler: Scheduler):
         self.scheduler = scheduler
 
-    def _fault(self, call: str, path: str = "") -> tuple | None:
+    def _fault(self, call: str, path: str = "", data=b"") -> tuple | None:
         process = self.scheduler.current
         fault = process.disk_fault if process is not None else None
         if fault is None or (fault[-1] in (LEASES, COMMITTING)
                              and LEASE_DIRECTORY_PREFIX not in path):
             return None
-        if fault[-1] == COMMITTING and b'"committing"' not in _contents(path):
+        if fault[-1] == COMMITTING and b'"committing"' not in data:
             return None
         kind = fault[0]
-        if kind in ("error", "full") or (kind == "tear") == (call == "write"):
+        # A lease table is written, not fsynced (its job's lifetime is the epoch's): its
+        # stalls come at the write; the others' at the fsync.
+        stalls_at = "write" if fault[-1] in (LEASES, COMMITTING) else "fsync"
+        strikes = kind in ("error", "full") or (kind == "tear" and call == "write") \
+            or (kind == "stall" and call == stalls_at)
+        if strikes:
             self.scheduler.struck(fault[1] if kind == "stall" else 0.0)
         if kind == "error":
             process.disk_fault = (("error", fault[1] - 1) + fault[2:]) if fault[1] > 1 \
@@ -633,13 +630,17 @@ class SimDisk:
             raise OSError(errno.EIO, "injected I/O error")
         if kind == "full":
             raise OSError(errno.ENOSPC, "injected: no space left on device")
-        if (kind == "tear") == (call == "write"):
+        if strikes:
             process.disk_fault = None
             return fault
         return None
 
     def write(self, fd: int, data) -> int:
-        if self._fault("write") is None:
+        fault = self._fault("write", os.readlink(f"{FD_DIRECTORY}/{fd}"), bytes(data))
+        if fault is None:
+            return os.write(fd, data)
+        if fault[0] == "stall":
+            self.scheduler.sleep(fault[1])
             return os.write(fd, data)
         os.write(fd, bytes(data[:max(1, len(data) // 2)]))
         process = self.scheduler.current

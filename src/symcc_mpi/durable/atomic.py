@@ -49,11 +49,15 @@ def fsync_directory(directory: Path) -> None:
 def write_durable(path: Path, data: bytes, *, fsync: bool = True) -> None:
     temporary = path.with_name(f"{TEMPORARY_PREFIX}{path.name}.{os.getpid()}")
     try:
-        with open(temporary, "wb") as handle:
-            handle.write(data)
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[SYSTEM_DISK.write(fd, view):]
             if fsync:
-                handle.flush()
-                SYSTEM_DISK.fsync(handle.fileno())
+                SYSTEM_DISK.fsync(fd)
+        finally:
+            os.close(fd)
         os.replace(temporary, path)
     except BaseException as error:
         temporary.unlink(missing_ok=True)  # a full disk must not leave half a file behind
