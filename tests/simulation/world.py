@@ -618,10 +618,9 @@ class SimDisk:
             return None
         kind = fault[0]
         # A lease table is written, not fsynced (its job's lifetime is the epoch's): its
-        # stalls come at the write; the others' at the fsync.
-        stalls_at = "write" if fault[-1] in (LEASES, COMMITTING) else "fsync"
+        # stalls come at the write; the others' at whichever comes first.
         strikes = kind in ("error", "full") or (kind == "tear" and call == "write") \
-            or (kind == "stall" and call == stalls_at)
+            or (kind == "stall" and (call == "write" or fault[-1] not in (LEASES, COMMITTING)))
         if strikes:
             self.scheduler.struck(fault[1] if kind == "stall" else 0.0)
         if kind == "error":
