@@ -470,7 +470,10 @@ class CampaignDir:
         target = os.path.join(self._corpus, digest)
         if os.path.exists(target):
             return False
-        write_durable(Path(target), data, fsync=False)  # synced at the group commit
+        # Synced at the group commit. Exclusive: another master may publish the same child
+        # at the same moment, and only one of them finds it (counts it, queues it).
+        if not write_durable(Path(target), data, fsync=False, exclusive=True):
+            return False
         self._published(target)
         return True
 

@@ -383,6 +383,12 @@ def run_schedule(schedule: Schedule, *, verbose: bool = False) -> Outcome:
     """`verbose`: the ranks' log and the campaign's output, as a real job prints them."""
     if verbose:
         return Simulation(schedule).run()
-    logging.getLogger("symcc_mpi").setLevel(logging.ERROR)  # tracebacks are findings
-    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-        return Simulation(schedule).run()
+    logger = logging.getLogger("symcc_mpi")
+    level = logger.level
+    logger.setLevel(logging.ERROR)  # quiet, but tracebacks are findings
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), \
+                contextlib.redirect_stderr(io.StringIO()):
+            return Simulation(schedule).run()
+    finally:
+        logger.setLevel(level)  # the process goes on (pytest): its logging as it was

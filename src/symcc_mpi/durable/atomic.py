@@ -46,7 +46,10 @@ def fsync_directory(directory: Path) -> None:
         os.close(fd)
 
 
-def write_durable(path: Path, data: bytes, *, fsync: bool = True) -> None:
+def write_durable(path: Path, data: bytes, *, fsync: bool = True,
+                  exclusive: bool = False) -> bool:
+    """`exclusive`: only if `path` does not exist yet (a link, not a rename: of two writers
+    exactly one creates it); False when it did. Else the last rename wins; True."""
     temporary = path.with_name(f"{TEMPORARY_PREFIX}{path.name}.{os.getpid()}")
     try:
         fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
@@ -58,7 +61,15 @@ def write_durable(path: Path, data: bytes, *, fsync: bool = True) -> None:
                 SYSTEM_DISK.fsync(fd)
         finally:
             os.close(fd)
-        os.replace(temporary, path)
+        if exclusive:
+            try:
+                os.link(temporary, path)
+            except FileExistsError:
+                return False
+            finally:
+                temporary.unlink(missing_ok=True)
+        else:
+            os.replace(temporary, path)
     except BaseException as error:
         temporary.unlink(missing_ok=True)  # a full disk must not leave half a file behind
         if isinstance(error, OSError) and error.filename is None:
@@ -66,6 +77,7 @@ def write_durable(path: Path, data: bytes, *, fsync: bool = True) -> None:
         raise
     if fsync:
         fsync_directory(path.parent)
+    return True
 
 
 def is_temporary(path: Path) -> bool:
