@@ -3,7 +3,6 @@ every other rank runs the worker loop. Rank 0's verdict reaches workers before a
 
 from __future__ import annotations
 
-import errno
 import logging
 import shutil
 import signal
@@ -19,7 +18,7 @@ from .faults import Faults
 from .host import MACHINE, Host
 from .protocol import ConfigVerdict, Tag
 from .splitting import SPLIT_ANEW, parse_work_id
-from .storage import STOP_ADVICE, STORAGE_EXIT, describe, storage_refused
+from .storage import STOP_ADVICE, STORAGE_EXIT, describe, storage_failing, storage_refused
 
 log = logging.getLogger("symcc_mpi.session")
 SEND_FLUSH_TIMEOUT = 10.0
@@ -70,7 +69,7 @@ def run_rank(config: CampaignConfig, host: Host = MACHINE) -> int:
 def _end_job(world, config: CampaignConfig, error: Exception) -> None:
     """MPI_Abort after `error`: OUT failing (a recovery's generation log, say) in one line,
     anything else with its traceback."""
-    if isinstance(error, OSError) and (storage_refused(error) or error.errno == errno.EIO):
+    if storage_failing(error):
         log.error("rank %d: %s: %s; ending the job", world.rank, describe(error, config.out),
                   STOP_ADVICE)
         world.comm.Abort(STORAGE_EXIT)

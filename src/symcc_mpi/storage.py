@@ -26,6 +26,12 @@ def storage_refused(error: BaseException) -> bool:
                                            or getattr(error, "storage_refused", False))
 
 
+def storage_failing(error: BaseException) -> bool:
+    """Whether `error` says the filesystem refused the write or failed it (EIO: the device):
+    where no commit retries the input, the campaign stops for either."""
+    return storage_refused(error) or (isinstance(error, OSError) and error.errno == errno.EIO)
+
+
 def describe(error: OSError, fallback: str | os.PathLike) -> str:
     """"no space left on device writing PATH": the path written (for a rename or a copy, its
     destination), else `fallback` when the error names none (a buffered flush)."""

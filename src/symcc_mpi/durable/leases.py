@@ -304,7 +304,11 @@ def open_sharded_table(root: Path, schema: str, shards: int, *, fsync: bool
     root.mkdir(parents=True, exist_ok=True)
     meta = root / "table.json"
     if not meta.exists():
-        _create_meta(root, meta, schema, shards, fsync=fsync)
+        # Create-if-absent without a race: of two openers one links its file into place,
+        # and both read the winner's shard count (two masters putting one key in two shards
+        # would lock two different locks).
+        write_durable(meta, json.dumps({"schema": schema, "shards": shards}).encode() + b"\n",
+                      fsync=fsync, exclusive=True)
     try:
         raw = json.loads(meta.read_bytes())
         found_schema, found = raw["schema"], raw["shards"]
@@ -333,22 +337,6 @@ def open_sharded_table(root: Path, schema: str, shards: int, *, fsync: bool
 def shard_directories(root: Path, shards: int) -> list[Path]:
     digits = len(f"{shards - 1:x}")
     return [root / "records" / f"{shard:0{digits}x}" for shard in range(shards)]
-
-
-def _create_meta(root: Path, meta: Path, schema: str, shards: int, *, fsync: bool) -> None:
-    # Create-if-absent without a race: a complete file is linked into place, and link fails
-    # if another opener got there first; both then read the winner's shard count (two
-    # masters putting one key in two shards would lock two different locks).
-    staged = root / f".tmp-table.json.{os.getpid()}.{secrets.token_hex(4)}"
-    try:
-        write_durable(staged, json.dumps({"schema": schema, "shards": shards}).encode()
-                      + b"\n", fsync=fsync)
-        with contextlib.suppress(FileExistsError):
-            os.link(staged, meta)
-    finally:
-        staged.unlink(missing_ok=True)
-    if fsync:
-        fsync_directory(root)
 
 
 def _mkdir(path: Path) -> bool:

@@ -50,7 +50,7 @@ from ..protocol import (
 )
 from ..pruning import PruningLedger
 from ..splitting import TRACE, WorkSource, parse_work_id
-from ..storage import STOP_ADVICE, STORAGE_EXIT, describe, storage_refused
+from ..storage import STOP_ADVICE, STORAGE_EXIT, describe, storage_failing, storage_refused
 from ..transport import Channel, Naps, RankFailure
 from ..ulfm.runtime import describe_endpoint
 
@@ -403,7 +403,7 @@ class Master:
                                           token=work.token, generation=self.generation,
                                           rank=rank, **({} if part is None else {"part": part}))
             except OSError as error:
-                if storage_refused(error) or error.errno == errno.EIO:
+                if storage_failing(error):
                     raise DispatchNotRecorded(error) from error  # not the worker's failure
                 raise
         try:
@@ -727,7 +727,7 @@ class Master:
         try:
             yield
         except OSError as error:
-            if not (storage_refused(error) or error.errno == errno.EIO):
+            if not storage_failing(error):
                 raise
             self._stop_for_resources(describe(error, self.config.out))
 
