@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from symcc_mpi.durable.atomic import write_durable
+from symcc_mpi.durable.atomic import temporary_for, write_durable
 from symcc_mpi.durable.clock import ManualClock
 from symcc_mpi.durable.leases import FencedWorkLeaseTable, WorkLease
 
@@ -108,7 +108,7 @@ def _killing_writer(kill_at: int, point: str):
         if count != kill_at:
             write_durable(path, data)
             return
-        temporary = path.with_name(f".tmp-{path.name}.{os.getpid()}")
+        temporary = temporary_for(path)
         with open(temporary, "wb") as handle:
             if point == "temp-partial":
                 handle.write(data[: len(data) // 2])

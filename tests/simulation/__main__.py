@@ -10,11 +10,12 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
 
-from .mutations import MUTATIONS
+from .mutations import MUTATIONS, apply
 from .runner import run_many, run_one, shrink
 from .simulation import Fault, Schedule, run_schedule
 
@@ -67,7 +68,8 @@ def _replay(arguments) -> int:
         schedule = Schedule.generate(arguments.seed)
     print(schedule.describe())
     if arguments.verbose:
-        outcome = run_schedule(schedule, verbose=True)
+        with apply(arguments.mutation) if arguments.mutation else contextlib.nullcontext():
+            outcome = run_schedule(schedule, verbose=True)
         print(f"violation: {outcome.violation}; trace {outcome.trace}")
         return 1 if outcome.failed else 0
     run = run_one(schedule.seed, arguments.mutation, schedule)

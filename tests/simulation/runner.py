@@ -84,9 +84,10 @@ def run_one(seed: int, mutation: str | None = None,
                outcome.trace)
 
 
-def _serve(seeds: list[int], mutation: str | None, results) -> None:
+def _serve(child: int, seeds: list[int], mutation: str | None, results) -> None:
     for seed in seeds:
-        results.put(run_one(seed, mutation))
+        results.put((child, seed))  # so that a schedule that hangs is named
+        results.put((child, run_one(seed, mutation)))
 
 
 def run_many(seeds: range, *, processes: int = 2, mutation: str | None = None,
@@ -97,20 +98,27 @@ def run_many(seeds: range, *, processes: int = 2, mutation: str | None = None,
     started = time.monotonic()
     context = multiprocessing.get_context("fork")
     results = context.Queue()
-    children = [context.Process(target=_serve, args=(list(seeds)[i::processes], mutation,
+    children = [context.Process(target=_serve, args=(i, list(seeds)[i::processes], mutation,
                                                      results), daemon=True)
                 for i in range(processes)]
+    running: dict[int, int] = {}  # child: the seed it is on
     for child in children:
         child.start()
     try:
-        for _ in seeds:
+        while len(summary.runs) < len(seeds):
             try:
-                run = results.get(timeout=SCHEDULE_SECONDS)
+                child, run = results.get(timeout=SCHEDULE_SECONDS)
             except queue.Empty:  # a child died, or a schedule spins in real time
-                summary.runs.append(Run(-1, "a schedule", f"no answer within "
-                                        f"{SCHEDULE_SECONDS} s", None, Counter(), Counter(),
-                                        0, 0, 0, 0, ""))
+                for seed in sorted(running.values()):
+                    summary.runs.append(Run(seed, Schedule.generate(seed).describe(),
+                                            f"no answer within {SCHEDULE_SECONDS} s (a "
+                                            "schedule still running, or its process died)",
+                                            None, Counter(), Counter(), 0, 0, 0, 0, ""))
                 break
+            if isinstance(run, int):
+                running[child] = run
+                continue
+            del running[child]
             summary.runs.append(run)
             if progress is not None:
                 progress(run)

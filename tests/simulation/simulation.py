@@ -55,9 +55,9 @@ FAULT_WINDOW = 0.8  # faults fall in the first virtual seconds, while work is in
 FAULT_KINDS = ("kill-worker", "kill-master", "pause-worker", "pause-master", "slow-link",
                "clock-jump", "suspend", "stale-generation", "send-error", "disk-error",
                "disk-full", "torn-write", "slow-disk")
-LEASE_FAULTS = ("lease-write-error", "slow-lease-write", "slow-commit-lease")  # >1 master
+LEASE_FAULTS = ("lease-write-error", "slow-lease-write", "stall-in-commit")  # >1 master
 WINDOW_FAULTS = ("pause-worker", "pause-master", "slow-link", "suspend", "slow-disk",
-                 "slow-lease-write", "slow-commit-lease")
+                 "slow-lease-write", "stall-in-commit")
 LASTING_FAULTS = ("slow-link", "disk-full")  # until the job ends
 MASTER_FAULTS = ("kill-master", "pause-master", "send-error", "disk-error", "disk-full",
                  "torn-write", "slow-disk", *LEASE_FAULTS)
@@ -107,7 +107,7 @@ class Schedule:
                 "suspend": rng.uniform(0.5, 3.0) * WATCHDOG_SECONDS,
                 "slow-disk": rng.uniform(0.5, 3.0) * LEASE_TTL,
                 "slow-lease-write": rng.uniform(1.0, 3.0) * LEASE_TTL,
-                "slow-commit-lease": rng.uniform(1.0, 3.0) * LEASE_TTL,
+                "stall-in-commit": rng.uniform(1.0, 3.0) * LEASE_TTL,
                 "lease-write-error": rng.randint(1, 2),
                 "disk-error": rng.randint(1, 3),
                 "send-error": rng.randint(1, 3),
@@ -347,7 +347,7 @@ class Simulation:
             process.disk_fault = ("error", int(fault.seconds), LEASES)
         elif fault.kind == "slow-lease-write":
             process.disk_fault = ("stall", fault.seconds, LEASES)
-        elif fault.kind == "slow-commit-lease":
+        elif fault.kind == "stall-in-commit":
             process.disk_fault = ("stall", fault.seconds, COMMITTING)
 
     def _lose_messages(self, process: Process) -> None:

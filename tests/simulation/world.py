@@ -42,7 +42,8 @@ RESULT = int(Tag.RESULT)
 WORK = int(Tag.WORK)
 FD_DIRECTORY = "/proc/self/fd"
 LEASES = "leases"
-COMMITTING = "committing"
+COMMITTING = "committing"  # armed: waits for a commit's fence
+IN_COMMIT = "in-commit"  # past the fence: strikes the commit's first child published
 
 
 class JobAborted(BaseException):
@@ -601,9 +602,11 @@ class SimDisk:
     ("error", n): the next n fail with EIO; ("full",): every one fails with ENOSPC; ("tear",):
     the next journal write stops halfway and the rank dies there; ("stall", s): the next
     fsync takes s seconds (the rank is stopped inside it, mid-commit). A fault whose last
-    item is LEASES meets only writes to the masters' shared lease tables (F320); one whose
-    last item is COMMITTING only the lease write that marks a commit under way, the worst
-    moment for it (a simulator's "buggify")."""
+    item is LEASES meets only writes to the masters' shared lease tables (F320). One whose
+    last item is COMMITTING waits for the lease write that marks a commit under way and
+    stalls the commit's first publication of a child (a commit that publishes none leaves
+    it armed for the next): the master stopped past its lease's expiry after the fence, the
+    moment F321 makes safe (a simulator's "buggify")."""
 
     def __init__(self, scheduler: Scheduler):
         self.scheduler = scheduler
@@ -611,16 +614,27 @@ class SimDisk:
     def _fault(self, call: str, path: str = "", data=b"") -> tuple | None:
         process = self.scheduler.current
         fault = process.disk_fault if process is not None else None
-        if fault is None or (fault[-1] in (LEASES, COMMITTING)
-                             and LEASE_DIRECTORY_PREFIX not in path):
+        if fault is None:
             return None
-        if fault[-1] == COMMITTING and b'"committing"' not in data:
+        in_leases = LEASE_DIRECTORY_PREFIX in path
+        if fault[-1] == COMMITTING:
+            if in_leases and b'"committing"' in data:
+                process.disk_fault = fault[:-1] + (IN_COMMIT,)
+            return None
+        if fault[-1] == IN_COMMIT:
+            if in_leases:  # the commit completed without a child (`"done"`)
+                process.disk_fault = fault[:-1] + (COMMITTING,)
+                return None
+            fault = fault[:-1]
+        elif fault[-1] == LEASES and not in_leases:
             return None
         kind = fault[0]
+        if kind == "stall" and path.endswith(GENERATIONS_JOURNAL):
+            return None  # written under a blocking flock: see fsync
         # A lease table is written, not fsynced (its job's lifetime is the epoch's): its
         # stalls come at the write; the others' at whichever comes first.
         strikes = kind in ("error", "full") or (kind == "tear" and call == "write") \
-            or (kind == "stall" and (call == "write" or fault[-1] not in (LEASES, COMMITTING)))
+            or (kind == "stall" and (call == "write" or fault[-1] != LEASES))
         if strikes:
             self.scheduler.struck(fault[1] if kind == "stall" else 0.0)
         if kind == "error":

@@ -8,12 +8,14 @@ which `is_temporary` recognises so scans can skip and sweep it.
 
 Filesystem semantics relied on: `rename` within one directory replaces the target atomically
 (POSIX; NFS too, the server performs it as one operation), and `fsync` of a file and then of
-its directory makes the data and the new name durable. The temporary name carries the pid,
-so two processes writing the same target never share a temporary; the last rename wins.
+its directory makes the data and the new name durable. The temporary name carries the pid
+and a count of the process's writes, so no two writers of one target (processes, or threads
+of one) share a temporary; the last rename wins.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 from pathlib import Path
 
@@ -46,11 +48,19 @@ def fsync_directory(directory: Path) -> None:
         os.close(fd)
 
 
+_writes = itertools.count()
+
+
+def temporary_for(path: Path) -> Path:
+    """The name a new durable write of `path` stages its bytes under."""
+    return path.with_name(f"{TEMPORARY_PREFIX}{path.name}.{os.getpid()}.{next(_writes)}")
+
+
 def write_durable(path: Path, data: bytes, *, fsync: bool = True,
                   exclusive: bool = False) -> bool:
     """`exclusive`: only if `path` does not exist yet (a link, not a rename: of two writers
     exactly one creates it); False when it did. Else the last rename wins; True."""
-    temporary = path.with_name(f"{TEMPORARY_PREFIX}{path.name}.{os.getpid()}")
+    temporary = temporary_for(path)
     try:
         fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
         try:
