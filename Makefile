@@ -3,7 +3,9 @@ VENV   := .venv
 PYTHON := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
-DEBIAN_PACKAGES := afl++ gnuplot-nox
+# slurm-wlm, munge and libpmix-dev: the tests run campaigns under a one-node Slurm of their own
+# (tests/cluster); libpmix-dev gives Slurm's mpi/pmix plugin the library it loads.
+DEBIAN_PACKAGES := afl++ gnuplot-nox slurm-wlm munge libpmix-dev
 DEMO_OUT := demo-out
 
 # SymCC from the shared source, built once per machine into a cache keyed by the source's
@@ -25,7 +27,8 @@ setup: $(STAMP)
 
 system-packages:
 	@if ! command -v afl-showmap >/dev/null || ! command -v afl-clang-fast >/dev/null \
-	    || ! command -v gnuplot >/dev/null; then \
+	    || ! command -v gnuplot >/dev/null || ! command -v slurmctld >/dev/null \
+	    || ! command -v munged >/dev/null || ! dpkg -s libpmix-dev >/dev/null 2>&1; then \
 	  echo "installing Debian packages: $(DEBIAN_PACKAGES)"; \
 	  $(SUDO) apt-get update -q && \
 	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q $(DEBIAN_PACKAGES); \

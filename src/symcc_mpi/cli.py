@@ -1,4 +1,4 @@
-"""Command line: `symcc-mpi explore | status | verify`."""
+"""Command line: `symcc-mpi explore | status | verify | slurm-script`."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from .config import (
     parse_command,
 )
 from .corpus import CampaignError
+from .slurm import LAUNCHERS
 
 
 class _Fail(click.ClickException):
@@ -41,6 +42,11 @@ def cli() -> None:
               help="Directory of seed inputs (optional with --resume or --afl-sync).")
 @click.option("--out", type=click.Path(path_type=Path), metavar="DIR",
               help="Campaign directory (on a filesystem every rank sees).")
+@click.option("--scratch", type=click.Path(path_type=Path), metavar="DIR",
+              help="Node-local directory for temporary files: each worker's executor runs, "
+                   "QSYM map, object cache and coverage probes live in a directory it makes "
+                   "there and removes at exit; only staging goes to --out. Default: each "
+                   "node's temporary directory ($TMPDIR or /tmp), coverage probes in /dev/shm.")
 @click.option("--afl-sync", type=click.Path(path_type=Path), metavar="AFL_OUT",
               help="Hybrid campaign beside AFL++ fuzzers run with -o AFL_OUT: it lives in "
                    "AFL_OUT/NAME, imports their queues and waits for them when it has nothing "
@@ -75,7 +81,7 @@ def cli() -> None:
 @click.option("--no-live", is_flag=True, help="Progress lines instead of the live view.")
 def explore(target, seeds, out, afl_sync, name, workers, masters, executor, afl_target,
             timeout, memory_limit, wall_timeout, max_idle, pruning, fault_tolerance, split,
-            resume, no_live) -> None:
+            resume, no_live, scratch) -> None:
     """Explore a target from seed inputs with N workers until the frontier is exhausted
     (or, with --afl-sync, beside AFL++ fuzzers until stopped)."""
     from .afl_sync import check_instance_name
@@ -111,6 +117,7 @@ def explore(target, seeds, out, afl_sync, name, workers, masters, executor, afl_
             pruning=pruning,
             split=split,
             resume=resume,
+            scratch=scratch.absolute() if scratch is not None else None,
             fault_tolerance=fault_tolerance or ("on" if launched_by_us() else "auto"),
         )
         if under_mpi():
@@ -153,6 +160,65 @@ def verify(out: Path) -> None:
     click.echo("OK")
 
 
+
+@cli.command("slurm-script", context_settings={"ignore_unknown_options": True,
+                                               "allow_interspersed_args": False})
+@click.option("--workers", type=int, default=2, show_default=True,
+              help="Worker ranks: the job asks for one Slurm task per worker and one more.")
+@click.option("--launcher", type=click.Choice(LAUNCHERS), default="self", show_default=True,
+              help="self: symcc-mpi starts mpiexec in the allocation (ULFM fault tolerance); "
+                   "srun: srun --mpi=pmix; mpirun: Open MPI's mpirun.")
+@click.option("--time", metavar="TIME", help="Slurm's --time (the job's limit).")
+@click.option("--partition", metavar="NAME", help="Slurm's --partition.")
+@click.option("--job-name", default="symcc-mpi", show_default=True)
+@click.option("--output", metavar="PATTERN",
+              help="Slurm's --output for the job's log (default: slurm-%j.out where it is "
+                   "submitted).")
+@click.option("-o", "--script", type=click.Path(path_type=Path, dir_okay=False),
+              help="Write the script here (executable) instead of to stdout.")
+@click.argument("explore_options", nargs=-1, type=click.UNPROCESSED)
+def slurm_script(workers, launcher, time, partition, job_name, output, script,
+                 explore_options) -> None:
+    """Write a Slurm batch script that runs a campaign: give it `explore`'s options.
+
+    \b
+        symcc-mpi slurm-script --workers 15 --time 8:00:00 -o campaign.sbatch -- \\
+            --target "./prog @@" --seeds seeds --out /shared/campaign
+        sbatch campaign.sbatch
+
+    A job submitted again (or requeued after a preemption) continues the campaign."""
+    from .slurm import JobScript
+
+    if workers < 1:
+        raise _Fail(f"slurm-script: --workers must be 1 or more (got {workers})")
+    options = list(explore_options)
+    for decided in ("--workers", "--resume"):
+        if any(o == decided or o.startswith(decided + "=") for o in options):
+            raise _Fail(f"slurm-script: {decided} is the script's to decide: leave it out of "
+                        "the explore options")
+    try:
+        parsed = explore.make_context("explore", list(options)).params
+    except click.ClickException as error:
+        raise _Fail(f"slurm-script: the explore options: {error.format_message()}") from None
+    if parsed["afl_sync"] is not None:
+        out = parsed["afl_sync"] / parsed["name"]
+    elif parsed["out"] is not None:
+        out = parsed["out"]
+    else:
+        raise _Fail("slurm-script: the explore options need --out DIR (or --afl-sync AFL_OUT)")
+    text = JobScript(tuple(options), out.absolute(), workers,
+                     Path(sys.argv[0]).absolute() if Path(sys.argv[0]).name == "symcc-mpi"
+                     else Path(sys.executable).parent / "symcc-mpi",
+                     Path.cwd(), launcher=launcher, time=time, partition=partition,
+                     job_name=job_name, output=output).render()
+    if script is None:
+        click.echo(text, nl=False)
+        return
+    try:
+        script.write_text(text)
+        script.chmod(0o755)
+    except OSError as error:
+        raise _Fail(f"slurm-script: cannot write {script}: {error.strerror}") from None
 
 
 def main() -> None:

@@ -40,6 +40,9 @@ class CampaignConfig:
     afl_sync: Path | None = None
     # Split one input's solving across free workers when the frontier is thin (splitting.py)
     split: bool = False
+    # Node-local directory for each rank's temporary files (scratch.py); None: each node's
+    # temporary directory. Not in `to_json`: not the campaign's identity, a resume may move it.
+    scratch: Path | None = None
 
     @property
     def hybrid(self) -> bool:

@@ -36,7 +36,7 @@ class Tag(enum.IntEnum):
 
 class ResultOutcome(str, enum.Enum):
     """What a RESULT says of its input: a closed set on the wire (a value outside it does not
-    decode). Every executors.base.Outcome, plus three for an input that was not analysed."""
+    decode). Every executors.base.Outcome, plus four for an input that was not analysed."""
 
     OK = Outcome.OK.value
     CRASH = Outcome.CRASH.value
@@ -48,12 +48,16 @@ class ResultOutcome(str, enum.Enum):
     # The worker could not write into OUT (full, over quota, read-only): not the input's
     # fault; the master stops the campaign instead of requeueing or deferring (storage.py).
     STORAGE_REFUSED = "storage-refused"
+    # SIGTERM reached the job while the input ran (a scheduler cancelling or preempting it
+    # signals every process, the target's too): the run was cut short, not the input's fault.
+    INTERRUPTED = "interrupted"
 
 
 INVALID_INPUT = ResultOutcome.INVALID_INPUT
 WORKER_ERROR = ResultOutcome.WORKER_ERROR
 STORAGE_REFUSED = ResultOutcome.STORAGE_REFUSED
-NOT_ANALYSED = (INVALID_INPUT, WORKER_ERROR, STORAGE_REFUSED)
+INTERRUPTED = ResultOutcome.INTERRUPTED
+NOT_ANALYSED = (INVALID_INPUT, WORKER_ERROR, STORAGE_REFUSED, INTERRUPTED)
 
 TOKEN_PATTERN = re.compile(r"^[0-9a-f]{8,64}$")
 SHA256_PATTERN = re.compile(r"^[0-9a-f]{64}$")

@@ -17,6 +17,7 @@ from .executors import check_available
 from .faults import Faults
 from .host import MACHINE, Host
 from .protocol import ConfigVerdict, Tag
+from .scratch import check_scratch
 from .splitting import SPLIT_ANEW, parse_work_id
 from .storage import STOP_ADVICE, STORAGE_EXIT, describe, storage_failing, storage_refused
 
@@ -30,13 +31,16 @@ TAKEOVER_LOCK_WAIT = 120.0  # NFS keeps a dead client's locks until its lease ex
 
 def run_rank(config: CampaignConfig, host: Host = MACHINE) -> int:
     from .roles.master import configure_logging
+    from .roles.worker import note_termination
     from .transport import Channel
 
     world = Channel(host.world())
     configure_logging(world.rank)
     if world.rank != 0:
-        # Ctrl-C on a terminal reaches every rank; only the master decides when work stops.
+        # Ctrl-C on a terminal, and a scheduler's SIGTERM, reach every rank; only the master
+        # decides when work stops (a rank that becomes one takes both signals over).
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, note_termination)
     decision = host.decide_fault_tolerance(world.comm, config)
     if world.rank == 0:
         log.info("fault tolerance %s", decision.reason)
@@ -425,6 +429,7 @@ def check_config(config: CampaignConfig, *, lock_held: bool = False) -> None:
             check_afl_target(list(config.afl_target))
         except TriageError as error:
             raise UsageError(f"--afl-target: {error}") from None
+    check_scratch(config.scratch)  # this node's: each worker checks its own (scratch.py)
     check_out_dir(config.out, resume=config.resume)  # it may create the directory
     if config.resume:
         campaign = CampaignDir(config.out)
@@ -502,7 +507,7 @@ def _importer(config: CampaignConfig, campaign: CampaignDir, coverage):
     fleet = FleetQueues(config.afl_sync, config.out.name,
                         load_cursors(campaign.state / CURSORS_FILE))
     probe = CoverageProbe(list(config.afl_target), timeout=config.timeout,
-                          memory_limit_mb=config.memory_limit_mb)
+                          memory_limit_mb=config.memory_limit_mb, scratch_dir=config.scratch)
     importer = Importer(campaign, campaign.inputs, fleet, probe=probe, triage=coverage)
     campaign.inputs.rank_by(importer.priority)
     return importer
@@ -623,7 +628,7 @@ def _replay_coverage(master, config, campaign: CampaignDir, ordered: list[str]) 
     from .triage import CoverageProbe
 
     probe = CoverageProbe(list(config.afl_target), timeout=config.timeout,
-                          memory_limit_mb=config.memory_limit_mb)
+                          memory_limit_mb=config.memory_limit_mb, scratch_dir=config.scratch)
     paths = [campaign.corpus / digest for digest in ordered]
     for coverage in probe.probe(paths):
         master.triage.merge(coverage)

@@ -405,6 +405,14 @@ class CoverageProbe:
     Zero-size inputs (which batch mode skips) and an input that kills afl-showmap itself
     are probed alone; their status then comes from a native run of the AFL build,
     because single-file afl-showmap reports a timeout as "killed by signal 9".
+
+    Every file a probe writes lives in a temporary directory under `scratch_dir` (node-local,
+    --scratch): afl-showmap's batch mode writes each input it runs to `.afl-showmap-temp-PID`
+    in its working directory (AFL++ 4.04c has no option to move it: `-A` is refused), so
+    unless `cwd` is given the AFL build runs there, with TMPDIR there too, and arguments that
+    name a path relative to our own directory are made absolute first (`_pinned`). Otherwise
+    it would write into the directory the campaign was started from, on a cluster a shared
+    one, once per probed input.
     """
 
     def __init__(
@@ -422,7 +430,7 @@ class CoverageProbe:
             raise ValueError("empty AFL target command line")
         if timeout <= 0:
             raise ValueError("timeout must be positive")
-        self._argv = list(afl_target_argv)
+        self._argv = list(afl_target_argv) if cwd is not None else _pinned(afl_target_argv)
         self._uses_file = any("@@" in a for a in self._argv)
         self._timeout_ms = max(_MIN_TIMEOUT_MS, math.ceil(timeout * 1000))
         self._memory_limit_mb = memory_limit_mb
@@ -445,10 +453,10 @@ class CoverageProbe:
     def probe(self, files: Sequence[Path | str]) -> list[FileCoverage]:
         """Coverage and status of each file, in the order given."""
         started = time.monotonic()
-        paths = [Path(f) for f in files]
+        paths = [Path(os.path.abspath(f)) for f in files]  # the AFL build runs in `work`
         results: list[FileCoverage | None] = [None] * len(paths)
         with tempfile.TemporaryDirectory(prefix="symcc-mpi-showmap-", dir=self._scratch_dir) as tmp:
-            work = Path(tmp)
+            work = Path(os.path.abspath(tmp))
             in_dir, out_dir = work / "in", work / "out"
             in_dir.mkdir()
             pending: dict[str, int] = {}
@@ -497,7 +505,7 @@ class CoverageProbe:
         cmd += self._argv
         # A generous ceiling: every file may run into the timeout, plus start-up.
         budget = 30.0 + len(pending) * (self._timeout_ms / 1000.0 + 0.5)
-        _, raw = self._run_showmap(cmd, budget, subprocess.DEVNULL)
+        _, raw = self._run_showmap(cmd, budget, subprocess.DEVNULL, work)
         self.stats.batches += 1
         outcome, map_size = _parse_batch_stdout(raw)
         if map_size is not None:
@@ -537,15 +545,15 @@ class CoverageProbe:
             (in_dir / name).unlink()
 
     def _run_showmap(
-        self, cmd: list[str], budget: float, stdin: int | BinaryIO
+        self, cmd: list[str], budget: float, stdin: int | BinaryIO, work: Path
     ) -> tuple[int, bytes]:
         proc = subprocess.Popen(
             cmd,
             stdin=stdin,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
-            env=self._env,
-            cwd=self._cwd,
+            env={**self._env, "TMPDIR": str(work)},
+            cwd=self._cwd or work,
             start_new_session=True,
         )
         try:
@@ -565,15 +573,15 @@ class CoverageProbe:
         map_file.unlink(missing_ok=True)
         cmd = [self._showmap, "-q", "-o", _showmap_path(map_file), *self._limits(), "--", *argv]
         with _stdin_for(path, self._uses_file) as stdin:
-            rc, raw = self._run_showmap(cmd, 30.0 + self._timeout_ms / 1000.0, stdin)
+            rc, raw = self._run_showmap(cmd, 30.0 + self._timeout_ms / 1000.0, stdin, work)
         if rc not in (0, 1, 2) or not map_file.exists():
             outcome, _ = _parse_batch_stdout(raw)
             raise TriageError(f"afl-showmap failed on {path.name}: {outcome.error or 'no map'}")
         edges, buckets = parse_showmap_text(map_file.read_bytes())
-        status = self._native_status(argv, path)
+        status = self._native_status(argv, path, work)
         return FileCoverage(status, edges, buckets, self.map_size or 0)
 
-    def _native_status(self, argv: list[str], path: Path) -> Status:
+    def _native_status(self, argv: list[str], path: Path, work: Path) -> Status:
         limit = self._memory_limit_mb
 
         def limits() -> None:  # runs in the child, before exec
@@ -587,8 +595,8 @@ class CoverageProbe:
                 stdin=stdin,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
-                env=self._native_env,
-                cwd=self._cwd,
+                env={**self._native_env, "TMPDIR": str(work)},
+                cwd=self._cwd or work,  # where afl-showmap runs it (class docstring)
                 start_new_session=True,
                 preexec_fn=limits,
             )
@@ -615,6 +623,13 @@ def _default_scratch() -> Path | None:
     # project's VMs that is 1.1-1.9 ms per input, on tmpfs 0.3-0.5 ms.
     shm = Path("/dev/shm")
     return shm if shm.is_dir() and os.access(shm, os.W_OK | os.X_OK) else None
+
+
+def _pinned(argv: Sequence[str]) -> list[str]:
+    """`argv` for a run in another directory: each argument that names an existing path
+    relative to this process's directory made absolute, so that it names the same one."""
+    return [os.path.abspath(arg) if "@@" not in arg and not os.path.isabs(arg)
+            and os.path.exists(arg) else arg for arg in argv]
 
 
 def _showmap_path(path: Path) -> str:

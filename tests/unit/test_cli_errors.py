@@ -273,3 +273,41 @@ def test_hybrid_refuses_an_afl_instance_of_the_same_name(setup):
     one_line_error(run("--target", f"{target} @@", "--afl-target", f"{AFL_BUILD} @@",
                        "--afl-sync", tmp / "afl"), "holds no symcc-mpi campaign")
     assert (fuzzer / "fuzzer_stats").read_text() == "fuzzer_pid : 1\n"
+
+
+@pytest.mark.parametrize("where, why", [("/nonexistent", "no such directory"),
+                                        ("FILE", "not a directory")])
+def test_a_scratch_directory_that_cannot_be_used_is_refused_before_mpiexec(setup, monkeypatch,
+                                                                           where, why):
+    import symcc_mpi.launch as launch
+
+    monkeypatch.setattr(launch, "launch", lambda *a, **k: pytest.fail("mpiexec was started"))
+    tmp, seeds, target = setup
+    where = target if where == "FILE" else where
+    one_line_error(run("--target", f"{target} @@", "--seeds", seeds, "--out", tmp / "o",
+                       "--executor", "noop", "--scratch", where),
+                   f"--scratch {where}: cannot make a scratch directory there: {why}")
+    assert not (tmp / "o").exists()
+
+
+def test_scratch_is_absolute_and_a_resume_may_name_another(setup, monkeypatch):
+    import symcc_mpi.launch as launch
+    from symcc_mpi.corpus import CampaignDir
+
+    launched = []
+    monkeypatch.setattr(launch, "launch", lambda config, argv, live: launched.append(config))
+    tmp, seeds, target = setup
+    (tmp / "here").mkdir()
+    (tmp / "there").mkdir()
+    monkeypatch.chdir(tmp)
+    args = ["--target", f"{target} @@", "--out", tmp / "o", "--executor", "noop"]
+    result = run(*args, "--seeds", seeds, "--scratch", "here")
+    assert result.exit_code == 0, result.output
+    assert launched[-1].scratch == tmp / "here"
+    CampaignDir(tmp / "o").create(launched[-1].to_json())  # what the first run's master does
+    result = run(*args, "--resume", "--scratch", tmp / "there")
+    assert result.exit_code == 0, result.output
+    assert launched[-1].scratch == tmp / "there" and launched[-1].resume
+    assert run("--target", f"{target} @@", "--out", tmp / "p", "--executor", "noop",
+               "--seeds", seeds).exit_code == 0
+    assert launched[-1].scratch is None  # each node's temporary directory

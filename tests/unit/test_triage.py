@@ -451,3 +451,48 @@ def test_probe_reports_a_broken_target(tmp_path, inputs):
     with pytest.raises(TriageError, match="afl-showmap failed"):
         probe.probe([inputs["plain"]])
     assert probe.probe([]) == []
+
+
+# Appends, to the file its second argument names, the directory it runs in and its TMPDIR.
+WHERE_C = r"""
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+int main(int argc, char **argv) {
+  char cwd[4096];
+  const char *tmp = getenv("TMPDIR");
+  FILE *record = fopen(argv[2], "a");
+  if (!record || !getcwd(cwd, sizeof cwd)) return 1;
+  fprintf(record, "%s %s\n", cwd, tmp ? tmp : "-");
+  return 0;
+}
+"""
+
+
+@needs_afl
+def test_probe_runs_the_afl_build_in_its_scratch_not_in_our_directory(tmp_path, monkeypatch):
+    """afl-showmap's batch mode writes each input to .afl-showmap-temp-PID in its working
+    directory: with --scratch, that is the probe's scratch, not the (shared) directory the
+    campaign was started from; a relative argument still names the same file."""
+    where = tmp_path / "where"
+    (tmp_path / "where.c").write_text(WHERE_C)
+    subprocess.run(["afl-clang-fast", "-O0", "-o", str(where), str(tmp_path / "where.c")],
+                   check=True, capture_output=True, env={**os.environ, "AFL_QUIET": "1"})
+    ours, scratch = tmp_path / "ours", tmp_path / "scratch"
+    ours.mkdir()
+    scratch.mkdir()
+    monkeypatch.chdir(ours)
+    Path("record.txt").touch()
+    files = [tmp_path / "a", tmp_path / "b", tmp_path / "empty"]  # empty: a single run
+    for path, data in zip(files, (b"a", b"bb", b""), strict=True):
+        path.write_bytes(data)
+    probe = CoverageProbe([str(where), "@@", "record.txt"], timeout=1, scratch_dir=scratch)
+    assert [c.status for c in probe.probe(files)] == [Status.OK] * 3
+    assert probe.stats.single_runs == 1
+    runs = [line.split(" ") for line in (ours / "record.txt").read_text().splitlines()]
+    assert len(runs) >= 3
+    for cwd, tmpdir in runs:
+        assert Path(cwd).parent == scratch and Path(cwd).name.startswith("symcc-mpi-showmap-")
+        assert tmpdir == cwd
+    assert os.listdir(ours) == ["record.txt"]
+    assert os.listdir(scratch) == []

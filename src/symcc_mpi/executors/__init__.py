@@ -38,7 +38,7 @@ def make_executor(config: CampaignConfig, *, scratch: Path,
         from .triton import TritonExecutor
 
         return TritonExecutor(list(config.target), timeout=config.timeout,
-                              memory_limit_mb=config.memory_limit_mb)
+                              memory_limit_mb=config.memory_limit_mb, scratch=scratch)
     if config.executor == "noop":
         from .noop import NoopExecutor
 

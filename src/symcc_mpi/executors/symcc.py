@@ -145,7 +145,8 @@ class SymccExecutor:
         """`coverage_map`: QSYM's pruning map file for every run (node-local: QSYM rewrites
         it whole at each interesting branch); `counters`: the library of `counters_library`,
         whose counts (and the path's branch targets) land in a file under `scratch`, as does
-        the map of a targeted run."""
+        the map of a targeted run. Given a `scratch`, the target's TMPDIR is there too: what
+        it, SymCC's runtime or the solver leave in temporary files stays node-local."""
         self.target = tuple(target)
         self.timeout = timeout
         self.memory_limit_mb = memory_limit_mb
@@ -153,6 +154,7 @@ class SymccExecutor:
         self.linearize = linearize
         self.counters = counters
         self.targetable = counters is not None
+        self.tmpdir = scratch
         scratch = scratch or Path(tempfile.gettempdir())
         self.counters_file = scratch / f"symcc-counters-{os.getpid()}" if counters else None
         self.targets_map = scratch / f"symcc-targets-{os.getpid()}.map" if counters else None
@@ -161,6 +163,8 @@ class SymccExecutor:
     def _environment(self, input_path: Path, output_dir: Path, uses_file: bool,
                      targets: frozenset[int] | None) -> dict:
         env = dict(os.environ, SYMCC_OUTPUT_DIR=str(output_dir))
+        if self.tmpdir is not None:
+            env["TMPDIR"] = str(self.tmpdir)
         for name in _PRUNING_ENV:
             env.pop(name, None)
         if uses_file:

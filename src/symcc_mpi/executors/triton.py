@@ -60,7 +60,10 @@ class TritonExecutor:
         solver: str = "bitwuzla",
         startup_timeout: float = 60.0,
         python: str | None = None,
+        scratch: Path | None = None,
     ) -> None:
+        """`scratch`: the worker's node-local directory, the server's (and so the target's)
+        TMPDIR."""
         if not target_argv:
             raise ExecutorError("empty target command line")
         if timeout <= 0:
@@ -80,6 +83,7 @@ class TritonExecutor:
         self.startup_timeout = startup_timeout
         self.python = python or sys.executable
         self.stdin_mode = not any("@@" in a for a in target_argv[1:])
+        self.tmpdir = scratch
         self._server: subprocess.Popen | None = None
         self._buf = b""
         self.server_starts = 0
@@ -94,6 +98,8 @@ class TritonExecutor:
         self._discard_server()
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_SRC_ROOT), env.get("PYTHONPATH")) if p)
+        if self.tmpdir is not None:
+            env["TMPDIR"] = str(self.tmpdir)
         try:
             # Popen execs at once (no Python runs between fork and exec): safe in an MPI rank.
             self._server = subprocess.Popen(

@@ -35,6 +35,7 @@ from ..durable.clock import SYSTEM_CLOCK
 from ..executors import Outcome
 from ..faults import Faults, die, stop_self
 from ..protocol import (
+    INTERRUPTED,
     INVALID_INPUT,
     STORAGE_REFUSED,
     ConfigVerdict,
@@ -467,7 +468,7 @@ class Master:
             self._refuse(rank, result.token, ResultField.GENERATION,
                          f"generation {result.generation} in generation {self.generation}")
             return
-        if result.outcome == STORAGE_REFUSED or self.storage_problem:
+        if result.outcome in (STORAGE_REFUSED, INTERRUPTED) or self.storage_problem:
             # Not the input's fault: it goes back to the frontier with no failure counted, and
             # nothing more is committed once OUT refused a write.
             self.dispatch.give_back(rank)
