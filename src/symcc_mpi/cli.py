@@ -164,7 +164,7 @@ def verify(out: Path) -> None:
 @cli.command("slurm-script", context_settings={"ignore_unknown_options": True,
                                                "allow_interspersed_args": False})
 @click.option("--workers", type=int, default=2, show_default=True,
-              help="Worker ranks: the job asks for one Slurm task per worker and one more.")
+              help="Worker ranks: the job asks for one Slurm task per worker and per master.")
 @click.option("--launcher", type=click.Choice(LAUNCHERS), default="self", show_default=True,
               help="self: symcc-mpi starts mpiexec in the allocation (ULFM fault tolerance); "
                    "srun: srun --mpi=pmix; mpirun: Open MPI's mpirun.")
@@ -206,7 +206,7 @@ def slurm_script(workers, launcher, time, partition, job_name, output, script,
         out = parsed["out"]
     else:
         raise _Fail("slurm-script: the explore options need --out DIR (or --afl-sync AFL_OUT)")
-    text = JobScript(tuple(options), out.absolute(), workers,
+    text = JobScript(tuple(options), out.absolute(), workers, parsed["masters"],
                      Path(sys.argv[0]).absolute() if Path(sys.argv[0]).name == "symcc-mpi"
                      else Path(sys.executable).parent / "symcc-mpi",
                      Path.cwd(), launcher=launcher, time=time, partition=partition,

@@ -33,6 +33,7 @@ class JobScript:
     explore: tuple[str, ...]  # `symcc-mpi explore`'s options, --out absolute
     out: Path
     workers: int
+    masters: int  # explore's --masters: one task each too
     program: Path  # the symcc-mpi to run, absolute
     directory: Path  # where the job runs (relative paths in `explore` are from here)
     launcher: str = "self"
@@ -42,7 +43,7 @@ class JobScript:
     output: str | None = None
 
     def render(self) -> str:
-        directives = [f"--job-name={self.job_name}", f"--ntasks={self.workers + 1}",
+        directives = [f"--job-name={self.job_name}", f"--ntasks={self.workers + self.masters}",
                       "--requeue", "--open-mode=append"]
         if self.time:
             directives.append(f"--time={self.time}")
@@ -53,15 +54,15 @@ class JobScript:
         explore = " ".join(shlex.quote(arg) for arg in self.explore)
         program = shlex.quote(str(self.program))
         launch = {
-            "self": f'{program} explore --workers "$((SLURM_NTASKS - 1))"',
+            "self": f'{program} explore --workers "$((SLURM_NTASKS - {self.masters}))"',
             "srun": f"srun --mpi=pmix {program} explore",
             "mpirun": f'{shlex.quote(str(self.program.parent / "mpirun"))} "${{AS_ROOT[@]}}" '
                       f"{program} explore",
         }[self.launcher]
         return "\n".join([
             "#!/bin/bash",
-            f"# A symcc-mpi campaign: one master and {self.workers} workers, one Slurm task "
-            "each.",
+            f"# A symcc-mpi campaign: {self.masters} master(s) and {self.workers} workers, one "
+            "Slurm task each.",
             "# Written by `symcc-mpi slurm-script`; submit it with sbatch.",
             *(f"#SBATCH {directive}" for directive in directives),
             "",

@@ -42,6 +42,13 @@ def test_the_script_asks_one_task_per_rank_and_starts_them_as_told(tmp_path, mon
     assert subprocess.run(["bash", "-n"], input=text, text=True).returncode == 0
 
 
+def test_several_masters_take_a_task_each(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    text = script("--workers", "6", "--", *EXPLORE, "--masters", "2").output
+    assert "#SBATCH --ntasks=8\n" in text
+    assert 'explore --workers "$((SLURM_NTASKS - 2))" --target' in text
+
+
 def test_a_later_job_resumes_the_campaign_and_the_last_line_is_its_exit_status(
         tmp_path, monkeypatch):
     """The script run outside Slurm, with a stand-in for symcc-mpi that logs what it is
