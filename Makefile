@@ -73,7 +73,7 @@ demo: setup
 
 # pytest exits 5 when it collected nothing: that is a failure here, not a pass.
 test: examples
-	$(if $(HAVE_SYMCC_SOURCE),SYMCC_MPI_REQUIRE_SYMCC=1) $(PYTHON) -m pytest -q -p no:cacheprovider tests; rc=$$?; \
+	$(if $(HAVE_SYMCC_SOURCE),SYMCC_MPI_REQUIRE_SYMCC=1) $(PYTHON) -m pytest -q -p no:cacheprovider --durations=20 tests; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; \
 	exit $$rc
 
