@@ -197,7 +197,7 @@ def slurm_script(workers, launcher, time, partition, job_name, output, script,
             raise _Fail(f"slurm-script: {decided} is the script's to decide: leave it out of "
                         "the explore options")
     try:
-        parsed = explore.make_context("explore", list(options)).params
+        parsed = explore.make_context("explore", list(options)).params  # it eats its list
     except click.ClickException as error:
         raise _Fail(f"slurm-script: the explore options: {error.format_message()}") from None
     if parsed["afl_sync"] is not None:
@@ -207,8 +207,7 @@ def slurm_script(workers, launcher, time, partition, job_name, output, script,
     else:
         raise _Fail("slurm-script: the explore options need --out DIR (or --afl-sync AFL_OUT)")
     text = JobScript(tuple(options), out.absolute(), workers, parsed["masters"],
-                     Path(sys.argv[0]).absolute() if Path(sys.argv[0]).name == "symcc-mpi"
-                     else Path(sys.executable).parent / "symcc-mpi",
+                     Path(sys.executable).parent / "symcc-mpi",  # the venv's entry point
                      Path.cwd(), launcher=launcher, time=time, partition=partition,
                      job_name=job_name, output=output).render()
     if script is None:
