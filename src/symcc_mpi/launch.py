@@ -58,20 +58,32 @@ def find_mpiexec() -> str:
     return found
 
 
-def check_workers(workers: int, masters: int = 1, available: int | None = None) -> None:
+def check_workers(workers: int, masters: int = 1, available: int | None = None,
+                  nodes: int | None = None) -> None:
     """Refuse, before mpiexec forks anything, more ranks than this machine's memory holds
     (`available` bytes; by default what the kernel says is available now). Every rank here
     is a Python process of its own: ~44 MB resident measured before its executor runs
-    (Open MPI 5, mpi4py, msgspec), so RANK_MEMORY per rank is the least a campaign needs."""
+    (Open MPI 5, mpi4py, msgspec), so RANK_MEMORY per rank is the least a campaign needs.
+    In a Slurm allocation of several `nodes` (SLURM_JOB_NUM_NODES), this one runs its share
+    of the ranks (the first node's, the largest)."""
     available = _available_memory() if available is None else available
-    ranks = workers + masters
+    nodes = _allocated_nodes() if nodes is None else nodes
+    ranks = -(-(workers + masters) // nodes)
     if available is None or ranks * RANK_MEMORY <= available:
         return
-    fit = max(available // RANK_MEMORY - masters, 0)
-    raise UsageError(f"--workers {workers} would start {ranks} MPI ranks on this machine, "
+    fit = max(available // RANK_MEMORY * nodes - masters, 0)
+    where = "this machine" if nodes == 1 else f"this node (of {nodes})"
+    raise UsageError(f"--workers {workers} would start {ranks} MPI ranks on {where}, "
                      f"{ranks * RANK_MEMORY / 2**30:.1f} GiB at {RANK_MEMORY >> 20} MiB each, "
                      f"but only {available / 2**30:.1f} GiB of memory is available: at most "
                      f"{fit} workers fit")
+
+
+def _allocated_nodes() -> int:
+    try:
+        return max(1, int(os.environ.get("SLURM_JOB_NUM_NODES", "1")))
+    except ValueError:
+        return 1
 
 
 def _available_memory() -> int | None:

@@ -190,6 +190,17 @@ def test_worker_bound_is_what_the_available_memory_holds():
         check_workers(1, available=RANK_MEMORY)
 
 
+def test_in_an_allocation_of_several_nodes_each_holds_its_share(monkeypatch):
+    from symcc_mpi.config import UsageError
+    from symcc_mpi.launch import RANK_MEMORY, check_workers
+
+    monkeypatch.setenv("SLURM_JOB_NUM_NODES", "4")
+    check_workers(15, available=4 * RANK_MEMORY)  # 16 ranks, 4 on each node
+    with pytest.raises(UsageError, match=r"5 MPI ranks on this node \(of 4\), .* at most "
+                                         r"15 workers fit"):
+        check_workers(16, available=4 * RANK_MEMORY)
+
+
 def test_resume_of_a_live_campaign_is_refused_before_mpiexec(setup, monkeypatch):
     import symcc_mpi.launch as launch
     from symcc_mpi.corpus import CampaignDir
