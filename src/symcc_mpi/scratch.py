@@ -28,16 +28,11 @@ _WHY = {
 }
 
 
-def scratch_root(root: Path | None) -> Path:
-    """The directory --scratch named, or this node's temporary directory ($TMPDIR or /tmp)."""
-    return Path(root) if root is not None else Path(tempfile.gettempdir())
-
-
 def make_scratch(root: Path | None, prefix: str) -> Path:
     """A new private directory under `root` (None: this node's temporary directory); its
     maker removes it. Raises UsageError, one line naming the directory, when it cannot."""
     try:
-        where = scratch_root(root)
+        where = Path(root) if root is not None else Path(tempfile.gettempdir())
     except FileNotFoundError as error:  # gettempdir: no usable temporary directory at all
         raise UsageError(f"--scratch not given and {error}") from None
     try:

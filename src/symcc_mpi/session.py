@@ -502,13 +502,11 @@ def open_master(channel, config: CampaignConfig, *, fault_tolerant: bool = False
 def _importer(config: CampaignConfig, campaign: CampaignDir, coverage):
     """A hybrid campaign's importer of the fuzzers' queues; the frontier takes its ranking."""
     from .afl_sync import CURSORS_FILE, FleetQueues, Importer, load_cursors
-    from .triage import CoverageProbe
 
     fleet = FleetQueues(config.afl_sync, config.out.name,
                         load_cursors(campaign.state / CURSORS_FILE))
-    probe = CoverageProbe(list(config.afl_target), timeout=config.timeout,
-                          memory_limit_mb=config.memory_limit_mb, scratch_dir=config.scratch)
-    importer = Importer(campaign, campaign.inputs, fleet, probe=probe, triage=coverage)
+    importer = Importer(campaign, campaign.inputs, fleet, probe=_master_probe(config),
+                        triage=coverage)
     campaign.inputs.rank_by(importer.priority)
     return importer
 
@@ -624,12 +622,16 @@ def _redo_commits(master, journal: list[dict], done: set[str]) -> set[str]:
     return redone
 
 
-def _replay_coverage(master, config, campaign: CampaignDir, ordered: list[str]) -> None:
+def _master_probe(config: CampaignConfig):
+    """The master's own afl-showmap probe (replay on resume, the hybrid importer)."""
     from .triage import CoverageProbe
 
-    probe = CoverageProbe(list(config.afl_target), timeout=config.timeout,
-                          memory_limit_mb=config.memory_limit_mb, scratch_dir=config.scratch)
+    return CoverageProbe(list(config.afl_target), timeout=config.timeout,
+                         memory_limit_mb=config.memory_limit_mb, scratch_dir=config.scratch)
+
+
+def _replay_coverage(master, config, campaign: CampaignDir, ordered: list[str]) -> None:
     paths = [campaign.corpus / digest for digest in ordered]
-    for coverage in probe.probe(paths):
+    for coverage in _master_probe(config).probe(paths):
         master.triage.merge(coverage)
     master.checkpoint.triage_dirty = bool(paths)

@@ -150,7 +150,7 @@ PartitionName=test Nodes={self.node} Default=YES MaxTime=INFINITE State=UP OverS
         raise AssertionError(f"job {job_id} still {self.job(job_id)['JobState']} after "
                              f"{timeout:.0f} s")
 
-    def has_pmix(self) -> str | None:
+    def pmix_missing(self) -> str | None:
         """Why `srun --mpi=pmix` cannot start ranks here, or None if it can."""
         listed = self.run("srun", "--mpi=list", check=False)
         if "pmix" not in listed.stdout + listed.stderr:

@@ -82,7 +82,7 @@ def test_mpirun_inside_an_salloc_allocation(slurm, build, tmp_path):
 
 
 def test_srun_with_pmix_starts_the_ranks(slurm, build, tmp_path):
-    if reason := slurm.has_pmix():
+    if reason := slurm.pmix_missing():
         pytest.skip(reason)
     out = tmp_path / "out"
     ran = slurm.run("srun", "--ntasks=3", "--mpi=pmix", sys.executable, "-m", "symcc_mpi",
