@@ -16,11 +16,11 @@ from dataclasses import dataclass
 
 import msgspec
 
-from .corpus import StagingRejected
 from .durable.clock import SYSTEM_CLOCK
 from .executors import Outcome
 from .protocol import (
     NOT_ANALYSED,
+    PHASES,
     MalformedMessage,
     Result,
     ResultField,
@@ -32,7 +32,8 @@ from .protocol import (
 )
 from .pruning import Delta, MalformedDelta
 from .pruning import decode as decode_delta
-from .result_check import InvalidResult, check_fields, check_staged_files
+from .result_check import InvalidResult, check_fields
+from .staging import PackRejected
 from .triage import FileCoverage
 from .triage import Status as CoverageStatus
 
@@ -129,18 +130,17 @@ class Committer:
             may_keep = coverage is None or coverage.status is not CoverageStatus.OK \
                 or self.triage.adds_coverage(coverage)
             children.append(Child(staged, coverage, may_keep))
-        kept = [c.staged for c in children if c.may_keep]
-        try:
-            check_staged_files(str(self.campaign.staging_dir(result.token)),
-                               [staged.sha256 for staged in kept])
+        verified: dict[str, bytes] = {}
+        if result.staged:
             try:
-                verified = self.campaign.verify_staged(result.token,
-                                                       [(s.sha256, s.size) for s in kept])
-            except StagingRejected as problem:
-                raise InvalidResult(ResultField.STAGED_BYTES, str(problem)) from None
-        except InvalidResult as invalid:
-            self.stats.staging_rejected += 1
-            raise InvalidResult(invalid.field, f"staged results rejected: {invalid}") from None
+                with self.campaign.open_staged(result.token) as pack:
+                    pack.check([(staged.sha256, staged.size) for staged in result.staged])
+                    verified = {c.staged.sha256: pack.read(c.staged.sha256)
+                                for c in children if c.may_keep}
+            except PackRejected as rejected:
+                self.stats.staging_rejected += 1
+                raise InvalidResult(rejected.field,
+                                    f"staged results rejected: {rejected}") from None
         return Accepted(children, map_bits, verified)
 
     def commit(self, rank: int, result: Result, accepted: Accepted, *,
@@ -178,6 +178,8 @@ class Committer:
             self.stats.runs_without_counts += 1
         else:
             self.stats.queries_skipped += result.queries_skipped
+        for phase, seconds in zip(PHASES, msgspec.structs.astuple(result.phases), strict=True):
+            self.stats.phases[phase] += seconds
         worker = self.stats.per_worker.get(rank)
         if worker is not None:  # None: a dead master's commit, redone (session.py)
             worker.executions += 1

@@ -3,8 +3,8 @@
 Layout (DESIGN §4):
     OUT/.symcc-mpi          marker: this directory holds a symcc-mpi campaign
     OUT/corpus/<sha256>     every input the campaign keeps, named by the SHA-256 of its bytes
-    OUT/.staging/<token>/   one private directory per dispatch, written by the worker,
-                            verified file by file and promoted only by the master
+    OUT/.staging/<token>    one pack of children per dispatch (staging.py), written by the
+                            worker, verified child by child and promoted only by the master
     OUT/queue/ crashes/ hangs/   AFL-style names (id:NNNNNN,...), hard links where possible
     OUT/state/done.jsonl    one checksummed line per analysed input: the resume point
                             (durable/journal.py's format; only the lock holder writes it);
@@ -43,10 +43,11 @@ from .durable.atomic import SYSTEM_DISK, fsync_directory, write_durable
 from .durable.clock import SYSTEM_CLOCK
 from .durable.journal import Damage, DamageKind, JournalCorrupt, LineLog, Writer, inspect
 from .frontier import Frontier
-from .protocol import SHA256_PATTERN, TOKEN_PATTERN, Finding
-from .regular import DIRECTORY_FLAGS, read_regular
+from .protocol import SHA256_PATTERN, TOKEN_PATTERN, Finding, ResultField
+from .regular import DIRECTORY_FLAGS
 from .report import afl_queue_name, parse_afl_queue_id
 from .splitting import parse_work_id, part_id
+from .staging import Pack, PackRejected
 
 MARKER = ".symcc-mpi"
 STOP_REQUEST = ".stop-request"
@@ -82,10 +83,6 @@ def stop_request_verdict(text: str, made: float, run_id: str, run_started: float
 
 class CampaignError(Exception):
     """The campaign directory cannot be used as asked: one line, exit status 2."""
-
-
-class StagingRejected(Exception):
-    """A staged file is missing, not a regular file, or not named by the SHA-256 of its bytes."""
 
 
 class CorruptInput(OSError):
@@ -417,53 +414,23 @@ class CampaignDir:
             self._add_to_queue(digest, orig=name)
         return digest
 
-    def staging_dir(self, token: str) -> Path:
-        return Path(self._staging_dir(token))
-
-    def _staging_dir(self, token: str) -> str:
+    def staged_pack(self, token: str) -> str:
         # Strings, not Paths, on the master's per-result path: a Path join costs ~25 µs.
-        if not TOKEN_PATTERN.match(token):
-            raise ValueError(f"bad token {token!r}")
-        return os.path.join(self._staging, token)
+        return os.path.join(self._staging, _checked_token(token))
 
-    def verify_staged(self, token: str, manifest: list[tuple[str, int]]) -> dict[str, bytes]:
-        """Read every announced file and check it is named by the SHA-256 of its bytes;
-        return those bytes by digest: they, not the staged files, are what `promote` and
-        `save_finding` publish. Raises StagingRejected with the first mismatch.
-
-        Check-then-use (issue 9): the staging directory is written by a worker, and a file
-        there may change, or be swapped for a link, after it was hashed. So each one is read
-        once, from a descriptor opened without following links (regular.read_regular, under
-        the staging directory's own descriptor, itself not a link), and the master publishes
-        the bytes it hashed: nothing staged can reach corpus/ under a name that is not the
-        SHA-256 of its bytes. Linking from the verified descriptor would not do: its inode
-        can still be written. Holding the bytes costs no extra read (only the children that
-        may be kept are read, as before); publishing costs one small write per kept child
-        where a rename did.
-        """
-        if not manifest:
-            return {}
+    def open_staged(self, token: str) -> Pack:
+        """The staged pack of dispatch `token`, its index read (staging.py): the master reads
+        and checks each child it keeps from it, and publishes the bytes it checked, never the
+        staged file, which its writer could still change. Raises PackRejected."""
         try:
-            directory = os.open(self._staging_dir(token), DIRECTORY_FLAGS)
+            directory = os.open(self._staging, DIRECTORY_FLAGS)
         except OSError as error:
-            raise StagingRejected(f"staging directory {token[:12]}: "
-                                  f"{error.strerror}") from None
-        verified = {}
+            raise PackRejected(ResultField.MISSING_FILE,
+                               f"{self._staging}: {error.strerror}") from None
         try:
-            for digest, size in manifest:
-                try:
-                    data = read_regular(digest, size, dir_fd=directory)
-                except ValueError as problem:
-                    raise StagingRejected(f"staged {digest[:12]}: {problem}") from None
-                except OSError as error:
-                    raise StagingRejected(f"staged {digest[:12]}: {error.strerror}") from None
-                if sha256_bytes(data) != digest:
-                    raise StagingRejected(f"staged {digest[:12]}: bytes do not match their "
-                                          "SHA-256")
-                verified[digest] = data
+            return Pack(_checked_token(token), dir_fd=directory)
         finally:
             os.close(directory)
-        return verified
 
     def promote(self, digest: str, data: bytes) -> bool:
         """Publish verified bytes as corpus/<digest>; False if it was already there."""
@@ -623,10 +590,16 @@ class CampaignDir:
             self.commit_probe(step, self.group_commits)
 
     def discard_staging(self, token: str) -> None:
-        shutil.rmtree(self._staging_dir(token), ignore_errors=True)
+        _remove(self.staged_pack(token))
 
     def leftover_staging(self) -> list[Path]:
         return sorted(self.staging.iterdir()) if self.staging.exists() else []
+
+    def clear_staging(self) -> None:
+        """Remove whatever is staged: nobody writes there any more (packs, and the staging
+        directories of an older version)."""
+        for leftover in self.leftover_staging():
+            _remove(str(leftover))
 
     def request_stop(self, run_id: str) -> None:
         """Ask the master of run `run_id` to stop; the request names the run it is for."""
@@ -731,6 +704,21 @@ def _fsync_file(path: str, synced: set[tuple[int, int]]) -> None:
         raise
     finally:
         os.close(fd)
+
+
+def _checked_token(token: str) -> str:
+    if not TOKEN_PATTERN.match(token):
+        raise ValueError(f"bad token {token!r}")
+    return token
+
+
+def _remove(path: str) -> None:
+    try:
+        os.unlink(path)
+    except IsADirectoryError:
+        shutil.rmtree(path, ignore_errors=True)
+    except FileNotFoundError:
+        pass
 
 
 def _publish_link(source: Path | str, target: str) -> None:

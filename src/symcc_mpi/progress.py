@@ -95,6 +95,7 @@ def _own_snapshot(master) -> CampaignSnapshot:
             "master_task_time": master.task_time_summary(),
             "master_loop_seconds": SYSTEM_CLOCK.monotonic() - master.loop_started,
             "master_loop_cpu_seconds": time.process_time() - master.loop_cpu_start,
+            "worker_phases": _phases(stats),
             "master_wakeups": master.wakeups,
             "doorbell_workers": len(master.ringing),
             "run_id": master.run_id,
@@ -107,6 +108,14 @@ def _own_snapshot(master) -> CampaignSnapshot:
             if master.importer is not None else None,
         },
     )
+
+
+def _phases(stats) -> dict:
+    """Where the workers' time went, per committed task (protocol.TaskPhases)."""
+    tasks = stats.executions
+    return {"tasks": tasks, "seconds": {k: round(v, 6) for k, v in stats.phases.items()},
+            "ms_per_task": {k: round(1000 * v / tasks, 3) if tasks else 0.0
+                            for k, v in stats.phases.items()}}
 
 
 # The figures a master that takes over carries on from the one that died (its last report,

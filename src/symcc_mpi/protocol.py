@@ -119,6 +119,24 @@ class StagedFile(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     status: ProbeStatus = ProbeStatus.OK  # coverage probe verdict (closed set on the wire)
 
 
+class TaskPhases(msgspec.Struct, array_like=True, forbid_unknown_fields=True, frozen=True):
+    """Where one task's worker time went, in seconds: the target process apart from its
+    solving, the solver, copying children into staging, the coverage probe, everything else
+    of the task; `messages` (sending READY and RESULT) and `wait` (READY to WORK, idle) are
+    those of the task before, as they end after its RESULT left."""
+
+    target: float = 0.0
+    solver: float = 0.0
+    staging: float = 0.0
+    probe: float = 0.0
+    other: float = 0.0
+    messages: float = 0.0
+    wait: float = 0.0
+
+
+PHASES = tuple(TaskPhases.__struct_fields__)
+
+
 class Result(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     token: str
     input_hash: str  # SHA-256 the worker computed over the bytes it actually ran
@@ -135,6 +153,7 @@ class Result(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     generation: int = 0  # the WORK's, echoed: a RESULT of another generation is stale
     path_targets: list[int] | None = None  # the branch targets on the input's path, if known
     solved_targets: list[int] = []  # those whose negation this run handed to the solver
+    phases: TaskPhases = TaskPhases()
 
 
 class Stop(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
@@ -218,6 +237,7 @@ _FIELD_OF_PATH = {
     "staged.coverage": ResultField.COVERAGE, "staged.sha256": ResultField.NAME,
     "staged.size": ResultField.SIZE, "generated": ResultField.MANIFEST_LENGTH,
     "input_hash": ResultField.INPUT_HASH, "pruning": ResultField.PRUNING,
+    "phases": ResultField.FIGURES,
     "path_targets": ResultField.TARGETS, "solved_targets": ResultField.TARGETS,
     **dict.fromkeys(("exit_status", "wall_time", "solver_time", "solver_queries",
                      "queries_skipped"), ResultField.FIGURES),

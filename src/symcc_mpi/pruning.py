@@ -27,6 +27,7 @@ from __future__ import annotations
 import array
 import enum
 import logging
+import os
 import re
 from collections import deque
 from dataclasses import dataclass
@@ -44,6 +45,7 @@ _ENTRY_BYTES = 5  # a u32 index and its byte of bits on the wire
 # Once a log holds this many entries, shipping the whole map is cheaper than the log.
 _LOG_CAP = MAP_SIZE // _ENTRY_BYTES
 _NONZERO = re.compile(rb"[^\x00]")
+CHUNK = 4096  # bytes of map compared at once when looking for what a run changed
 
 
 class PruningMode(str, enum.Enum):
@@ -99,14 +101,27 @@ def decode(data: bytes) -> Delta:
     return delta
 
 
-def difference(before: bytes, after: bytes) -> Delta:
+def changed_chunks(before: bytes | bytearray, after: bytes | bytearray) -> list[int]:
+    """The offsets of the CHUNK-byte blocks in which two whole maps differ: a run changes a
+    few of them, and comparing blocks is a memcmp, where the bit arithmetic is not."""
+    old, new = memoryview(before), memoryview(after)
+    return [start for start in range(0, MAP_SIZE, CHUNK)
+            if old[start:start + CHUNK] != new[start:start + CHUNK]]
+
+
+def difference(before: bytes | bytearray, after: bytes | bytearray) -> Delta:
     """The bits `after` has and `before` lacks (both whole maps)."""
-    fresh = int.from_bytes(after, "little") & ~int.from_bytes(before, "little")
-    if not fresh:
-        return EMPTY
-    lanes = fresh.to_bytes(MAP_SIZE, "little")
-    indices = [m.start() for m in _NONZERO.finditer(lanes)]
-    return Delta(_pack(indices), bytes(lanes[i] for i in indices))
+    indices: list[int] = []
+    bits = bytearray()
+    for start in changed_chunks(before, after):
+        fresh = int.from_bytes(after[start:start + CHUNK], "little") \
+            & ~int.from_bytes(before[start:start + CHUNK], "little")
+        if fresh:
+            lanes = fresh.to_bytes(CHUNK, "little")
+            for m in _NONZERO.finditer(lanes):
+                indices.append(start + m.start())
+                bits.append(lanes[m.start()])
+    return Delta(_pack(indices), bytes(bits)) if indices else EMPTY
 
 
 def apply(target: bytearray, delta: Delta) -> None:
@@ -140,17 +155,29 @@ class WorkerMap:
     def __init__(self, path: Path):
         self.path = path
         self.base = bytearray(MAP_SIZE)
+        self._on_file: bytes | None = None  # what the file holds, as last written or read
 
     def receive(self, data: bytes) -> None:
         """OR the bits a WORK carried into the base (raises MalformedDelta)."""
         apply(self.base, decode(data))
 
     def prepare(self) -> None:
-        """The run's map file starts as the base, whatever the last run left there."""
-        self.path.write_bytes(self.base)
+        """The run's map file starts as the base, whatever the last run left there: only the
+        blocks that differ are written back (QSYM rewrites the file in place)."""
+        on_file, self._on_file = self._on_file, None
+        try:
+            if on_file is None:
+                raise FileNotFoundError
+            with open(self.path, "r+b") as handle:
+                for start in changed_chunks(on_file, self.base):
+                    os.pwrite(handle.fileno(), self.base[start:start + CHUNK], start)
+        except FileNotFoundError:
+            self.path.write_bytes(self.base)
+        self._on_file = bytes(self.base)
 
     def contribution(self) -> bytes:
         """What the run added to its map, encoded for the RESULT."""
+        self._on_file = None  # unless read back whole below
         try:
             after = read_map(self.path)
         except FileNotFoundError:
@@ -158,6 +185,7 @@ class WorkerMap:
         except MalformedDelta as error:  # not QSYM's map: this SymCC cannot share pruning
             log.warning("%s; the run's pruning is not shared", error)
             return b""
+        self._on_file = after
         return encode(difference(self.base, after))
 
 

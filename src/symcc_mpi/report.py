@@ -533,6 +533,12 @@ def summary_table(snap: CampaignSnapshot) -> Table:
         ("solver time", f"{snap.solver_time:,.1f} s ({_share(snap.solver_time, busy)})"),
         ("last find", _ago(snap, snap.last_find)),
     ]
+    phases = _worker_phases(snap.extra.get("worker_phases") or {})
+    if phases:
+        rows.append(("worker time per task", phases))
+    master_cpu = _master_cpu(snap)
+    if master_cpu:
+        rows.append(("master CPU per execution", master_cpu))
     queries = _solver_queries(snap.extra.get("solver") or {})
     if queries:
         rows.append(("solver queries", queries))
@@ -632,6 +638,24 @@ def _dispatch_recovery(dispatch: dict) -> str:
     if dispatch.get("parked"):
         parts.append("parked: rank " + ", ".join(map(str, dispatch["parked"])))
     return ", ".join(parts)
+
+
+def _worker_phases(phases: Mapping[str, Any]) -> str:
+    """Where a worker's time goes per task (protocol.TaskPhases), in ms; "" before any."""
+    per_task = phases.get("ms_per_task") or {}
+    if not phases.get("tasks"):
+        return ""
+    names = {"target": "target", "solver": "solver", "staging": "staging", "probe": "probe",
+             "other": "other", "messages": "messages", "wait": "waiting for work"}
+    return ", ".join(f"{label} {per_task.get(name, 0.0):,.1f} ms" for name, label in names.items())
+
+
+def _master_cpu(snap: CampaignSnapshot) -> str:
+    cpu = snap.extra.get("master_loop_cpu_seconds")
+    tasks = (snap.extra.get("worker_phases") or {}).get("tasks") or snap.executions
+    if not cpu or not tasks:
+        return ""
+    return f"{1000 * cpu / tasks:,.2f} ms"
 
 
 def _solver_queries(solver: dict) -> str:

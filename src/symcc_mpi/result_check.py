@@ -1,22 +1,21 @@
 """Every field of a worker's RESULT, checked before anything of it is committed (DESIGN §2).
 
 A worker is not trusted: whatever it sends may be broken or hostile. `check_fields` is pure
-(the decoded struct in, the decoded coverage summaries out); `check_staged_files` looks at
-the staging directory with `lstat` only, so that nothing it names is followed or opened
-before it is known to be a regular file (a FIFO would block the master's read for ever).
-Both raise `InvalidResult` naming the field at fault; the master then refuses the RESULT
-(its input back to the frontier, its staging discarded), counts it under that field and
-retires a rank after `dispatch.coordinator.MAX_INVALID_RESULTS` of them in a row.
+(the decoded struct in, the decoded coverage summaries out; the staged pack is checked by
+staging.Pack). It raises `InvalidResult` naming the field at fault; the master then refuses
+the RESULT (its input back to the frontier, its staging discarded), counts it under that
+field and retires a rank after `dispatch.coordinator.MAX_INVALID_RESULTS` of them in a row.
 """
 
 from __future__ import annotations
 
 import math
-import os
-import stat
+
+import msgspec
 
 from .protocol import (
     MAX_GENERATED,
+    PHASES,
     Result,
     ResultField,
     ResultOutcome,
@@ -73,22 +72,6 @@ def check_fields(result: Result, *, map_size: int | None) -> list[FileCoverage |
     return coverages
 
 
-def check_staged_files(directory: str, digests: list[str]) -> None:
-    """Each of `digests` is a regular file in `directory` (a link is not: it is not followed)."""
-    for digest in digests:
-        try:
-            mode = os.lstat(os.path.join(directory, digest)).st_mode
-        except FileNotFoundError:
-            raise InvalidResult(ResultField.MISSING_FILE,
-                                f"staged {digest[:12]} is not in the staging directory") from None
-        except OSError as error:
-            raise InvalidResult(ResultField.MISSING_FILE,
-                                f"staged {digest[:12]}: {error.strerror}") from None
-        if not stat.S_ISREG(mode):
-            raise InvalidResult(ResultField.NOT_REGULAR,
-                                f"staged {digest[:12]} is not a regular file")
-
-
 def _check_figures(result: Result) -> None:
     exit_status = result.exit_status
     if exit_status is not None and exit_status not in EXIT_STATUS_RANGE:
@@ -97,6 +80,9 @@ def _check_figures(result: Result) -> None:
         seconds = getattr(result, name)
         if not (math.isfinite(seconds) and 0 <= seconds <= MAX_SECONDS):
             raise InvalidResult(ResultField.FIGURES, f"{name} {seconds!r}")
+    for name, seconds in zip(PHASES, msgspec.structs.astuple(result.phases), strict=True):
+        if not (math.isfinite(seconds) and 0 <= seconds <= MAX_SECONDS):
+            raise InvalidResult(ResultField.FIGURES, f"phase {name} {seconds!r}")
     for name in ("solver_queries", "queries_skipped"):
         count = getattr(result, name)
         if count is not None and not 0 <= count <= MAX_COUNT:

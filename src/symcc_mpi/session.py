@@ -4,7 +4,6 @@ every other rank runs the worker loop. Rank 0's verdict reaches workers before a
 from __future__ import annotations
 
 import logging
-import shutil
 import signal
 import sys
 from dataclasses import replace
@@ -582,8 +581,7 @@ def _load_state(master, config: CampaignConfig, campaign: CampaignDir,
             digest, part = parse_work_id(work)
             campaign.record_work("requeue", sha256=digest, reason="the last run ended",
                                  **({} if part is None else {"part": part}))
-    for leftover in campaign.leftover_staging():
-        shutil.rmtree(leftover, ignore_errors=True)  # nothing is in flight before we start
+    campaign.clear_staging()  # nothing is in flight before we start
     log.info("campaign %s: %d inputs, %d already analysed, %d in the frontier", config.out,
              len(corpus), master.stats.resumed_done, len(master.frontier))
 

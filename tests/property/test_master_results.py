@@ -24,6 +24,7 @@ from symcc_mpi.corpus import CampaignDir, check_out_dir, sha256_bytes
 from symcc_mpi.dispatch.watchdog import WatchdogConfig
 from symcc_mpi.protocol import MalformedMessage, Tag, decode
 from symcc_mpi.roles.master import Master
+from symcc_mpi.staging import write_entries
 from symcc_mpi.transport import Incoming
 from symcc_mpi.triage import CoverageMap, FileCoverage, Status
 
@@ -50,7 +51,7 @@ def incoming(rank: int, payload: bytes) -> Incoming:
         return Incoming(rank, Tag.RESULT, None, str(error), error.field)
 
 
-# One staged entry: how it relates to a file planted in the staging directory.
+# One staged entry: how it relates to what its pack holds (Rig.build).
 ENTRY_KINDS = ("honest", "honest", "wrong-name", "upper-name", "missing", "fifo", "link",
                "directory", "wrong-size", "negative-size")
 COVERAGES = st.one_of(
@@ -116,34 +117,42 @@ class Rig:
         return token_input
 
     def build(self, work, entries, fields) -> tuple[bytes, set[str]]:
-        stage = self.campaign.staging_dir(work.token)
-        stage.mkdir(parents=True, exist_ok=True)
-        staged, named = [], set()
+        """The RESULT and its staged pack: each entry's kind says how its listing relates to
+        what the pack holds; "fifo", "link" and "directory" make the pack itself one."""
+        self.campaign.staging.mkdir(exist_ok=True)
+        pack = Path(self.campaign.staged_pack(work.token))
+        staged, named, packed, pack_kind = [], set(), [], None
         for kind, data, coverage, status, twice in entries:
             self.planted += 1
             data = b"planted %d " % self.planted + data
             digest = sha256_bytes(data)
             name, size = digest, len(data)
-            path = stage / digest
-            if kind in ("honest", "wrong-size", "negative-size", "upper-name"):
-                path.write_bytes(data)
-            elif kind == "wrong-name":
-                path.write_bytes(data[::-1])
-            elif kind == "fifo":
-                os.mkfifo(path)
-            elif kind == "link":
-                victim = stage.parent / f"victim-{self.planted}"
-                victim.write_bytes(data)
-                path.symlink_to(victim)
-            elif kind == "directory":
-                path.mkdir()
+            if kind in ("fifo", "link", "directory"):
+                pack_kind = kind
+            if kind == "wrong-name":
+                packed.append((digest, data[::-1]))
+            elif kind != "missing":
+                packed.append((digest, data))
             if kind == "upper-name":
                 name = digest.upper()
-                path.rename(stage / name)
             size = {"wrong-size": size + 1, "negative-size": -1}.get(kind, size)
             entry = {"sha256": name, "size": size, "coverage": coverage, "status": status}
             staged += [entry, entry] if twice else [entry]
             named.add(digest)
+        if pack.is_dir() and not pack.is_symlink():
+            pack.rmdir()
+        else:
+            pack.unlink(missing_ok=True)  # a FIFO too: writing into one would block
+        if pack_kind == "fifo":
+            os.mkfifo(pack)
+        elif pack_kind == "link":
+            victim = self.campaign.out.parent / f"victim-{self.planted}"
+            write_entries(victim, packed)
+            pack.symlink_to(victim)
+        elif pack_kind == "directory":
+            pack.mkdir()
+        elif packed:
+            write_entries(pack, packed)
         message = {"token": work.token, "input_hash": work.input_hash, "outcome": "ok",
                    "exit_status": 0, "wall_time": 0.5, "solver_time": 0.1, "staged": staged,
                    "generated": len(staged)}

@@ -8,6 +8,7 @@ import errno
 import os
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from symcc_mpi.checkpoint import Checkpointer
@@ -17,6 +18,7 @@ from symcc_mpi.protocol import INVALID_INPUT, Result, ResultField, StagedFile
 from symcc_mpi.pruning import Delta, PruningLedger, PruningMode
 from symcc_mpi.pruning import encode as encode_delta
 from symcc_mpi.roles.master import MasterStats, WorkerStats
+from symcc_mpi.staging import write_entries
 from symcc_mpi.triage import CoverageMap, FileCoverage, Status
 
 TOKEN = "cd" * 16
@@ -41,22 +43,27 @@ class Setup:
         self.parent = self.campaign.add_seed(b"seed input", "seed")
         self.frontier.add(self.parent)
         self.frontier.set_depth(self.parent, 3)
-        self.campaign.staging_dir(TOKEN).mkdir(parents=True)
+        self.packed: dict[str, bytes] = {}  # what `result` packs for each staged digest
 
     def stage(self, data: bytes, pairs=None, status=Status.OK, *, write=True) -> StagedFile:
-        """A staged child; with write=False its file is left absent (must not be read)."""
+        """A staged child; with write=False the pack holds other bytes under its name, so
+        that reading it fails (it must not be read)."""
         digest = sha256_bytes(data)
-        if write:
-            (self.campaign.staging_dir(TOKEN) / digest).write_bytes(data)
+        self.packed[digest] = data if write else bytes(b ^ 0xFF for b in data)
         coverage = None if pairs is None else \
             FileCoverage.from_pairs(pairs, status, MAP_SIZE).pack()
         return StagedFile(digest, len(data), coverage, status.value)
 
     def result(self, staged=(), **fields) -> Result:
+        """A RESULT of these staged children, their pack written as the worker would."""
         values = dict(token=TOKEN, input_hash=self.parent, outcome="ok", exit_status=0,
                       wall_time=0.5, solver_time=0.25, staged=list(staged),
                       generated=len(staged))
         values.update(fields)
+        if staged:
+            self.campaign.staging.mkdir(exist_ok=True)
+            write_entries(Path(self.campaign.staged_pack(values["token"])),
+                          [(s.sha256, self.packed.get(s.sha256, bytes(s.size))) for s in staged])
         return Result(**values)
 
     def check_and_commit(self, result: Result):
@@ -140,14 +147,40 @@ def test_coverage_index_beyond_any_afl_map_is_unusable_at_check(triaged):
 
 def test_child_whose_bytes_do_not_match_its_name_is_rejected(plain):
     child = plain.stage(b"child")
-    (plain.campaign.staging_dir(TOKEN) / child.sha256).write_bytes(b"chilD")
-    with pytest.raises(Unusable, match="staged results rejected.*do not match"):
+    plain.packed[child.sha256] = b"chilD"
+    with pytest.raises(Refused, match="staged results rejected.*do not match") as refused:
         plain.committer.check(plain.result([child]), plain.parent)
+    assert refused.value.field is ResultField.STAGED_BYTES
     assert plain.stats.staging_rejected == 1
-    missing = plain.stage(b"never written", write=False)
-    with pytest.raises(Unusable, match="staged results rejected"):
-        plain.committer.check(plain.result([missing]), plain.parent)
+    other = plain.stage(b"other child")
+    result = plain.result([other])
+    os.unlink(plain.campaign.staged_pack(TOKEN))
+    with pytest.raises(Refused, match="staged results rejected: no staged pack") as refused:
+        plain.committer.check(result, plain.parent)
+    assert refused.value.field is ResultField.MISSING_FILE
     assert plain.stats.staging_rejected == 2
+
+
+def test_a_pack_that_is_not_what_its_result_lists_is_rejected(plain):
+    first, second = plain.stage(b"first"), plain.stage(b"second")
+    plain.result([first])  # the pack holds the first alone
+    result = Result(**{**msgspec.structs.asdict(plain.result()), "staged": [first, second],
+                       "generated": 2})
+    with pytest.raises(Refused, match="not in the staged pack") as refused:
+        plain.committer.check(result, plain.parent)
+    assert refused.value.field is ResultField.MISSING_FILE
+    plain.result([first, second])  # both, but listed the other way round
+    result = Result(**{**msgspec.structs.asdict(result), "staged": [second, first]})
+    with pytest.raises(Refused, match="holds 2 children, the RESULT lists 2") as refused:
+        plain.committer.check(result, plain.parent)
+    assert refused.value.field is ResultField.MANIFEST_LENGTH
+    pack = plain.campaign.staged_pack(TOKEN)
+    os.unlink(pack)
+    os.mkfifo(pack)  # opening it for reading would wait for a writer for ever
+    with pytest.raises(Refused, match="staged pack is a FIFO") as refused:
+        plain.committer.check(result, plain.parent)
+    assert refused.value.field is ResultField.NOT_REGULAR
+    assert plain.stats.staging_rejected == 3
 
 
 def test_child_with_new_coverage_is_verified(triaged):
@@ -201,10 +234,9 @@ def test_child_with_new_coverage_is_promoted_queued_and_pending(triaged):
     triaged.check_and_commit(triaged.result([child]))
     digest = child.sha256
     assert (triaged.campaign.corpus / digest).read_bytes() == b"new child"
-    # The bytes the master verified are published, never the staged inode itself (a worker's
-    # file that could still change); the worker removes its staging.
-    assert not os.path.samefile(triaged.campaign.corpus / digest,
-                                triaged.campaign.staging_dir(TOKEN) / digest)
+    # The bytes the master verified are published, never the staged file itself (a worker's
+    # file that could still change): corpus/ and queue/ are the file's only names.
+    assert os.stat(triaged.campaign.corpus / digest).st_nlink == 2
     assert os.path.samefile(triaged.campaign.corpus / digest,
                             triaged.campaign.queue / triaged.queue_names()[-1])
     parent_id = triaged.frontier.queue_id(triaged.parent)
@@ -289,10 +321,8 @@ def test_crashing_child_is_verified_and_saved_once(triaged):
     # The same crash again (another token, not seen on this master): not saved twice.
     triaged.frontier = triaged.committer.frontier = type(triaged.frontier)()
     triaged.frontier.add(triaged.parent)
-    other = "ef" * 16
-    triaged.campaign.staging_dir(other).mkdir()
-    (triaged.campaign.staging_dir(other) / crash.sha256).write_bytes(b"crashing child")
-    triaged.check_and_commit(triaged.result([crash], token=other))
+    triaged.packed[crash.sha256] = b"crashing child"
+    triaged.check_and_commit(triaged.result([crash], token="ef" * 16))
     assert len(triaged.crash_names()) == 1
     assert triaged.stats.crashes == 1 and triaged.stats.crashing_runs == 2
 
@@ -382,19 +412,19 @@ def assert_public_names_hold(s: Setup) -> None:
 
 @pytest.mark.parametrize("swap", ["rewrite", "symlink", "symlink-to-etc-passwd", "fifo"])
 @pytest.mark.parametrize("kind", [Status.OK, Status.CRASH])
-def test_a_staged_file_changed_after_verification_never_reaches_the_corpus(triaged, tmp_path,
+def test_a_staged_pack_changed_after_verification_never_reaches_the_corpus(triaged, tmp_path,
                                                                            swap, kind):
-    """The hook between check (verify_staged) and commit (promote): the staged file is
+    """The hook between check (the pack read and verified) and commit (promote): the pack is
     rewritten or replaced. What is published is the verified bytes, under their name."""
     outside = tmp_path / "outside"
     outside.write_bytes(OUTSIDE)
     child = triaged.stage(b"verified child", [(11, 1)], kind)
     result = triaged.result([child])
     accepted = triaged.committer.check(result, triaged.parent)
-    staged = triaged.campaign.staging_dir(TOKEN) / child.sha256
+    staged = Path(triaged.campaign.staged_pack(TOKEN))
     staged.unlink()
     if swap == "rewrite":
-        staged.write_bytes(OUTSIDE)
+        write_entries(staged, [(child.sha256, OUTSIDE)])
     elif swap == "symlink":
         staged.symlink_to(outside)
     elif swap == "symlink-to-etc-passwd":
@@ -413,35 +443,42 @@ def test_a_staged_file_changed_after_verification_never_reaches_the_corpus(triag
 
 
 @pytest.mark.parametrize("make", ["symlink", "symlink-to-etc-passwd", "fifo", "directory"])
-def test_a_staged_entry_that_is_not_a_regular_file_is_rejected_unread(plain, tmp_path, make):
-    """Named by the digest of real bytes, but a link to them (or a FIFO, which must not
-    block the master): the result is refused, nothing is published."""
-    outside = tmp_path / "outside"
-    outside.write_bytes(OUTSIDE)
-    target = outside if make == "symlink" else Path("/etc/passwd")
-    child = plain.stage(target.read_bytes(), write=False)
-    staged = plain.campaign.staging_dir(TOKEN) / child.sha256
-    if make.startswith("symlink"):
-        staged.symlink_to(target)
+def test_a_staged_pack_that_is_not_a_regular_file_is_rejected_unread(plain, tmp_path, make):
+    """A pack that is a link to a real pack (or a FIFO, which must not block the master, or
+    a directory): the result is refused, nothing is published."""
+    real = tmp_path / "real-pack"
+    write_entries(real, [(sha256_bytes(OUTSIDE), OUTSIDE)])
+    child = StagedFile(sha256_bytes(OUTSIDE), len(OUTSIDE))
+    plain.campaign.staging.mkdir(exist_ok=True)
+    staged = Path(plain.campaign.staged_pack(TOKEN))
+    if make == "symlink":
+        staged.symlink_to(real)
+    elif make == "symlink-to-etc-passwd":
+        staged.symlink_to("/etc/passwd")
     elif make == "fifo":
         os.mkfifo(staged)
     else:
         staged.mkdir()
-    with pytest.raises(Unusable, match="staged results rejected.*not a regular file"):
-        plain.committer.check(plain.result([child]), plain.parent)
+    result = Result(token=TOKEN, input_hash=plain.parent, outcome="ok", exit_status=0,
+                    wall_time=0.5, solver_time=0.25, staged=[child], generated=1)
+    with pytest.raises(Refused, match="staged results rejected.*not a regular file") as refused:
+        plain.committer.check(result, plain.parent)
+    assert refused.value.field is ResultField.NOT_REGULAR
     assert plain.stats.staging_rejected == 1
-    assert target.read_bytes() not in public_bytes(plain)
+    assert OUTSIDE not in public_bytes(plain)
 
 
 def test_a_staging_directory_that_is_a_symlink_is_rejected(plain, tmp_path):
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    (elsewhere / sha256_bytes(OUTSIDE)).write_bytes(OUTSIDE)
-    token = "ef" * 16
-    plain.campaign.staging_dir(token).symlink_to(elsewhere)
+    write_entries(elsewhere / TOKEN, [(sha256_bytes(OUTSIDE), OUTSIDE)])
+    plain.campaign.staging.rmdir()
+    plain.campaign.staging.symlink_to(elsewhere)
     child = StagedFile(sha256_bytes(OUTSIDE), len(OUTSIDE))
+    result = Result(token=TOKEN, input_hash=plain.parent, outcome="ok", exit_status=0,
+                    wall_time=0.5, solver_time=0.25, staged=[child], generated=1)
     with pytest.raises(Unusable, match="staged results rejected"):
-        plain.committer.check(plain.result([child], token=token), plain.parent)
+        plain.committer.check(result, plain.parent)
     assert OUTSIDE not in public_bytes(plain)
 
 
@@ -483,11 +520,7 @@ def test_a_failed_promotion_leaves_the_child_unseen_and_a_retry_promotes_it(tria
     assert_public_names_hold(triaged)
     queue_before = triaged.queue_names()
     # The retried run of the same input (fresh staging) publishes the failed child.
-    retry = "ef" * 16
-    triaged.campaign.staging_dir(retry).mkdir()
-    for data in (b"kept first", b"fails to publish"):
-        (triaged.campaign.staging_dir(retry) / sha256_bytes(data)).write_bytes(data)
-    again = triaged.result([kept, failing], token=retry)
+    again = triaged.result([kept, failing], token="ef" * 16)
     triaged.committer.commit(RANK, again, triaged.committer.check(again, triaged.parent))
     assert triaged.frontier.seen_before(failing.sha256)
     if where == "save_finding":
@@ -511,14 +544,15 @@ def test_refusals_at_check_name_their_field(plain):
 
     assert field_of(plain.result(input_hash="e" * 64)) is ResultField.INPUT_HASH
     assert field_of(plain.result(pruning=b"\xc1 not msgpack")) is ResultField.PRUNING
-    child = plain.stage(b"child")
-    (plain.campaign.staging_dir(TOKEN) / child.sha256).write_bytes(b"chilD")
+    child = plain.stage(b"child", write=False)
     assert field_of(plain.result([child])) is ResultField.STAGED_BYTES
-    absent = plain.stage(b"absent", write=False)
-    assert field_of(plain.result([absent])) is ResultField.MISSING_FILE
-    fifo = plain.stage(b"fifo", write=False)
-    os.mkfifo(plain.campaign.staging_dir(TOKEN) / fifo.sha256)  # never opened
-    assert field_of(plain.result([fifo])) is ResultField.NOT_REGULAR
+    absent = plain.result([plain.stage(b"absent")])
+    os.unlink(plain.campaign.staged_pack(TOKEN))
+    assert field_of(absent) is ResultField.MISSING_FILE
+    fifo = plain.result([plain.stage(b"fifo")])
+    os.unlink(plain.campaign.staged_pack(TOKEN))
+    os.mkfifo(plain.campaign.staged_pack(TOKEN))  # never read
+    assert field_of(fifo) is ResultField.NOT_REGULAR
     with pytest.raises(Unusable) as not_analysed:  # honest: not a refusal
         plain.committer.check(plain.result(outcome=INVALID_INPUT), plain.parent)
     assert not isinstance(not_analysed.value, Refused)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import errno
 import os
+from pathlib import Path
 
 import pytest
 
@@ -16,6 +17,7 @@ from symcc_mpi.dispatch.watchdog import WatchdogConfig
 from symcc_mpi.durable.journal import DeferredWorkJournal
 from symcc_mpi.protocol import Ready, Result, StagedFile, Tag, Work
 from symcc_mpi.roles.master import Master
+from symcc_mpi.staging import write_entries
 from symcc_mpi.transport import Incoming
 
 RANK = 1
@@ -75,10 +77,8 @@ def run_once(m: Master, last_token: str | None) -> Work:
 
 def answer(m: Master, work: Work) -> None:
     """The worker's RESULT, with both children staged."""
-    stage = m.campaign.staging_dir(work.token)
-    stage.mkdir(parents=True)
-    for data in CHILDREN:
-        (stage / sha256_bytes(data)).write_bytes(data)
+    write_entries(Path(m.campaign.staged_pack(work.token)),
+                  [(sha256_bytes(data), data) for data in CHILDREN])
     staged = [StagedFile(sha256_bytes(d), len(d)) for d in CHILDREN]
     m._handle(Incoming(RANK, Tag.RESULT, Result(
         token=work.token, input_hash=work.input_hash, outcome="ok", exit_status=0,

@@ -9,10 +9,10 @@ from symcc_mpi.corpus import (
     CampaignDir,
     CampaignError,
     CorruptInput,
-    StagingRejected,
     check_out_dir,
     sha256_bytes,
 )
+from symcc_mpi.staging import PackRejected, write_entries
 
 TOKEN = "ab" * 16
 
@@ -29,9 +29,13 @@ def campaign(tmp_path):
 
 def stage(c: CampaignDir, data: bytes, token=TOKEN) -> str:
     d = sha256_bytes(data)
-    c.staging_dir(token).mkdir(parents=True, exist_ok=True)
-    (c.staging_dir(token) / d).write_bytes(data)
+    write_entries(Path(c.staged_pack(token)), [(d, data)])
     return d
+
+
+def verified(c: CampaignDir, digest: str, token=TOKEN) -> bytes:
+    with c.open_staged(token) as pack:
+        return pack.read(digest)
 
 
 def test_foreign_directory_is_refused(tmp_path):
@@ -69,27 +73,27 @@ def test_second_master_is_refused(campaign):
 
 def test_verify_and_promote(campaign):
     d = stage(campaign, b"child")
-    verified = campaign.verify_staged(TOKEN, [(d, 5)])
-    assert verified == {d: b"child"}
-    assert campaign.promote(d, verified[d])
+    data = verified(campaign, d)
+    assert data == b"child"
+    assert campaign.promote(d, data)
     assert (campaign.corpus / d).read_bytes() == b"child"
-    assert not campaign.promote(d, verified[d])  # already public: nothing to do
+    assert not campaign.promote(d, data)  # already public: nothing to do
 
 
 def test_tampered_staging_is_rejected(campaign):
-    d = stage(campaign, b"child")
-    (campaign.staging_dir(TOKEN) / d).write_bytes(b"chilD")
-    with pytest.raises(StagingRejected, match="do not match"):
-        campaign.verify_staged(TOKEN, [(d, 5)])
-    with pytest.raises(StagingRejected, match="size"):
-        campaign.verify_staged(TOKEN, [(d, 6)])
-    with pytest.raises(StagingRejected, match="No such file"):
-        campaign.verify_staged(TOKEN, [("0" * 64, 1)])
+    d = sha256_bytes(b"child")
+    write_entries(Path(campaign.staged_pack(TOKEN)), [(d, b"chilD")])
+    with pytest.raises(PackRejected, match="do not match"):
+        verified(campaign, d)
+    with pytest.raises(PackRejected, match="no staged pack"):
+        verified(campaign, d, token="9" * 32)
 
 
 def test_staging_path_cannot_escape(campaign):
     with pytest.raises(ValueError):
-        campaign.staging_dir("../../etc")
+        campaign.staged_pack("../../etc")
+    with pytest.raises(ValueError):
+        campaign.open_staged("../../etc")
 
 
 def test_done_journal_replays_and_drops_a_torn_tail(campaign):
@@ -154,7 +158,7 @@ def test_corpus_file_whose_bytes_do_not_match_is_quarantined_when_read(campaign)
 def test_queue_names_and_resume_numbering(campaign):
     seed = campaign.add_seed(b"seed", "my,seed")
     d = stage(campaign, b"child")
-    campaign.promote(d, campaign.verify_staged(TOKEN, [(d, len(b"child"))])[d])
+    campaign.promote(d, verified(campaign, d))
     campaign.add_to_queue(d, seed)
     names = sorted(p.name for p in campaign.queue.iterdir())
     assert names == ["id:000000,orig:my_seed", "id:000001,src:000000,op:symcc"]

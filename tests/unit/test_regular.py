@@ -14,8 +14,10 @@ from pathlib import Path
 import pytest
 
 from symcc_mpi.executors.symcc import SymccExecutor
+from symcc_mpi.protocol import ResultField
 from symcc_mpi.regular import NotRegularFile, list_regular, open_regular, read_regular
-from symcc_mpi.roles.worker import SkippedEntries, stage_generated
+from symcc_mpi.roles.worker import SkippedEntries
+from symcc_mpi.staging import Pack, PackRejected, write_entries, write_pack
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -131,41 +133,64 @@ def test_symcc_executor_collects_regular_files_only(tmp_path, outside):
     assert dict(result.skipped) == {"FIFO": 1, "directory": 1, "symlink": 3}
 
 
-def test_worker_stages_regular_files_under_the_digest_of_the_bytes_it_copied(tmp_path,
-                                                                             hostile):
-    stage = tmp_path / "stage"
+def packed(pack: Path) -> dict[str, bytes]:
+    """A pack's children, read back the way the master reads them."""
+    with Pack(str(pack)) as opened:
+        return {entry.digest: opened.read(entry.digest) for entry in opened.entries}
+
+
+def test_worker_packs_regular_files_under_the_digest_of_the_bytes_it_copied(tmp_path,
+                                                                           hostile):
+    pack = tmp_path / "pack"
     # The executor's listing, then every entry swapped or not: the worker must re-check.
     paths = [hostile / name for name in sorted(os.listdir(hostile))]
-    staged, refused = stage_generated(paths, stage, "0" * 64)
+    staged, refused = write_pack(paths, pack, "0" * 64)
     digest = hashlib.sha256(b"a real test case").hexdigest()
-    assert list(staged) == [digest]
-    assert (stage / digest).read_bytes() == b"a real test case"
-    assert not (stage / digest).is_symlink()
+    assert [entry.digest for entry in staged] == [digest]
+    assert packed(pack) == {digest: b"a real test case"}
     assert refused == {"symlink": 4, "FIFO": 1, "directory": 1, "socket": 1}
-    assert sorted(os.listdir(stage)) == [digest]  # no partial copy left
-    for path in stage.iterdir():
-        assert path.read_bytes() not in (SECRET, Path("/etc/passwd").read_bytes())
+    assert SECRET not in pack.read_bytes()
+    assert Path("/etc/passwd").read_bytes() not in pack.read_bytes()
 
 
-def test_worker_staging_copies_rather_than_renames(tmp_path):
-    """A rename would keep the inode the target may still hold open and write."""
+def test_worker_staging_copies_rather_than_links(tmp_path):
+    """A link would keep the inode the target may still hold open and write."""
     source = tmp_path / "000000"
     source.write_bytes(b"first bytes")
-    staged, _ = stage_generated([source], tmp_path / "stage", "0" * 64)
-    (path,) = staged.values()
+    (entry,), _ = write_pack([source], tmp_path / "pack", "0" * 64)
     with open(source, "ab") as late_writer:
         late_writer.write(b" and more")
-    assert path.read_bytes() == b"first bytes"
-    assert path.name == hashlib.sha256(b"first bytes").hexdigest()
+    assert packed(tmp_path / "pack") == {entry.digest: b"first bytes"}
+    assert entry.digest == hashlib.sha256(b"first bytes").hexdigest()
 
 
 def test_worker_staging_drops_duplicates_and_the_input_itself(tmp_path):
-    for name, data in (("a", b"same"), ("b", b"same"), ("c", b"the input")):
+    for name, data in (("a", b"same"), ("b", b"same"), ("c", b"the input"), ("d", b"other")):
         (tmp_path / name).write_bytes(data)
-    staged, _ = stage_generated([tmp_path / n for n in "abc"], tmp_path / "stage",
-                                hashlib.sha256(b"the input").hexdigest())
-    assert list(staged) == [hashlib.sha256(b"same").hexdigest()]
-    assert len(os.listdir(tmp_path / "stage")) == 1
+    staged, _ = write_pack([tmp_path / n for n in "abcd"], tmp_path / "pack",
+                           hashlib.sha256(b"the input").hexdigest())
+    assert [entry.digest for entry in staged] == [hashlib.sha256(b"same").hexdigest(),
+                                                  hashlib.sha256(b"other").hexdigest()]
+    assert [(entry.offset, entry.size) for entry in staged] == [(0, 4), (4, 5)]
+    assert packed(tmp_path / "pack") == {entry.digest: data for entry, data
+                                         in zip(staged, (b"same", b"other"), strict=True)}
+
+
+def test_a_run_without_children_makes_no_pack(tmp_path, hostile):
+    staged, _ = write_pack([hostile / "passwd", hostile / "fifo"], tmp_path / "pack", "0" * 64)
+    assert staged == [] and not (tmp_path / "pack").exists()
+
+
+@pytest.mark.parametrize("damage", ["truncated", "no index", "short data", "empty"])
+def test_a_damaged_pack_is_refused_when_opened(tmp_path, damage):
+    pack = tmp_path / "pack"
+    write_entries(pack, [(hashlib.sha256(b"x" * 50).hexdigest(), b"x" * 50)])
+    raw = pack.read_bytes()
+    pack.write_bytes({"truncated": raw[:-3], "no index": b"x" * 50, "short data": raw[10:],
+                      "empty": b""}[damage])
+    with pytest.raises(PackRejected) as rejected:
+        Pack(str(pack))
+    assert rejected.value.field is ResultField.MISSING_FILE
 
 
 def test_skipped_entries_warn_once_per_kind_and_total_at_the_end(caplog):

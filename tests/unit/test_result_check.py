@@ -3,8 +3,6 @@ kind of field it can spoil, each naming that field; an honest RESULT passes unto
 
 from __future__ import annotations
 
-import os
-
 import msgspec
 import pytest
 
@@ -17,10 +15,11 @@ from symcc_mpi.protocol import (
     ResultField,
     StagedFile,
     Tag,
+    TaskPhases,
     decode,
     encode,
 )
-from symcc_mpi.result_check import InvalidResult, check_fields, check_staged_files
+from symcc_mpi.result_check import InvalidResult, check_fields
 from symcc_mpi.triage import FileCoverage, Status
 
 H = "ab" * 32
@@ -123,17 +122,7 @@ def test_figures_out_of_range(changes):
     refused(ResultField.FIGURES, result(**changes))
 
 
-def test_missing_and_not_regular_staged_files(tmp_path):
-    (tmp_path / CHILD).write_bytes(b"child")
-    check_staged_files(str(tmp_path), [CHILD])
-    with pytest.raises(InvalidResult) as missing:
-        check_staged_files(str(tmp_path), [H])
-    assert missing.value.field is ResultField.MISSING_FILE
-    fifo, link, directory = (sha256_bytes(bytes([i])) for i in range(3))
-    os.mkfifo(tmp_path / fifo)
-    os.symlink(tmp_path / CHILD, tmp_path / link)
-    (tmp_path / directory).mkdir()
-    for name in (fifo, link, directory):
-        with pytest.raises(InvalidResult) as odd:
-            check_staged_files(str(tmp_path), [name])
-        assert odd.value.field is ResultField.NOT_REGULAR
+def test_phase_times_that_cannot_be_believed_are_refused():
+    check_fields(result(phases=TaskPhases(target=0.02, probe=0.001)), map_size=MAP)
+    for bad in (-1.0, float("nan"), float("inf"), 1e9):
+        refused(ResultField.FIGURES, result(phases=TaskPhases(staging=bad)))

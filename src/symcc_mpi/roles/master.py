@@ -13,7 +13,6 @@ import errno
 import logging
 import os
 import secrets
-import shutil
 import signal
 import statistics
 import sys
@@ -37,6 +36,7 @@ from ..faults import Faults, die, stop_self
 from ..protocol import (
     INTERRUPTED,
     INVALID_INPUT,
+    PHASES,
     STORAGE_REFUSED,
     ConfigVerdict,
     Fatal,
@@ -121,6 +121,8 @@ class MasterStats:
     per_worker: dict[int, WorkerStats] = field(default_factory=dict)
     failures: list[dict] = field(default_factory=list)  # one per recovery (ulfm/)
     redone_commits: int = 0  # commits of a dead master finished from their manifests
+    # Worker time per phase (protocol.TaskPhases), summed over the committed results.
+    phases: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
 
 
 class Master:
@@ -596,8 +598,7 @@ class Master:
                 parked = self.dispatch.gate.parked()
                 # Whatever is staged now would be refused: the work in flight was taken back,
                 # and the ranks that acknowledged STOP removed their own staging.
-                for leftover in self.campaign.leftover_staging():
-                    shutil.rmtree(leftover, ignore_errors=True)
+                self.campaign.clear_staging()
                 log.error("workers %s did not acknowledge STOP within %.0f s%s; ending the "
                           "job, what was committed is kept", missing, SHUTDOWN_GRACE,
                           " (parked: silent since the watchdog took back their work)"
@@ -630,8 +631,7 @@ class Master:
         gone = [describe_endpoint(endpoint, self.members, self.generation)
                 for endpoint in repair.failed]
         requeued = self.dispatch.begin_generation(generation, failed, retired - {0})
-        for leftover in self.campaign.leftover_staging():  # nobody writes it any more
-            shutil.rmtree(leftover, ignore_errors=True)
+        self.campaign.clear_staging()  # nobody writes it any more
         per_worker = self.stats.per_worker
         self.stats.per_worker = {new: per_worker.get(old, WorkerStats())
                                  for new, old in renumbered.items() if new != 0}

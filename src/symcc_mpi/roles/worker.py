@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import hashlib
 import logging
 import os
 import secrets
@@ -26,6 +25,7 @@ from ..host import MACHINE, Host
 from ..protocol import (
     INTERRUPTED,
     INVALID_INPUT,
+    PHASES,
     STORAGE_REFUSED,
     WORKER_ERROR,
     ConfigVerdict,
@@ -37,11 +37,12 @@ from ..protocol import (
     Stop,
     StopAck,
     Tag,
+    TaskPhases,
     Work,
 )
 from ..pruning import MalformedDelta, WorkerMap
-from ..regular import NotRegularFile, open_regular
 from ..scratch import make_scratch
+from ..staging import Pack, Staged, read_child, write_entries, write_pack
 from ..storage import describe, storage_refused
 from ..transport import Channel, RankFailure
 from ..triage import FileCoverage
@@ -95,6 +96,7 @@ class Worker:
         self.executions = 0
         self.executor_time = 0.0
         self.generation = 0
+        self.phases = PhaseClock()
 
     def serve(self, channel: Channel, *, watch_during_runs: bool = False) -> int:
         """The worker loop of one generation, from rank 0's CONFIG to its STOP. A failure of
@@ -119,13 +121,17 @@ class Worker:
         # next WORK it has handled the RESULT before it (MPI keeps RESULT ahead of READY), and
         # the removal runs while the master handles the following RESULT.
         finished_staging: list[Path] = []
+        clock = self.phases = PhaseClock()
         try:
             while True:
                 channel.send(MASTER, Tag.READY, Ready(last_token, rings=doorbell.reachable))
-                for stage in finished_staging:
-                    shutil.rmtree(stage, ignore_errors=True)
+                clock.lap("messages")
+                for pack in finished_staging:
+                    pack.unlink(missing_ok=True)  # or the master moved it (tiers/pool.py)
                 finished_staging.clear()
+                clock.lap("other")
                 message = _wait_for(channel, Tag.WORK, Tag.STOP)
+                clock.lap("wait")
                 if isinstance(message, Stop):
                     break
                 received = SYSTEM_CLOCK.monotonic()
@@ -137,14 +143,17 @@ class Worker:
                                      f"{self.generation}")
                 else:
                     result = self._run(channel, message, watch_during_runs)
+                clock.lap("other")
+                result = msgspec.structs.replace(result, phases=clock.take())
                 self.executions += 1
                 previous_token, last_token = last_token, message.token
                 if self._misbehave(channel, result, previous_token, received):
                     continue
                 channel.send(MASTER, Tag.RESULT, result)
+                clock.lap("messages")
                 self.executor_time += result.wall_time
             if last_token is not None:  # STOP comes after the master is done with it
-                shutil.rmtree(config.out / ".staging" / last_token, ignore_errors=True)
+                (config.out / ".staging" / last_token).unlink(missing_ok=True)
             channel.send(MASTER, Tag.STOP_ACK, StopAck(self.executions, self.executor_time))
             _wait_for(channel, Tag.RELEASE)
         finally:
@@ -155,7 +164,8 @@ class Worker:
         if self.faults.fire("die", self.executions + 1):
             die(f"rank {self.rank}: fault: SIGKILL during its execution #{self.executions + 1}")
         run = functools.partial(execute, work, self.config, self.executor, self.probe,
-                                self.scratch, self.objects, self.skipped, self.qsym_map)
+                                self.scratch, self.objects, self.skipped, self.qsym_map,
+                                self.phases)
         try:
             result = _watching(channel, run, self.executor) if watch else run()
         except RankFailure:
@@ -245,12 +255,43 @@ def _watching(channel: Channel, run, executor):
     return outcome["result"]
 
 
+class PhaseClock:
+    """Adds a worker's time up by phase (protocol.TaskPhases), lap by lap: `lap(phase)` gives
+    the time since the previous lap to `phase`; `take` returns a task's figures and starts
+    the next task's."""
+
+    def __init__(self) -> None:
+        self.seconds = dict.fromkeys(PHASES, 0.0)
+        self.mark = SYSTEM_CLOCK.monotonic()
+
+    def lap(self, phase: str) -> float:
+        now = SYSTEM_CLOCK.monotonic()
+        spent = now - self.mark
+        self.seconds[phase] += spent
+        self.mark = now
+        return spent
+
+    def move(self, source: str, target: str, seconds: float) -> None:
+        """Count `seconds` of what went to `source` as `target`'s (the solver's share of the
+        target process)."""
+        seconds = min(max(seconds, 0.0), self.seconds[source])
+        self.seconds[source] -= seconds
+        self.seconds[target] += seconds
+
+    def take(self) -> TaskPhases:
+        phases = TaskPhases(**self.seconds)
+        self.seconds = dict.fromkeys(PHASES, 0.0)
+        return phases
+
+
 def execute(work: Work, config: CampaignConfig, executor, probe, scratch: Path,
             objects: ObjectStore, skipped: SkippedEntries,
-            qsym_map: WorkerMap | None = None) -> Result:
+            qsym_map: WorkerMap | None = None, clock: PhaseClock | None = None) -> Result:
     """Run one input: keep the objects and map bits WORK carries, verify the input's bytes,
-    run it, stage its children named by SHA-256, report what it added to the QSYM map.
-    Output entries that are not regular files are tallied in `skipped`."""
+    run it, stage its children in one pack (staging.py), report what it added to the QSYM map.
+    Output entries that are not regular files are tallied in `skipped`; the time of each
+    phase goes to `clock`."""
+    clock = clock or PhaseClock()
     if qsym_map is not None:
         try:
             qsym_map.receive(work.pruning)
@@ -273,21 +314,25 @@ def execute(work: Work, config: CampaignConfig, executor, probe, scratch: Path,
         return _failed(work, actual, INVALID_INPUT, "input bytes do not match their SHA-256")
     local_input = scratch / "input"
     local_input.write_bytes(data)
-    stage = config.out / ".staging" / work.token
+    stage = config.out / ".staging" / work.token  # the pack of this dispatch's children
     raw = scratch / "generated"
-    shutil.rmtree(raw, ignore_errors=True)
-    raw.mkdir()
+    _emptied(raw)
     if qsym_map is not None:
         qsym_map.prepare()
     # An executor that cannot be targeted runs the whole input and reports no path: the
     # master then stops splitting.
     targets = None if work.targets is None or not executor.targetable \
         else frozenset(work.targets)
+    clock.lap("other")
     outcome = executor.run(local_input, raw, targets)
-    staged, refused = stage_generated(outcome.generated, stage, work.input_hash)
+    clock.lap("target")
+    clock.move("target", "solver", outcome.solver_time)
+    staged, refused = write_pack(outcome.generated, stage, work.input_hash)
     skipped.note(outcome.skipped)
     skipped.note(refused.items())
-    entries = _describe(staged, probe)
+    clock.lap("staging")
+    entries = _describe(staged, stage, probe)
+    clock.lap("probe")
     return Result(
         token=work.token, input_hash=actual, outcome=outcome.outcome.value,
         exit_status=outcome.exit_status, wall_time=outcome.wall_time,
@@ -300,38 +345,19 @@ def execute(work: Work, config: CampaignConfig, executor, probe, scratch: Path,
     )
 
 
-def stage_generated(paths, stage: Path, input_hash: str) -> tuple[dict[str, Path], Counter]:
-    """Copy each generated file into `stage`, named by the SHA-256 of the bytes copied; return
-    the staged files by digest, and the entries refused as not regular files, by kind.
-
-    The executor listed regular files only, but the target's directory is the target's: an
-    entry may have been swapped since. Each is opened without following a link nor waiting
-    on a FIFO, checked on its descriptor (regular.open_regular), and the bytes hashed are the
-    bytes written, read once from that descriptor. A copy, not a rename: a renamed inode is
-    still the one anything left holding it open can change after it was hashed.
-    """
-    stage.mkdir(parents=True, exist_ok=True)
-    staged: dict[str, Path] = {}
-    refused: Counter = Counter()
-    partial = stage / ".partial"  # never in a manifest: names there are SHA-256 digests
-    for path in paths:
-        try:
-            fd, _ = open_regular(path)
-        except NotRegularFile as not_regular:
-            refused[not_regular.kind] += 1
-            continue
-        digest = hashlib.sha256()
-        with os.fdopen(fd, "rb") as source, open(partial, "wb") as copy:
-            for block in iter(lambda: source.read(1 << 20), b""):
-                digest.update(block)
-                copy.write(block)
-        name = digest.hexdigest()
-        if name in staged or name == input_hash:
-            partial.unlink()
-            continue
-        os.replace(partial, stage / name)
-        staged[name] = stage / name
-    return staged, refused
+def _emptied(directory: Path) -> None:
+    """`directory`, there and empty: what the last run left is removed, the directory kept
+    (making one costs more than emptying it, on some filesystems ten times more)."""
+    try:
+        entries = list(os.scandir(directory))
+    except FileNotFoundError:
+        directory.mkdir()
+        return
+    for entry in entries:
+        if entry.is_dir(follow_symlinks=False):
+            shutil.rmtree(entry.path, ignore_errors=True)
+        else:
+            os.unlink(entry.path)
 
 
 class SkippedEntries:
@@ -379,17 +405,15 @@ class ObjectStore:
         return (self.directory / object_id).read_bytes()
 
 
-def _describe(staged: dict[str, Path], probe) -> list[StagedFile]:
-    if not staged:
-        return []
-    digests = list(staged)
-    if probe is None:
-        return [StagedFile(d, os.path.getsize(staged[d])) for d in digests]
-    coverages = probe.probe([staged[d] for d in digests])
-    return [
-        StagedFile(d, os.path.getsize(staged[d]), coverage=c.pack(), status=c.status.value)
-        for d, c in zip(digests, coverages, strict=True)
-    ]
+def _describe(staged: list[Staged], pack: Path, probe) -> list[StagedFile]:
+    if probe is None or not staged:
+        return [StagedFile(entry.digest, entry.size) for entry in staged]
+    described = []
+    for entry in staged:  # the bytes probed are the bytes packed
+        coverage = probe.probe_bytes(read_child(pack, entry))
+        described.append(StagedFile(entry.digest, entry.size, coverage=coverage.pack(),
+                                    status=coverage.status.value))
+    return described
 
 
 def _make_probe(config: CampaignConfig, scratch: Path):
@@ -422,26 +446,38 @@ def _failed_around(rank: int, work: Work, config: CampaignConfig, error: Excepti
 
 def _send_unowned_result(channel: Channel, config: CampaignConfig, real: Result,
                          token: str) -> None:
-    """A RESULT under a token this rank does not hold now, with a real staged file."""
-    stage = config.out / ".staging" / token
-    stage.mkdir(parents=True, exist_ok=True)
+    """A RESULT under a token this rank does not hold now, with a real staged pack."""
     data = b"unowned result: must never reach the corpus " + secrets.token_bytes(8)
-    digest = sha256_bytes(data)
-    (stage / digest).write_bytes(data)
+    planted = _plant(config.out / ".staging" / token, data)
     forged = Result(token=token, input_hash=real.input_hash, outcome="ok", exit_status=0,
-                    wall_time=0.0, solver_time=0.0, staged=[StagedFile(digest, len(data))],
-                    generated=1)
+                    wall_time=0.0, solver_time=0.0,
+                    staged=[StagedFile(planted.digest, planted.size)], generated=1)
     channel.send(MASTER, Tag.RESULT, forged)
+
+
+def _plant(pack: Path, data: bytes, *, corrupt: bool = False) -> Staged:
+    """Add `data` as the last child of the pack `pack` (made if there is none). `corrupt`:
+    the bytes packed are not those the index names."""
+    children = []
+    if pack.exists():
+        with Pack(str(pack)) as existing:
+            children = [(entry.digest, existing.read(entry.digest))
+                        for entry in existing.entries]
+    digest = sha256_bytes(data)
+    offset = sum(len(content) for _, content in children)
+    write_entries(pack, [*children, (digest, data[::-1] if corrupt else data)])
+    return Staged(digest, offset, len(data))
 
 
 def _hostile_result(config: CampaignConfig, real: Result, field: str) -> bytes:
     """The RESULT of `real`'s dispatch with `field` made hostile (faults.py), as raw msgpack:
-    around a file planted in its staging directory, listed beside the real children."""
-    stage = config.out / ".staging" / real.token
-    stage.mkdir(parents=True, exist_ok=True)
+    around a child planted in its staged pack, listed after the real children."""
+    pack = config.out / ".staging" / real.token
     data = HOSTILE_MARK + secrets.token_bytes(8)
-    digest = sha256_bytes(data)
-    (stage / digest).write_bytes(data)
+    if field == "missing-file":
+        digest = sha256_bytes(data)  # listed, never packed
+    else:
+        digest = _plant(pack, data, corrupt=field == "staged-bytes").digest
     planted = {"sha256": digest, "size": len(data), "coverage": None, "status": "ok"}
     message = msgspec.to_builtins(real, builtin_types=(bytes,))
     if config.afl_target:  # the campaign triages: an honest summary (no edge) to spoil
@@ -459,17 +495,12 @@ def _hostile_result(config: CampaignConfig, real: Result, field: str) -> bytes:
     elif field == "size":
         planted["size"] = -1
     elif field == "name":
-        (stage / digest).rename(stage / digest.upper())
         planted["sha256"] = digest.upper()
     elif field == "duplicate":
         entries.append(dict(planted))
-    elif field == "missing-file":
-        (stage / digest).unlink()
     elif field == "not-regular":
-        (stage / digest).unlink()
-        os.mkfifo(stage / digest)  # opening it for reading would block the master for ever
-    elif field == "staged-bytes":
-        (stage / digest).write_bytes(data[::-1])
+        pack.unlink()
+        os.mkfifo(pack)  # opening it for reading would block the master for ever
     elif field == "figures":
         message["wall_time"] = -1.0
     elif field == "input-hash":
@@ -482,7 +513,7 @@ def _hostile_result(config: CampaignConfig, real: Result, field: str) -> bytes:
         message["path_targets"] = [0, -1]  # targets are positive
     if field != "manifest-length":
         message["generated"] += len(entries)
-    message["staged"] = entries + message["staged"]
+    message["staged"] = message["staged"] + entries  # the pack's index has it last
     return msgspec.msgpack.encode(message)
 
 
