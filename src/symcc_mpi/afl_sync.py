@@ -184,7 +184,7 @@ class ImportStats:
     imported: Counter[str]  # per instance
     duplicates: int = 0  # entries whose content the campaign held already
     unreadable: int = 0  # not a regular file, too large, or gone
-    unprobed: int = 0  # imported while afl-showmap failed: not in the triage map
+    unprobed: int = 0  # imported while the coverage probe failed: not in the triage map
 
 
 class Importer:
@@ -196,7 +196,7 @@ class Importer:
         self.campaign = campaign
         self.frontier = frontier
         self.fleet = fleet
-        self.probe = probe  # triage.CoverageProbe over the AFL build, or None
+        self.probe = probe  # forkserver.ForkserverProbe over the AFL build, or None
         self.triage = triage  # triage.CoverageMap: the fleet's imports are merged into it
         self.clock = clock
         self.stats = ImportStats(Counter())
@@ -248,8 +248,8 @@ class Importer:
                 # The imports stay (they are the fuzzers' finds); the map misses their bits,
                 # so a child covering only those may be kept: a duplicate for the fuzzers.
                 self.stats.unprobed += len(fresh)
-                log.warning("afl-showmap over %d imported inputs failed (%s): kept without "
-                            "their coverage", len(fresh), error)
+                log.warning("probing %d imported inputs failed (%s): kept without their "
+                            "coverage", len(fresh), error)
         for digest in fresh:
             self.frontier.set_depth(digest, 1)
             self.frontier.add(digest)

@@ -41,8 +41,9 @@ class _TriageState(msgspec.Struct, array_like=True):
 
 class Checkpointer:
     def __init__(self, campaign: CampaignDir, *, pruning: PruningLedger | None, triage,
-                 importer=None, clock=SYSTEM_CLOCK.monotonic):
+                 importer=None, pool=None, clock=SYSTEM_CLOCK.monotonic):
         self.campaign = campaign
+        self.pool = pool  # tiers.pool.AsidePool: its spent packs go after the sync
         self.importer = importer  # afl_sync.Importer of a hybrid campaign: its cursors
         self.pruning = pruning
         self.triage = triage  # triage.CoverageMap or None
@@ -58,14 +59,15 @@ class Checkpointer:
         if not final and now < self.next_sync:
             return
         self.campaign.sync_done()
+        self.campaign.compact_if_due()
         self.next_sync = now + SYNC_INTERVAL
+        if self.pool is not None:
+            self.pool.collect()
         if not final and now < self.next_save:
             return
         self.next_save = now + SAVE_INTERVAL
         if self.pruning is not None and self.pruning.dirty:
-            save_maps(self.campaign.state / PRUNING_DIR, self.pruning.maps())
-            self.pruning.dirty = False
-            self.saves += 1
+            self.save_pruning()
         if self.importer is not None:
             self.importer.save()  # the imports it counts are durable since the sync above
         if self.triage is not None and self.triage_dirty:
@@ -73,6 +75,12 @@ class Checkpointer:
             write_durable(self.campaign.state / TRIAGE_FILE, msgspec.msgpack.encode(state))
             self.triage_dirty = False
             self.saves += 1
+
+
+    def save_pruning(self) -> None:
+        save_maps(self.campaign.state / PRUNING_DIR, self.pruning.maps())
+        self.pruning.dirty = False
+        self.saves += 1
 
 
 def load_pruning(campaign: CampaignDir) -> dict[str, bytes]:

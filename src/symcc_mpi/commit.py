@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import base64
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import msgspec
 
@@ -28,16 +28,17 @@ from .protocol import (
     StagedFile,
     Tag,
     decode,
-    encode,
 )
 from .pruning import Delta, MalformedDelta
 from .pruning import decode as decode_delta
 from .result_check import InvalidResult, check_fields
-from .staging import PackRejected
-from .triage import FileCoverage
+from .staging import PackRejected, Staged
+from .triage import FileCoverage, path_key
 from .triage import Status as CoverageStatus
 
 log = logging.getLogger("symcc_mpi.commit")
+
+MANIFEST_MESSAGE = 200  # characters of an executor's message a commit manifest keeps
 
 
 class Unusable(Exception):
@@ -67,29 +68,75 @@ class Accepted:
     children: list[Child]
     map_bits: Delta
     verified: dict[str, bytes]  # the bytes of each child that may be kept, as hashed
+    keep: frozenset[str] = frozenset()  # the children the commit adds to the corpus
+    packed: dict[str, Staged] = field(default_factory=dict)  # every child, in its pack
+
+    def published(self) -> list[StagedFile]:
+        """The children the commit publishes: those it keeps, and crashes and hangs."""
+        return [c.staged for c in self.children if c.may_keep
+                and (c.staged.sha256 in self.keep or _status(c) is not CoverageStatus.OK)]
 
 
-def encode_manifest(result: Result, accepted: Accepted) -> str:
-    """The commit manifest of F443 §3 step 6, as the journal keeps it (corpus.py): the RESULT
-    cut down to the children `accepted` found new, so that a master taking over can redo the
-    commit (`Committer.check` and `commit` again) from it and the staged files."""
-    new = {child.staged.sha256 for child in accepted.children}
-    kept = msgspec.structs.replace(result, staged=[s for s in result.staged if s.sha256 in new])
-    return base64.b64encode(encode(kept)).decode("ascii")
+@dataclass(frozen=True)
+class Found:
+    """What one commit found: children kept and new unique crashes; edges they added."""
+
+    finds: int
+    edges: int
 
 
-def decode_manifest(text: str) -> Result:
-    """Raises MalformedMessage (a ValueError) if the manifest is not a RESULT."""
+def _status(child: Child) -> CoverageStatus:
+    """How the child's probe run ended: its summary says, or (without one: a manifest being
+    redone, or no triage) its staged entry."""
+    return child.coverage.status if child.coverage is not None \
+        else CoverageStatus(child.staged.status)
+
+
+def encode_manifest(result: Result, accepted: Accepted) -> dict:
+    """The commit manifest of F443 §3 step 6, as fields of the journal's commit record
+    (corpus.py, which holds the input, token and generation beside them): what a master
+    taking over needs to redo the commit (`Committer.check` and `commit` again) from the
+    staged pack, and nothing more. The children it publishes, each as [digest, size, probe
+    status] without its coverage summary (the takeover's replay of queue/ merges theirs),
+    the outcome, and a trace's path. The run's figures, its QSYM map bits and the children
+    it sets aside are not redone: a redone commit only loses their help."""
+    fields = {"outcome": result.outcome, "exit_status": result.exit_status,
+              "publish": [[staged.sha256, staged.size, staged.status]
+                          for staged in accepted.published()]}
+    if result.path_targets is not None:
+        fields["path_targets"] = result.path_targets
+    if result.outcome == Outcome.ERROR.value:
+        fields["message"] = result.message[:MANIFEST_MESSAGE]
+    return fields
+
+
+def decode_manifest(record: dict) -> Result:
+    """The RESULT a commit record's manifest stands for, strictly decoded as a worker's
+    would be; raises MalformedMessage (a ValueError) if it is not one. A record of an
+    earlier version holds the whole RESULT, base64-encoded msgpack, under "result"."""
+    if "result" in record:
+        try:
+            payload = base64.b64decode(record["result"], validate=True)
+        except (ValueError, TypeError) as error:
+            raise MalformedMessage(f"manifest is not base64: {error}") from None
+        return decode(Tag.RESULT, payload)
     try:
-        payload = base64.b64decode(text, validate=True)
-    except ValueError as error:
-        raise MalformedMessage(f"manifest is not base64: {error}") from None
-    return decode(Tag.RESULT, payload)
+        staged = [{"sha256": digest, "size": size, "status": status}
+                  for digest, size, status in record["publish"]]
+        fields = {"token": record["token"], "input_hash": record["sha256"],
+                  "outcome": record["outcome"], "exit_status": record["exit_status"],
+                  "wall_time": 0.0, "solver_time": 0.0, "staged": staged,
+                  "generated": len(staged), "message": record.get("message", ""),
+                  "generation": record["generation"],
+                  "path_targets": record.get("path_targets")}
+    except (KeyError, TypeError, ValueError) as error:
+        raise MalformedMessage(f"manifest: {error!r}") from None
+    return decode(Tag.RESULT, msgspec.msgpack.encode(fields))
 
 
 class Committer:
     def __init__(self, campaign, frontier, stats, *, triage, pruning, checkpoint,
-                 shared_corpus: bool = False):
+                 shared_corpus: bool = False, pool=None):
         self.campaign = campaign  # corpus.CampaignDir
         self.shared_corpus = shared_corpus  # other masters publish into corpus/ too
         self.frontier = frontier
@@ -97,6 +144,7 @@ class Committer:
         self.triage = triage  # triage.CoverageMap, or None: novelty by content hash alone
         self.pruning = pruning  # pruning.PruningLedger, or None
         self.checkpoint = checkpoint
+        self.pool = pool  # tiers.pool.AsidePool, or None: what triage drops is forgotten
         self.published: list[str] = []  # children the commit in progress added to corpus/
 
     def check(self, result: Result, sent_input: str | None) -> Accepted:
@@ -131,27 +179,53 @@ class Committer:
                 or self.triage.adds_coverage(coverage)
             children.append(Child(staged, coverage, may_keep))
         verified: dict[str, bytes] = {}
+        packed: dict[str, Staged] = {}
         if result.staged:
             try:
                 with self.campaign.open_staged(result.token) as pack:
                     pack.check([(staged.sha256, staged.size) for staged in result.staged])
                     verified = {c.staged.sha256: pack.read(c.staged.sha256)
                                 for c in children if c.may_keep}
+                    packed = pack.by_digest
             except PackRejected as rejected:
                 self.stats.staging_rejected += 1
                 raise InvalidResult(rejected.field,
                                     f"staged results rejected: {rejected}") from None
-        return Accepted(children, map_bits, verified)
+        return Accepted(children, map_bits, verified, self._to_keep(children), packed)
 
-    def commit(self, rank: int, result: Result, accepted: Accepted, *,
-               part: int | None = None, completes_input: bool = True) -> None:
-        """Triage and promote the children, merge the map bits, record the input as done
-        (or, for a part of a split input that does not complete it, the part)."""
+    def _to_keep(self, children: list[Child]) -> frozenset[str]:
+        """The normal children that add coverage, each beyond the map and the children before
+        it in the RESULT: decided before anything is published, so that the manifest says
+        exactly what the commit publishes."""
+        keep: set[str] = set()
+        beyond: dict[int, int] = {}  # the bits the children kept so far add
+        for child in children:
+            if not child.may_keep or _status(child) is not CoverageStatus.OK:
+                continue
+            coverage = child.coverage
+            if coverage is None:
+                keep.add(child.staged.sha256)
+            elif self.triage.adds_coverage(coverage, beyond):
+                keep.add(child.staged.sha256)
+                for index, bit in coverage.pairs():
+                    beyond[index] = beyond.get(index, 0) | bit
+        return frozenset(keep)
+
+    def commit(self, rank: int | None, result: Result, accepted: Accepted, *,
+               part: int | None = None, completes_input: bool = True) -> Found:
+        """Triage and promote the children, set aside what triage does not keep, merge the
+        map bits, record the input as done (or, for a part of a split input that does not
+        complete it, the part)."""
         now = SYSTEM_CLOCK.time()
         parent = result.input_hash
         self.published = []
+        finds_before = self.stats.interesting + self.stats.crashes
+        edges_before = self.triage.edges_covered if self.triage is not None else 0
         for child in accepted.children:
-            self._triage_child(child, accepted.verified.get(child.staged.sha256), parent, now)
+            self._triage_child(child, accepted, parent, now)
+        if self.pool is not None:
+            for digest in self.pool.adopt(result.token, self.campaign.staged_pack(result.token)):
+                self.frontier.set_aside(digest)
         if self.pruning is not None:
             self.pruning.merge(rank, accepted.map_bits)
         outcome = Outcome(result.outcome)  # check() let through analysed outcomes only
@@ -165,7 +239,7 @@ class Committer:
             log.warning("executor error on %s (rank %d): %s", parent[:12], rank, result.message)
         if completes_input:
             self.campaign.record_done(parent, result.token, outcome.value, result.generation,
-                                      self.published)
+                                      self.published, tier=self.frontier.tier_of(parent))
         else:
             self.campaign.record_part(parent, part, result.token, outcome.value,
                                       self.published)
@@ -184,9 +258,12 @@ class Committer:
         if worker is not None:  # None: a dead master's commit, redone (session.py)
             worker.executions += 1
             worker.executor_time += result.wall_time
+        edges = self.triage.edges_covered - edges_before if self.triage is not None else 0
+        return Found(self.stats.interesting + self.stats.crashes - finds_before, edges)
 
-    def _triage_child(self, child: Child, data: bytes | None, parent: str, now: float) -> None:
-        """`data`: the child's verified bytes (None when it may not be kept).
+    def _triage_child(self, child: Child, accepted: Accepted, parent: str, now: float) -> None:
+        """Publish what the child asked for (a crash, a hang, an input the commit keeps), or
+        offer it to the aside pool.
 
         The child is noted as seen only after what it asked for is published: a promotion
         that raises leaves it unseen, so the run of its parent, retried, offers it again. The
@@ -194,17 +271,23 @@ class Committer:
         bits were merged would be dropped by the retry as adding nothing)."""
         digest = child.staged.sha256
         coverage = child.coverage
-        if child.may_keep:
-            if coverage is not None and coverage.status is CoverageStatus.CRASH:
-                self._save_crash(digest, parent, None, now, data=data)
-            elif coverage is not None and coverage.status is CoverageStatus.HANG:
-                self._save_hang(digest, parent, now, data=data)
-            elif coverage is None or self.triage.adds_coverage(coverage):
-                # Not already covered by an earlier child of this run.
-                self._keep(digest, data, parent, now)
-                if coverage is not None:
-                    self.triage.merge_novelty(coverage)
-                    self.checkpoint.triage_dirty = True
+        data = accepted.verified.get(digest)
+        status = _status(child)
+        if child.may_keep and status is CoverageStatus.CRASH:
+            self._save_crash(digest, parent, None, now, data=data)
+        elif child.may_keep and status is CoverageStatus.HANG:
+            self._save_hang(digest, parent, now, data=data)
+        elif digest in accepted.keep:
+            self._keep(digest, data, parent, now)
+            if coverage is not None:
+                self.triage.merge_novelty(coverage)
+                self.checkpoint.triage_dirty = True
+        elif self.pool is not None and coverage is not None and digest in accepted.packed:
+            triage = self.triage
+            key = path_key(coverage)
+            self.pool.offer(accepted.packed[digest], self.pool.promise(
+                path_key=key, known_path=triage.knows_path(coverage),
+                rarity=triage.rarity(coverage), size=child.staged.size), key)
         self.frontier.see(digest)
         self.stats.unique += 1
 

@@ -49,6 +49,11 @@ class CampaignConfig:
         return self.afl_sync is not None
 
     @property
+    def budgeted(self) -> bool:
+        """A budget ends the campaign (tiers/): until then it works past its frontier."""
+        return self.wall_timeout is not None or self.max_idle is not None
+
+    @property
     def prunes(self) -> bool:
         """Whether runs use QSYM's coverage map and linearization (SymCC's backend only)."""
         return self.executor == "symcc" and self.pruning != "off"

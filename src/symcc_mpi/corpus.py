@@ -36,9 +36,14 @@ import json
 import logging
 import os
 import shutil
+from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
+import msgspec
+
+from . import snapshot
 from .durable.atomic import SYSTEM_DISK, fsync_directory, write_durable
 from .durable.clock import SYSTEM_CLOCK
 from .durable.journal import Damage, DamageKind, JournalCorrupt, LineLog, Writer, inspect
@@ -59,6 +64,10 @@ MASTER_STATE = "master-{}"  # under state/: master k's own state, for k >= 1 (--
 FINDINGS = "findings"  # in a master's state: crashes and hangs it handed to the first master
 
 log = logging.getLogger("symcc_mpi.corpus")
+# The journal is compacted once it reaches this size and twice its size after the last
+# compaction: each compaction reads it whole, so their cost stays proportional to growth.
+COMPACT_FLOOR = 4 << 20
+_JSON = msgspec.json.Decoder()
 
 CommitProbe = Callable[[str, int], None]
 """Called at each step of the N-th group commit that carries done records (fault injection):
@@ -181,6 +190,9 @@ class CampaignDir:
         self._unsynced_files: list[str] = []  # published since the last group commit
         self._unsynced_directories: set[str] = set()
         self.group_commits = 0  # those that carried done records
+        self.epoch = 0  # of the work being recorded (tiers/schedule.py)
+        self._compacted_size = 0  # of the journal after its last compaction
+        self.snapshot_on_close = False  # a lone master's clean close saves one (snapshot.py)
         self.commit_probe: CommitProbe | None = None
         self.crash_hashes: set[str] = set()
         self.hang_hashes: set[str] = set()
@@ -249,8 +261,10 @@ class CampaignDir:
     def close(self) -> None:
         # Closed even when the last sync fails (a full disk): a handle left open would be
         # flushed again at exit and the error reported a second time.
+        synced = False
         try:
             self.sync_done()
+            synced = True
         finally:
             done_log, self._done_log = self._done_log, None
             if done_log is not None:
@@ -262,6 +276,9 @@ class CampaignDir:
                     log.info("%s: %d records, %d bytes, sha256 %s, as this campaign wrote it",
                              self.done_journal, done_log.lines, done_log.size,
                              done_log.content_digest)
+                    if self.snapshot_on_close and synced:
+                        snapshot.save(self, done_log.size, done_log.lines,
+                                      done_log.content_digest)
                 done_log.close()
             if self._lock_handle is not None:
                 self._lock_handle.close()
@@ -328,10 +345,21 @@ class CampaignDir:
         """The done records, as `open_journal` (the work records are left out)."""
         return [r for r in self.open_journal(writer=writer) if "kind" not in r]
 
-    def open_journal(self, *, writer: Writer | None = None) -> list[dict]:
+    def restore(self, state: snapshot.Snapshot) -> None:
+        """What `read_queues` would rebuild, and the frontier's table, from a snapshot."""
+        self._next_ids = dict(state.next_ids)
+        self.crash_hashes = set(state.crashes)
+        self.hang_hashes = set(state.hangs)
+        self.queue_names = dict(state.queue_names) if self.keep_queue_names else {}
+        self.inputs.restore(state.table)
+        self.epoch = state.epoch
+
+    def open_journal(self, *, writer: Writer | None = None,
+                     after: snapshot.Snapshot | None = None) -> list[dict]:
         """The lock holder's replay: cut a torn last line (kept in quarantine/ under the
         journal's name and line number, with a REASONS line) and open the journal to append.
-        `writer` replaces the journal's write step (fault injection)."""
+        `writer` replaces the journal's write step (fault injection); `after`: a snapshot
+        that covers the journal's first records, which are not read (only those after)."""
         if self._lock_handle is None:
             # A reader that repaired would cut a live campaign's append in progress.
             raise CampaignError(f"{self.done_journal}: only the process holding the "
@@ -339,8 +367,13 @@ class CampaignDir:
         records: list[dict] = []
         done_log = LineLog(self.done_journal, writer=writer, quarantine_dir=self.quarantine,
                            strict=True)
+        apply = lambda record: records.append(_checked_record(record))  # noqa: E731
         try:
-            done_log.load(lambda record: records.append(_checked_record(record)))
+            if after is not None:
+                done_log.open_after(after.journal_size, after.journal_sha256,
+                                    after.journal_lines, apply)
+            else:
+                done_log.load(apply)
         except JournalCorrupt as error:
             raise _corrupt_done(error.damage) from None
         done_log.open_for_append()
@@ -525,16 +558,21 @@ class CampaignDir:
         return () if source is None else (source,)
 
     def record_done(self, digest: str, token: str, outcome: str, generation: int = 0,
-                    published: list[str] | None = None) -> None:
+                    published: list[str] | None = None, tier: int = 1) -> None:
         """The input is analysed and its results are published: its done record is appended
         at the next group commit (`sync_done`), after those results are durable. `published`:
-        the children it added to corpus/ (for verify's oracle: none may go missing)."""
+        the children it added to corpus/ (for verify's oracle: none may go missing); `tier`:
+        where the input came from (tiers/), and the record carries the epoch it ran in."""
         record = {"sha256": digest, "token": token, "outcome": outcome,
                   "time": round(SYSTEM_CLOCK.time(), 3)}
         if generation:
             record["generation"] = generation
         if published:
             record["published"] = published
+        if tier != 1:
+            record["tier"] = tier
+        if self.epoch:
+            record["epoch"] = self.epoch
         self._done_pending.append(record)
 
     def record_part(self, digest: str, part: int, token: str, outcome: str,
@@ -547,11 +585,23 @@ class CampaignDir:
                                    "published": published})
 
     def record_work(self, kind: str, **fields) -> None:
-        """Write a work record (`dispatch`, `commit`, `recovered`) into the journal now,
-        unsynced: it precedes the action it announces for any process that reads it later."""
+        """Write a work record (`dispatch`, `commit`, `recovered`, ...) into the journal now,
+        unsynced: it precedes the action it announces for any process that reads it later.
+        In an epoch past the first it carries the epoch's number."""
         if self._done_log is None:
             self.open_done()
+        if self.epoch:
+            fields["epoch"] = self.epoch
         self._done_log.extend(({"kind": kind, **fields},), sync=False)
+
+    def begin_epoch(self, epoch: int) -> None:
+        """Epoch `epoch` begins (tiers/): on record, synced, before any of its work."""
+        self.sync_done()
+        if self._done_log is None:
+            self.open_done()
+        self._done_log.extend(({"kind": "epoch", "epoch": epoch,
+                                "time": round(SYSTEM_CLOCK.time(), 3)},))
+        self.epoch = epoch
 
     def _published(self, path: str) -> None:
         """A file just appeared under its final name: its bytes and its directory entry are
@@ -589,6 +639,31 @@ class CampaignDir:
         if self.commit_probe is not None:
             self.commit_probe(step, self.group_commits)
 
+    def compact_if_due(self) -> int:
+        """Drop the work records of the work that went cleanly (dispatched once, committed,
+        done) from the journal, once it has doubled since the last compaction (and holds
+        COMPACT_FLOOR at least): the journal then grows by what a resume needs, about a done
+        record per execution, whatever the work records cost. Everything a resume, a
+        takeover or `verify` reads is kept: done and part records, every record of work in
+        flight or dispatched more than once, the take-backs that declare why, the epochs.
+        Returns the bytes dropped."""
+        journal = self._done_log
+        if journal is None or journal.size < max(COMPACT_FLOOR, 2 * self._compacted_size):
+            return 0
+        raw = journal.path.read_bytes()
+        if len(raw) != journal.size:
+            raise JournalCorrupt(Damage(journal.path, 0, DamageKind.CORRUPT_LINE,
+                                        f"{len(raw)} bytes where this campaign wrote "
+                                        f"{journal.size}", None))
+        lines = raw.splitlines(keepends=True)
+        drop = settled_work_lines([_JSON.decode(line[9:]) for line in lines])
+        kept = b"".join(line for number, line in enumerate(lines) if number not in drop)
+        journal.replace_contents(kept)
+        self._compacted_size = len(kept)
+        log.info("compacted %s: %d work records of settled work dropped, %d -> %d bytes",
+                 self.done_journal, len(drop), len(raw), len(kept))
+        return len(raw) - len(kept)
+
     def discard_staging(self, token: str) -> None:
         _remove(self.staged_pack(token))
 
@@ -622,6 +697,10 @@ class CampaignDir:
         return verdict
 
     @property
+    def next_ids(self) -> dict[str, int]:
+        return dict(self._next_ids)
+
+    @property
     def queue_entries(self) -> int:
         """queue/ ids run from 0 to this, dense (AFL's sync needs them so)."""
         return self._next_ids["queue"]
@@ -634,11 +713,60 @@ class CampaignDir:
 
 WORK_RECORD_FIELDS = {
     "dispatch": {"sha256": str, "token": str, "generation": int},
-    "commit": {"sha256": str, "token": str, "generation": int, "result": str},
+    "commit": {"sha256": str, "token": str, "generation": int},
     "recovered": {"generation": int, "failed": list, "requeued": list},
     "requeue": {"sha256": str, "reason": str},
     "part": {"sha256": str, "part": int, "token": str, "published": list},
+    "epoch": {"epoch": int},
 }
+
+
+@dataclass(frozen=True)
+class Epochs:
+    """A journal read by epoch (tiers/schedule.py): the epoch in progress, the inputs done
+    in it, those done only in earlier ones, and the records of the epoch in progress."""
+
+    epoch: int
+    done: set[str]
+    done_before: set[str]
+    current: list[dict]
+
+
+def replay_epochs(journal: list[dict], *, epoch: int = 0) -> Epochs:
+    """An epoch begins only when no work is in flight: every record of an earlier epoch is
+    settled, and what a resume redoes, requeues or counts in flight is in `current`.
+    `epoch`: the one in progress when `journal` begins (a snapshot's)."""
+    epoch = max((r["epoch"] for r in journal if r.get("kind") == "epoch"), default=epoch)
+    current = [r for r in journal if r.get("epoch", 0) == epoch]
+    done = {r["sha256"] for r in current if "kind" not in r}
+    before = {r["sha256"] for r in journal if "kind" not in r and r.get("epoch", 0) < epoch}
+    return Epochs(epoch, done, before - done, current)
+
+
+def settled_work_lines(journal: list[dict]) -> set[int]:
+    """The line numbers of the dispatch and commit records of whole inputs dispatched once
+    in their epoch and done there, with no take-back on record: nothing reads them again."""
+    open_lines: dict[tuple[int, str], list[int]] = {}
+    dispatches: Counter[tuple[int, str]] = Counter()
+    declared: set[tuple[int, str]] = set()
+    settled: set[int] = set()
+    for number, record in enumerate(journal):
+        kind, epoch = record.get("kind"), record.get("epoch", 0)
+        if kind in ("dispatch", "commit") and record.get("part") is None:
+            key = (epoch, record["sha256"])
+            open_lines.setdefault(key, []).append(number)
+            dispatches[key] += kind == "dispatch"
+        elif kind == "requeue":
+            declared.add((epoch, record["sha256"]))
+        elif kind == "recovered":
+            declared.update((epoch, parse_work_id(work)[0]) for work in record["requeued"])
+        elif kind is None:
+            key = (epoch, record["sha256"])
+            lines = open_lines.pop(key, [])
+            if dispatches.pop(key, 0) == 1 and key not in declared:
+                settled.update(lines)
+            declared.discard(key)
+    return settled
 
 
 def work_of(record: dict) -> str:

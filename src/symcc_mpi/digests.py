@@ -156,6 +156,16 @@ class DigestTable:
                 yield entry
             entry = marks.find(1, entry + 1)
 
+    def update_flags(self, table: bytes) -> None:
+        """Rewrite every entry's flags byte through `table` (bytes.translate's 256-byte map):
+        a change of many entries at C speed, as an epoch's start needs (tiers/)."""
+        if len(table) != 256:
+            raise ValueError("a translation table has 256 entries")
+        self._flags = array("B", self._flags.tobytes().translate(table))
+        counted = self._flags.tobytes()
+        for flag in self._counts:
+            self._counts[flag] = len(counted) - counted.translate(_MARKS[flag]).count(0)
+
     # -- columns ----------------------------------------------------------------------------
 
     def depth(self, entry: int) -> int:
@@ -173,6 +183,10 @@ class DigestTable:
         queue_id = self._queue_ids[entry]
         return None if queue_id == NO_QUEUE_ID else queue_id
 
+    def queue_id_or_last(self, entry: int) -> int:
+        """The entry's queue id, NO_QUEUE_ID (after every id) if none: a sort key."""
+        return self._queue_ids[entry]
+
     def set_queue_id(self, entry: int, queue_id: int | None) -> None:
         self._check(entry)
         if queue_id is None:
@@ -180,6 +194,33 @@ class DigestTable:
         elif not 0 <= queue_id < NO_QUEUE_ID:
             raise ValueError(f"queue id {queue_id} outside 0..{NO_QUEUE_ID - 1}")
         self._queue_ids[entry] = queue_id
+
+    # -- snapshots (snapshot.py) -------------------------------------------------------------
+
+    def dump(self) -> list[bytes]:
+        """The table's buffers as they are, index included: `restore` needs no rehash."""
+        return [self._index.tobytes(), bytes(self._keys), self._flags.tobytes(),
+                self._depths.tobytes(), self._queue_ids.tobytes()]
+
+    @classmethod
+    def restore(cls, parts: list[bytes]) -> DigestTable:
+        """The table `dump` gave these buffers of; ValueError if they do not fit together."""
+        index, keys, flags, depths, queue_ids = parts
+        table = cls()
+        table._index = array(UINT32, index)
+        table._keys = bytearray(keys)
+        table._flags = array("B", flags)
+        table._depths = array("H", depths)
+        table._queue_ids = array(UINT32, queue_ids)
+        slots, entries = len(table._index), len(table._flags)
+        if slots < _MIN_SLOTS or slots & (slots - 1) or len(keys) != KEY_SIZE * entries \
+                or len(table._depths) != entries or len(table._queue_ids) != entries \
+                or entries >= slots:
+            raise ValueError("digest table buffers that do not fit together")
+        table._mask, table._limit = slots - 1, slots * 2 // 3
+        for flag in _FLAGS:
+            table._counts[flag] = entries - flags.translate(_MARKS[flag]).count(0)
+        return table
 
     # -- accounting -------------------------------------------------------------------------
 

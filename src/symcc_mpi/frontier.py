@@ -29,6 +29,12 @@ DONE = 2  # analysed
 SEEN = 4  # generated (kept or not), noted by `see`
 _SENT_LOW, _SENT_HIGH = 8, 16  # dispatch count 0..3, two bits
 _SENT_SHIFT = 3
+ASIDE = 32  # generated, not kept by triage, set aside for a lower tier (tiers/pool.py)
+RERUN = 64  # a corpus input analysed in an earlier epoch, to analyse again in this one
+# An epoch's start (`begin_epoch`): nothing is done or sent in the new epoch yet, and every
+# corpus input is to be analysed again.
+_NEW_EPOCH = bytes((flags & ~(DONE | _SENT_LOW | _SENT_HIGH | RERUN))
+                   | (RERUN if flags & KNOWN else 0) for flags in range(256))
 
 _COMPACT_AT = 4096  # pending-queue entries consumed before the queue may be compacted
 
@@ -77,6 +83,10 @@ class Frontier:
         self._rank: Callable[[str], tuple] | None = None
         self._ranked: list[tuple[tuple, int, int]] = []
         self._arrivals = itertools.count()
+        # Tier 3 (tiers/): corpus inputs to analyse again in this epoch, in queue order;
+        # not counted in `len` nor `pending`, which are the interesting frontier (tier 1).
+        self._rerun = array(UINT32)
+        self._rerun_head = 0
         self.pending = PendingView(self)
         self.known = FlagView(self._table, KNOWN)
         self.done = FlagView(self._table, DONE)
@@ -152,6 +162,91 @@ class Frontier:
 
     def __len__(self) -> int:
         return len(self._front) + len(self._ranked) + len(self._queue) - self._head
+
+    # -- snapshots (snapshot.py) -------------------------------------------------------------
+
+    def dump(self) -> list[bytes]:
+        return self._table.dump()
+
+    def restore(self, parts: list[bytes]) -> None:
+        """The state `dump` saved: the table, then the pending inputs in queue order (the
+        interesting ones, then those to analyse again in this epoch)."""
+        if len(self) or self.reruns_pending:
+            raise ValueError("restore into a frontier with pending inputs")
+        table = self._table = DigestTable.restore(parts)
+        self.known = FlagView(table, KNOWN)
+        self.done = FlagView(table, DONE)
+        waiting = [entry for entry in table.entries_with(KNOWN) if not table.has(entry, DONE)]
+        waiting.sort(key=table.queue_id_or_last)
+        for entry in waiting:
+            if table.has(entry, RERUN):
+                self._rerun.append(entry)
+            elif self._rank is not None:
+                digest = table.key(entry).hex()
+                heapq.heappush(self._ranked, (self._rank(digest), next(self._arrivals), entry))
+            else:
+                self._queue.append(entry)
+
+    # -- the lower tiers (tiers/) ------------------------------------------------------------
+
+    def set_aside(self, digest: str) -> None:
+        """A generated input the aside pool holds (it was seen, not kept)."""
+        entry, _ = self._table.add(_key(digest))
+        self._table.set_flag(entry, SEEN)
+        self._table.set_flag(entry, ASIDE)
+
+    def awaits_aside(self, digest: str) -> bool:
+        """Set aside and not analysed in this epoch: pending in the aside pool."""
+        entry = self._find(digest)
+        flags = self._table.flags(entry) if entry >= 0 else 0
+        return bool(flags & ASIDE) and not flags & DONE
+
+    def tier_of(self, digest: str) -> int:
+        """The tier an input is analysed in: 2 set aside, 3 analysed again (a corpus input of
+        an earlier epoch), else 1 (the interesting frontier)."""
+        entry = self._find(digest)
+        flags = self._table.flags(entry) if entry >= 0 else 0
+        return 2 if flags & ASIDE else 3 if flags & RERUN else 1
+
+    def begin_epoch(self) -> int:
+        """A new epoch: nothing is done in it yet, and every corpus input is to be analysed
+        again, in queue order, after the interesting frontier. Returns how many."""
+        table = self._table
+        table.update_flags(_NEW_EPOCH)
+        entries = sorted(table.entries_with(RERUN), key=table.queue_id_or_last)
+        self._rerun = array(UINT32, entries)
+        self._rerun_head = 0
+        return len(entries)
+
+    def add_rerun(self, digest: str) -> None:
+        """A corpus input analysed in an earlier epoch, not yet in this one (resume)."""
+        entry, _ = self._table.add(_key(digest))
+        self._table.set_flag(entry, KNOWN)
+        self._table.set_flag(entry, RERUN)
+        self._rerun.append(entry)
+
+    @property
+    def reruns_pending(self) -> int:
+        return len(self._rerun) - self._rerun_head
+
+    def next_rerun(self) -> str | None:
+        """The next input to analyse again, without taking it; None when there is none."""
+        rerun, table = self._rerun, self._table
+        while self._rerun_head < len(rerun) and table.has(rerun[self._rerun_head], DONE):
+            self._rerun_head += 1  # analysed again already (it was in front, or pending)
+        if self._rerun_head >= len(rerun):
+            return None
+        return table.key(rerun[self._rerun_head]).hex()
+
+    def take_rerun(self) -> str:
+        digest = self.next_rerun()
+        if digest is None:
+            raise IndexError("no input to analyse again")
+        self._rerun_head += 1
+        if self._rerun_head == len(self._rerun):
+            self._rerun = array(UINT32)
+            self._rerun_head = 0
+        return digest
 
     # -- the master's other per-input state ------------------------------------------------
 

@@ -96,6 +96,7 @@ def _own_snapshot(master) -> CampaignSnapshot:
             "master_loop_seconds": SYSTEM_CLOCK.monotonic() - master.loop_started,
             "master_loop_cpu_seconds": time.process_time() - master.loop_cpu_start,
             "worker_phases": _phases(stats),
+            "tiers": _tiers(master),
             "master_wakeups": master.wakeups,
             "doorbell_workers": len(master.ringing),
             "run_id": master.run_id,
@@ -108,6 +109,17 @@ def _own_snapshot(master) -> CampaignSnapshot:
             if master.importer is not None else None,
         },
     )
+
+
+def _tiers(master) -> dict | None:
+    """The tiers past the interesting frontier (tiers/): the one in use, what each found."""
+    lower = master.lower
+    if lower is None:
+        return None
+    figures = asdict(lower.schedule.statistics())
+    figures["reruns_pending"] = master.frontier.reruns_pending
+    figures["pool"] = asdict(lower.pool.statistics()) if lower.pool is not None else None
+    return figures
 
 
 def _phases(stats) -> dict:
@@ -183,6 +195,12 @@ def progress_line(s: CampaignSnapshot) -> str:
     hybrid = s.extra.get("hybrid")
     if hybrid:
         line += f"  imported {sum((hybrid.get('imported') or {}).values())}"
+    tiers = s.extra.get("tiers") or {}
+    if tiers.get("enabled") and tiers.get("current", 1) != 1 or tiers.get("epoch"):
+        line += f"  tier {tiers['current']} (epoch {tiers['epoch']})"
+    pool = tiers.get("pool") or {}
+    if pool.get("pending"):
+        line += f"  set aside {pool['pending']}"
     return line
 
 
@@ -235,11 +253,23 @@ def print_summary(out: Path, console: Console) -> None:
     if snapshot is None:
         return
     console.print(summary_table(snapshot))
+    waiting = set_aside_waiting(snapshot)
+    if waiting:
+        console.print(f"{waiting:,} inputs triage did not keep are set aside in {out / 'aside'}:"
+                      f" explore them with --resume --wall-timeout SECONDS", highlight=False)
     listing = crash_listing(out)
     if listing:
         console.print("[bold red]crashing inputs:[/bold red]")
         for line in listing:
             console.print(line, markup=False, highlight=False, soft_wrap=True)
+
+
+def set_aside_waiting(snapshot: CampaignSnapshot) -> int:
+    """Inputs waiting in the aside pool of a campaign that stopped without exploring it."""
+    tiers = snapshot.extra.get("tiers") or {}
+    if tiers.get("enabled"):
+        return 0
+    return (tiers.get("pool") or {}).get("pending", 0)
 
 
 def print_status(out: Path) -> None:

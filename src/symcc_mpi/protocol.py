@@ -108,6 +108,9 @@ class Work(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     generation: int = 0  # of the communicator it was sent on (ulfm/), echoed in RESULT
     # The branches to solve (executors/base.py): None, every one; [], none (a trace).
     targets: list[int] | None = None
+    # The campaign's epoch (tiers/schedule.py): a worker that sees a new one starts its
+    # QSYM map afresh, before it takes in the `pruning` bits.
+    epoch: int = 0
 
 
 class StagedFile(msgspec.Struct, forbid_unknown_fields=True, frozen=True):

@@ -155,11 +155,17 @@ class WorkerMap:
     def __init__(self, path: Path):
         self.path = path
         self.base = bytearray(MAP_SIZE)
+        self.epoch = 0
         self._on_file: bytes | None = None  # what the file holds, as last written or read
 
-    def receive(self, data: bytes) -> None:
-        """OR the bits a WORK carried into the base (raises MalformedDelta)."""
-        apply(self.base, decode(data))
+    def receive(self, data: bytes, epoch: int = 0) -> None:
+        """OR the bits a WORK carried into the base (raises MalformedDelta); a WORK of a new
+        epoch (tiers/schedule.py) starts the base afresh first."""
+        delta = decode(data)
+        if epoch != self.epoch:
+            self.base = bytearray(MAP_SIZE)
+            self.epoch = epoch
+        apply(self.base, delta)
 
     def prepare(self) -> None:
         """The run's map file starts as the base, whatever the last run left there: only the
@@ -327,6 +333,13 @@ class PruningLedger:
         """Ranks are numbered anew (ulfm/): every worker gets its map whole again."""
         self._cursors.clear()
 
+    def begin_epoch(self) -> None:
+        """A new epoch (tiers/schedule.py): every map starts empty, the workers' too (their
+        next WORK says so)."""
+        self._scopes.clear()
+        self._cursors.clear()
+        self.dirty = True
+
     def maps(self) -> dict[str, bytes]:
         return {name: bytes(scope.map) for name, scope in self._scopes.items()}
 
@@ -343,9 +356,14 @@ class PruningLedger:
 
 
 def save_maps(directory: Path, maps: dict[str, bytes]) -> None:
+    """Save the scopes' maps; a map file of a scope that has none any more (a new epoch) is
+    removed."""
     directory.mkdir(parents=True, exist_ok=True)
     for name, data in maps.items():
         write_durable(directory / f"{name}.map", data)
+    for path in directory.glob("*.map"):
+        if path.stem not in maps:
+            path.unlink()
 
 
 def load_maps(directory: Path) -> dict[str, bytes]:

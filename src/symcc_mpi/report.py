@@ -497,6 +497,9 @@ def render_live(snap: CampaignSnapshot) -> Panel:
     if hybrid:
         subtitle += (f" · imported {sum((hybrid.get('imported') or {}).values()):,} from the "
                      f"fuzzers, they took {sum((hybrid.get('imported_by') or {}).values()):,}")
+    tiers = _live_tiers(snap.extra.get("tiers"))
+    if tiers:
+        subtitle += f" · {tiers}"
     parked = (snap.extra.get("dispatch") or {}).get("parked")
     if parked:
         subtitle += f" · {len(parked)} parked (no answer within the watchdog deadline)"
@@ -533,6 +536,7 @@ def summary_table(snap: CampaignSnapshot) -> Table:
         ("solver time", f"{snap.solver_time:,.1f} s ({_share(snap.solver_time, busy)})"),
         ("last find", _ago(snap, snap.last_find)),
     ]
+    rows += _tier_rows(snap.extra.get("tiers"))
     phases = _worker_phases(snap.extra.get("worker_phases") or {})
     if phases:
         rows.append(("worker time per task", phases))
@@ -638,6 +642,40 @@ def _dispatch_recovery(dispatch: dict) -> str:
     if dispatch.get("parked"):
         parts.append("parked: rank " + ", ".join(map(str, dispatch["parked"])))
     return ", ".join(parts)
+
+
+TIER_NAMES = {1: "interesting frontier", 2: "set aside", 3: "corpus again"}
+
+
+def _tier_rows(tiers: Mapping[str, Any] | None) -> list[tuple[str, str]]:
+    """The tiers past the interesting frontier (tiers/): what each did, the pool's state."""
+    if not tiers:
+        return []
+    rows = []
+    if tiers.get("enabled"):
+        rows.append(("tiers", f"in tier {tiers['current']} ({TIER_NAMES[tiers['current']]}), "
+                              f"epoch {tiers['epoch']}"))
+    for tier, figures in sorted((tiers.get("per_tier") or {}).items(),
+                                key=lambda item: int(item[0])):
+        if figures["executions"]:
+            rows.append((f"tier {tier} ({TIER_NAMES[int(tier)]})",
+                         f"{figures['executions']:,} executions, {figures['finds']:,} finds, "
+                         f"+{figures['edges']:,} edges"))
+    pool = tiers.get("pool")
+    if pool and (pool["set_aside"] or pool["pending"]):
+        rows.append(("set aside", f"{pool['pending']:,} waiting ({pool['bytes'] / 2**20:,.1f} "
+                                  f"MiB of packs), {pool['set_aside']:,} set aside, "
+                                  f"{pool['explored']:,} explored, {pool['dropped']:,} dropped "
+                                  "past the bounds"))
+    return rows
+
+
+def _live_tiers(tiers: Mapping[str, Any] | None) -> str:
+    if not tiers or not tiers.get("enabled"):
+        return ""
+    pool = tiers.get("pool") or {}
+    return (f"tier {tiers['current']} · epoch {tiers['epoch']} · "
+            f"{pool.get('pending', 0):,} set aside · {tiers.get('reruns_pending', 0):,} to rerun")
 
 
 def _worker_phases(phases: Mapping[str, Any]) -> str:

@@ -8,8 +8,16 @@ import signal
 import sys
 from dataclasses import replace
 
+from . import snapshot
 from .config import CampaignConfig, UsageError, check_numbers, check_seeds
-from .corpus import CampaignDir, CampaignError, check_out_dir, outstanding, work_of
+from .corpus import (
+    CampaignDir,
+    CampaignError,
+    check_out_dir,
+    outstanding,
+    replay_epochs,
+    work_of,
+)
 from .durable.clock import SYSTEM_CLOCK
 from .durable.generations import GenerationLogError
 from .executors import check_available
@@ -421,6 +429,7 @@ def check_config(config: CampaignConfig, *, lock_held: bool = False) -> None:
         check_seeds(config.seeds)
     check_available(config.executor)
     check_fault_plan()
+    check_pool_bounds()
     if config.afl_target:
         from .triage import TriageError, check_afl_target
 
@@ -435,8 +444,19 @@ def check_config(config: CampaignConfig, *, lock_held: bool = False) -> None:
         if not lock_held:
             campaign.check_not_running()  # before mpiexec, and before anything reads it
         # A corrupt journal is refused before launch. Read-only: the campaign lock is not
-        # held here (the master takes it), so a torn tail is not cut here.
-        campaign.read_done()
+        # held here (the master takes it), so a torn tail is not cut here. A snapshot that
+        # covers it vouches for it (the run that wrote both checked it at its close).
+        if not snapshot.covers_journal(campaign):
+            campaign.read_done()
+
+
+def check_pool_bounds() -> None:
+    from .tiers.pool import bounds_from_env
+
+    try:
+        bounds_from_env()
+    except ValueError as error:
+        raise UsageError(str(error)) from None
 
 
 def check_fault_plan() -> None:
@@ -472,7 +492,13 @@ def open_master(channel, config: CampaignConfig, *, fault_tolerant: bool = False
         if not config.resume:
             campaign.create(config.to_json())
         campaign.keep_queue_names = config.hybrid
-        campaign.read_queues()
+        saved = snapshot.take(campaign) if config.resume else None  # it serves once
+        if saved is not None and federation is None and not taking_over:
+            campaign.restore(saved)
+        else:
+            saved = None
+            campaign.read_queues()
+        campaign.snapshot_on_close = federation is None
         coverage, covered_entries = _coverage_map(config, campaign)
         importer = _importer(config, campaign, coverage) if config.hybrid else None
         deferrals = DeferredWorkJournal(campaign.state / DEFERRED_JOURNAL_NAME,
@@ -486,16 +512,37 @@ def open_master(channel, config: CampaignConfig, *, fault_tolerant: bool = False
             campaign.forward_finding = federation.forward
         master = Master(channel, config, campaign, triage=coverage,
                         pruning=_pruning_ledger(config, campaign),
+                        lower=_lower_tiers(config, campaign, coverage, federation),
                         reporter=reporter, deferrals=deferrals,
                         watchdog=WatchdogConfig.from_env(execution_timeout=config.timeout),
                         fault_tolerant=fault_tolerant, world_rank=world_rank,
                         federation=federation, importer=importer, doorbell=host.doorbell())
         _load_state(master, config, campaign, covered_entries, taking_over=taking_over,
-                    names_entries=not joining)
+                    names_entries=not joining, saved=saved)
     except BaseException:
         campaign.close()
         raise
     return master
+
+
+def _lower_tiers(config: CampaignConfig, campaign: CampaignDir, coverage, federation):
+    """Tiers 2 and 3 (tiers/), with one master: the aside pool where triage drops inputs,
+    epochs where runs prune; used once the interesting frontier is empty if the campaign
+    has a budget (the pool fills either way, for a resume with one)."""
+    if federation is not None:
+        return None
+    from .tiers.lower import LowerTiers
+    from .tiers.pool import POOL_DIRECTORY, AsidePool, bounds_from_env
+    from .tiers.schedule import TierSchedule
+
+    schedule = TierSchedule(enabled=config.budgeted, aside=coverage is not None,
+                            rerun=config.prunes)
+    pool = None
+    if coverage is not None:
+        max_inputs, max_bytes = bounds_from_env()
+        pool = AsidePool(config.out / POOL_DIRECTORY, max_inputs=max_inputs,
+                         max_bytes=max_bytes)
+    return LowerTiers(campaign.inputs, schedule, pool)
 
 
 def _importer(config: CampaignConfig, campaign: CampaignDir, coverage):
@@ -533,39 +580,51 @@ def _pruning_ledger(config: CampaignConfig, campaign: CampaignDir):
 
 def _load_state(master, config: CampaignConfig, campaign: CampaignDir,
                 covered_entries: int, *, taking_over: bool = False,
-                names_entries: bool = True) -> None:
+                names_entries: bool = True, saved=None) -> None:
     """Seeds in, then the frontier: every corpus input not yet in a done journal (every
     master's); the commits a dead master left half done are finished first (F443 §4 step 7).
-    `names_entries`: this master names queue/ entries (not a master joining another)."""
+    `names_entries`: this master names queue/ entries (not a master joining another).
+    `saved`: the snapshot the last run left at its clean close (snapshot.py), restored
+    already: only the journal records after it are read, the directories not listed."""
     if config.seeds is not None and config.seeds.is_dir() and not taking_over \
             and names_entries:
         for path in check_seeds(config.seeds):  # by the run's first master only
             campaign.add_seed(path.read_bytes(), path.name)
     campaign.sync_done()  # the new seeds are durable before any done line vouches for one
     # The lock is held: a torn last line is cut (and quarantined) here, and only here.
-    journal = campaign.open_journal(writer=master.faults.done_writer(config.out))
-    done = {record["sha256"] for record in journal if "kind" not in record}
-    done |= campaign.done_elsewhere()  # by other masters, of this run or an earlier one
-    corpus = campaign.corpus_hashes()
-    for digest in corpus if names_entries else ():
-        if campaign.inputs.queue_id(digest) is None:  # promoted, then killed before queueing
-            campaign.add_to_queue(digest, parent="")
+    everything = campaign.open_journal(writer=master.faults.done_writer(config.out),
+                                       after=saved)
+    past = replay_epochs(everything, epoch=campaign.epoch)
+    campaign.epoch = master.dispatch.epoch = past.epoch
+    if master.lower is not None:
+        master.lower.schedule.epoch = past.epoch
+    journal = past.current  # earlier epochs' work is settled: none was in flight at their end
+    done = past.done | campaign.done_elsewhere()  # other masters', of this run or another
+    if saved is None:
+        _rebuild_frontier(master, campaign, past, done, journal, names_entries)
+    else:
+        master.stats.resumed_done = len(master.frontier.done)
     if names_entries and campaign.adopt_findings():
         log.warning("named the crashes and hangs other masters found before the last run "
                     "ended")
-    ordered = sorted(corpus, key=campaign.inputs.queue_id)
-    committing = {r["sha256"] for r in journal
-                  if r.get("kind") == "commit" and r.get("part") is None} - done
-    for digest in ordered:  # a commit left half done is finished below, not analysed again
-        master.frontier.add(digest, done=digest in done or digest in committing)
-    master.stats.resumed_done = len(done & corpus)
-    if master.triage is not None:
-        uncovered = [d for d in ordered if campaign.inputs.queue_id(d) >= covered_entries]
+    done |= _redo_commits(master, journal, done)
+    if master.triage is not None:  # after the redone commits, which publish unprobed
+        uncovered = sorted((d for d in master.frontier.known
+                            if campaign.inputs.queue_id(d) >= covered_entries),
+                           key=campaign.inputs.queue_id) \
+            if covered_entries < campaign.queue_entries else []
         if covered_entries:
             log.info("triage map saved over %d queue entries: replaying %d through "
                      "afl-showmap", covered_entries, len(uncovered))
         _replay_coverage(master, config, campaign, uncovered)
-    done |= _redo_commits(master, journal, done)
+    if master.lower is not None and master.lower.pool is not None:
+        frontier = master.frontier
+        pooled = master.lower.pool.load(
+            lambda digest: frontier.seen_before(digest) and not frontier.awaits_aside(digest))
+        for digest in master.lower.pool.pending_digests():
+            master.frontier.set_aside(digest)
+        if pooled:
+            log.info("%d inputs set aside earlier wait in the aside pool (tier 2)", pooled)
     # Work the last master dispatched and neither committed nor took back: in the frontier
     # again, and on record as in flight at its end (the journal's dispatch records).
     master.in_flight_at_takeover = sorted(work for work in outstanding(journal)
@@ -582,8 +641,31 @@ def _load_state(master, config: CampaignConfig, campaign: CampaignDir,
             campaign.record_work("requeue", sha256=digest, reason="the last run ended",
                                  **({} if part is None else {"part": part}))
     campaign.clear_staging()  # nothing is in flight before we start
-    log.info("campaign %s: %d inputs, %d already analysed, %d in the frontier", config.out,
-             len(corpus), master.stats.resumed_done, len(master.frontier))
+    log.info("campaign %s: %d inputs, %d already analysed, %d in the frontier%s",
+             config.out, len(master.frontier.known), master.stats.resumed_done,
+             len(master.frontier), " (from the last run's snapshot)" if saved else "")
+
+
+def _rebuild_frontier(master, campaign: CampaignDir, past, done: set[str],
+                      journal: list[dict], names_entries: bool) -> None:
+    """The frontier from the directories and the journal, when no snapshot serves."""
+    corpus = campaign.corpus_hashes()
+    for digest in corpus if names_entries else ():
+        if campaign.inputs.queue_id(digest) is None:  # promoted, then killed before queueing
+            campaign.add_to_queue(digest, parent="")
+    ordered = sorted(corpus, key=campaign.inputs.queue_id)
+    committing = {r["sha256"] for r in journal
+                  if r.get("kind") == "commit" and r.get("part") is None} - done
+    for digest in ordered:  # a commit left half done is finished below, not analysed again
+        if digest in past.done_before and digest not in done and digest not in committing:
+            master.frontier.add_rerun(digest)  # tier 3 of the epoch in progress
+        else:
+            master.frontier.add(digest, done=digest in done or digest in committing)
+    for digest in (past.done | past.done_before) - corpus:  # tier 2's, analysed
+        master.frontier.see(digest)
+        if digest in done:
+            master.frontier.mark_done(digest)
+    master.stats.resumed_done = len(done & corpus)
 
 
 def _redo_commits(master, journal: list[dict], done: set[str]) -> set[str]:
@@ -601,7 +683,7 @@ def _redo_commits(master, journal: list[dict], done: set[str]) -> set[str]:
     for work, record in pending.items():
         digest, part = parse_work_id(work)
         try:
-            result = decode_manifest(record["result"])
+            result = decode_manifest(record)
             accepted = master.committer.check(result, digest)
         except (MalformedMessage, Unusable) as problem:
             log.warning("the commit of %s left by the last master cannot be finished (%s): "
@@ -621,15 +703,22 @@ def _redo_commits(master, journal: list[dict], done: set[str]) -> set[str]:
 
 
 def _master_probe(config: CampaignConfig):
-    """The master's own afl-showmap probe (replay on resume, the hybrid importer)."""
-    from .triage import CoverageProbe
+    """The master's own coverage probe (replay on resume, the hybrid importer)."""
+    from .forkserver import ForkserverProbe
 
-    return CoverageProbe(list(config.afl_target), timeout=config.timeout,
-                         memory_limit_mb=config.memory_limit_mb, scratch_dir=config.scratch)
+    return ForkserverProbe(list(config.afl_target), timeout=config.timeout,
+                           memory_limit_mb=config.memory_limit_mb, scratch_dir=config.scratch)
 
 
 def _replay_coverage(master, config, campaign: CampaignDir, ordered: list[str]) -> None:
-    paths = [campaign.corpus / digest for digest in ordered]
-    for coverage in _master_probe(config).probe(paths):
-        master.triage.merge(coverage)
-    master.checkpoint.triage_dirty = bool(paths)
+    if not ordered:
+        return
+    with _master_probe(config) as probe:
+        for digest in ordered:
+            try:
+                data = campaign.read_input(digest)
+            except OSError as error:  # quarantined (corrupt) or gone: its dispatch says so
+                log.warning("replaying the coverage of %s: %s", digest[:12], error)
+                continue
+            master.triage.merge(probe.probe_bytes(data))
+    master.checkpoint.triage_dirty = True

@@ -105,7 +105,7 @@ class WorkSource:
                  shared_admission: Callable[[str, tuple[int, ...], int], bool] | None = None,
                  on_release: Callable[[str], object] | None = None,
                  proposal_limit: int | None = None,
-                 mine: Callable[[str], bool] | None = None):
+                 mine: Callable[[str], bool] | None = None, lower=None):
         """`shared_admission(work_id, targets, worker)`: the other masters' word on a group
         (True: claimed for this master, for that worker rank); `on_release(work_id)`: a
         group's claim may be released (its part committed, or set aside). `proposal_limit`:
@@ -113,8 +113,11 @@ class WorkSource:
         a refused one is backfilled by the next; the number that go out is the free
         workers', the coordinator's.
         `mine(digest)`: with several masters, whether an input in the frontier is this
-        master's to analyse (the others' are dropped at their dispatch)."""
+        master's to analyse (the others' are dropped at their dispatch). `lower`: the
+        tiers past the interesting frontier (tiers.lower.LowerTiers), asked when it is
+        empty; their work goes out whole, never split."""
         self.mine = mine
+        self.lower = lower
         self.frontier = frontier
         self.split = split
         self.proposal_limit = proposal_limit
@@ -133,7 +136,8 @@ class WorkSource:
 
     @property
     def has_pending(self) -> bool:
-        return bool(self.waiting or self.frontier.pending)
+        return bool(self.waiting or self.frontier.pending) \
+            or (self.lower is not None and self.lower.has_work())
 
     def job(self, work_id: str) -> tuple[str, tuple[int, ...] | None]:
         """(input digest, targets to solve: None for every one, () for a trace)."""
@@ -176,7 +180,7 @@ class WorkSource:
                 return work_id
             refused = True
         if not self.frontier.pending:
-            return None
+            return self.lower.peek() if self.lower is not None and not refused else None
         digest = self.frontier.pending[0]
         self.stats.backfills += refused
         if self.split and free >= 2 and self._waiting_inputs(free) < free:
@@ -192,6 +196,9 @@ class WorkSource:
 
     def take(self, work_id: str) -> None:
         digest, part = parse_work_id(work_id)
+        if self.lower is not None and self.lower.offers(work_id):
+            self.lower.take(work_id)
+            return
         if part is None or part == TRACE:
             taken = self.frontier.take()
             assert taken == digest, (taken, digest)
@@ -240,6 +247,17 @@ class WorkSource:
             self.groups.pop(other_id, None)
         return digest
 
+    def discard(self, work_id: str) -> None:
+        """Take `work_id` out for good without a dispatch (its bytes cannot be read)."""
+        digest, part = parse_work_id(work_id)
+        if self.lower is not None and self.lower.offers(work_id):
+            self.lower.take(work_id)
+        elif part is None or part == TRACE:
+            self.frontier.take()
+        else:
+            self.take(work_id)
+            self.set_aside(work_id)
+
     def note_dispatch(self, work_id: str) -> int:
         """Count a dispatch; returns how many `work_id` has had."""
         digest, part = parse_work_id(work_id)
@@ -256,6 +274,8 @@ class WorkSource:
         self.stats.solved.update(solved_targets)
         if part is None:
             self.frontier.mark_done(digest)
+            if self.lower is not None:
+                self.lower.finished(digest)
             return
         self.dispatches.pop(work_id, None)
         if part == TRACE:

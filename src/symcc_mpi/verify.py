@@ -43,20 +43,26 @@ def verify_campaign(out: Path) -> tuple[list[str], dict]:
     # One done journal per master that ever ran (--masters): together, the analysed set.
     journals = {path: campaign.inspect_journal(path) for path in done_journals(out)}
     journal, torn = journals.pop(campaign.done_journal, ([], None))
-    done = [r["sha256"] for r in journal if "kind" not in r]
-    per_master = [len(done)]
+    records = [r for r in journal if "kind" not in r]
+    per_master = [len(records)]
     for other, _ in journals.values():
         per_master.append(sum(1 for r in other if "kind" not in r))
-        done += [r["sha256"] for r in other if "kind" not in r]
+        records += [r for r in other if "kind" not in r]
     torn_elsewhere = [f"{path.parent.name}: line {damage.line}"
                       for path, (_, damage) in journals.items() if damage is not None]
-    observations = Counter(done)
-    twice = sorted(d for d, n in observations.items() if n > 1)
+    # Once per epoch (tiers/): each epoch analyses the corpus again, under a fresh map.
+    per_epoch = Counter((r["sha256"], r.get("epoch", 0)) for r in records)
+    twice = sorted(d for (d, _), n in per_epoch.items() if n > 1)
     if twice:
-        problems.append(f"{len(twice)} inputs analysed more than once, e.g. {twice[0]}")
-    unknown = sorted(set(observations) - set(corpus))
+        problems.append(f"{len(twice)} inputs analysed more than once in an epoch, "
+                        f"e.g. {twice[0]}")
+    observations = Counter(r["sha256"] for r in records)
+    # The aside pool's inputs (tier 2) are not kept: their bytes were checked by the worker
+    # that ran them, their pack removed after.
+    unknown = sorted({r["sha256"] for r in records if r.get("tier") != 2} - set(corpus))
     if unknown:
         problems.append(f"{len(unknown)} analysed inputs are missing from corpus/")
+    done = [r["sha256"] for r in records]
     queue_hashes = {sha256_file(p) for p in campaign.queue.iterdir() if p.name.startswith("id:")}
     unqueued = sorted(set(corpus) - queue_hashes)
     if unqueued:
@@ -93,7 +99,10 @@ def verify_campaign(out: Path) -> tuple[list[str], dict]:
         "corpus inputs": len(corpus),
         "analysed (observations)": len(done),
         "analysed (unique)": len(observations),
-        "observations / unique": round(len(done) / len(observations), 4) if done else 0,
+        # per epoch: each one analyses the corpus again
+        "observations / unique": round(len(done) / len(per_epoch), 4) if done else 0,
+        "epochs": 1 + max((epoch for _, epoch in per_epoch), default=0),
+        "analysed from the aside pool": sum(1 for r in records if r.get("tier") == 2),
         "pending": len(pending),
         "deferred": len(deferred),
         "crashes": sum(1 for p in campaign.crashes.iterdir() if p.name.startswith("id:")),
@@ -122,20 +131,22 @@ def _check_work(journal: list[dict], corpus: set[str], extra: dict) -> tuple[lis
     missing_children: set[str] = set()
     for record in journal:
         kind = record.get("kind")
+        epoch = record.get("epoch", 0)  # an epoch dispatches its corpus anew (tiers/)
         if kind == "dispatch":
-            dispatches[work_of(record)] += 1
+            dispatches[epoch, work_of(record)] += 1
         elif kind == "requeue":
-            declared[work_of(record)] += 1
+            declared[epoch, work_of(record)] += 1
             split_anew += record.get("reason") == SPLIT_ANEW
         elif kind == "recovered":
             in_flight_at_failures += len(record["requeued"])
-            declared.update(record["requeued"])
+            declared.update((epoch, work) for work in record["requeued"])
         elif kind in (None, "part"):
             missing_children.update(set(record.get("published", ())) - corpus)
     if not dispatches:
         return problems, {}
     out = outstanding(journal)
-    unexplained = sorted(d for d, n in dispatches.items() if n > 1 + declared[d])
+    unexplained = sorted(work for key, n in dispatches.items() if n > 1 + declared[key]
+                         for work in (key[1],))
     if unexplained:
         problems.append(f"{len(unexplained)} inputs were dispatched again with no recovery of "
                         f"their earlier dispatch on record, e.g. {unexplained[0]}")

@@ -322,11 +322,12 @@ AFL_GATE = Path(__file__).resolve().parents[2] / "examples" / "build" / "gate.af
 def test_what_the_fuzzers_hold_is_in_the_triage_map_before_anything_is_kept(tmp_path):
     """Triage against the fleet: a generated input whose edges and hit counts an imported
     entry already has adds nothing; one with a new edge does."""
-    from symcc_mpi.triage import CoverageMap, CoverageProbe
+    from symcc_mpi.forkserver import ForkserverProbe
+    from symcc_mpi.triage import CoverageMap
 
     campaign = campaign_in(tmp_path)
     afl_entry(tmp_path, "main", "id:000000,src:000000,op:havoc,+cov", b"GT0000abc")
-    probe = CoverageProbe([str(AFL_GATE), "@@"], timeout=5)
+    probe = ForkserverProbe([str(AFL_GATE), "@@"], timeout=5)
     fleet = FleetQueues(tmp_path, "symcc-mpi", {}, clock=Clock(1_000_000.0))
     importer = Importer(campaign, campaign.inputs, fleet, probe=probe, triage=CoverageMap())
     assert importer.round(now=0.0) == 1

@@ -1,4 +1,5 @@
-"""Tests of the coverage oracle: afl-showmap batch probes and the master's coverage map."""
+"""Tests of coverage triage: edge summaries, the AFL build's check, the master's coverage map
+(the probe that measures coverage: test_forkserver.py)."""
 
 from __future__ import annotations
 
@@ -6,8 +7,6 @@ import os
 import shutil
 import stat
 import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import msgspec
@@ -19,15 +18,11 @@ from symcc_mpi.triage import (
     BUCKET_BITS,
     AflTargetError,
     CoverageMap,
-    CoverageProbe,
     FileCoverage,
     Novelty,
     Status,
-    TriageError,
-    _parse_batch_stdout,
     bucket_bit,
     check_afl_target,
-    parse_showmap_text,
 )
 
 HAVE_AFL = shutil.which("afl-clang-fast") is not None and shutil.which("afl-showmap") is not None
@@ -67,52 +62,6 @@ def test_bucket_bits_follow_afl_classes():
     expected |= {32: 64, 127: 64, 128: 128, 255: 128, 10_000: 128}
     assert {hits: bucket_bit(hits) for hits in expected} == expected
     assert BUCKET_BITS == (1, 2, 4, 8, 16, 32, 64, 128)
-
-
-def _showmap_text(pairs: list[tuple[int, int]]) -> bytes:
-    return b"".join(b"%06u:%u\n" % (i, cls) for i, cls in pairs)
-
-
-def _naive_parse(text: bytes) -> list[tuple[int, int]]:
-    out = []
-    for line in text.decode().splitlines():
-        index, cls = line.split(":")
-        out.append((int(index), 1 << (int(cls) - 1)))
-    return out
-
-
-def test_parse_fixed_width_output():
-    text = _showmap_text([(1, 1), (7, 5), (42, 8), (999_999, 3)])
-    edges, buckets = parse_showmap_text(text)
-    cov = FileCoverage(Status.OK, edges, buckets)
-    assert cov.pairs() == [(1, 1), (7, 16), (42, 128), (999_999, 4)]
-
-
-def test_parse_wide_indices_and_empty():
-    # Maps over 10^6 entries print 7-digit indices: the generic path takes over.
-    text = _showmap_text([(5, 2), (1_234_567, 4)])
-    assert FileCoverage(Status.OK, *parse_showmap_text(text)).pairs() == [(5, 2), (1_234_567, 8)]
-    assert parse_showmap_text(b"") == (b"", b"")
-
-
-@pytest.mark.parametrize("bad", [b"000001:9\n", b"000001\n", b"abc:1\n", b"000001:1:2\n"])
-def test_parse_rejects_garbage(bad):
-    with pytest.raises(TriageError):
-        parse_showmap_text(bad)
-
-
-@settings(max_examples=200, deadline=None)
-@given(
-    st.dictionaries(
-        st.one_of(st.integers(0, 999_999), st.integers(0, 5_000_000)),
-        st.integers(1, 8),
-        max_size=300,
-    )
-)
-def test_parse_matches_naive_parser(entries):
-    text = _showmap_text(sorted(entries.items()))
-    edges, buckets = parse_showmap_text(text)
-    assert FileCoverage(Status.OK, edges, buckets).pairs() == _naive_parse(text)
 
 
 def test_file_coverage_is_compact_and_round_trips():
@@ -263,33 +212,7 @@ def test_merge_matches_afl_has_new_bits(traces):
     assert cmap.edges_covered == len(ref.virgin)
 
 
-def test_batch_status_stream_parsing():
-    raw = (
-        b"\x1b[1;94m[*] \x1b[0mTarget map size: 22\x1b[0m\n"
-        b"Processing /x/in/f0000000\n-- Program output begins --\n"
-        b"\x1b[0m-- Program output ends --\n"
-        b"Processing /x/in/f0000001\n-- Program output begins --\n"
-        b"\x1b[0m-- Program output ends --\n"
-        b"\x1b[1;91m\n+++ Program killed by signal 11 +++\n"
-        b"\x1b[0mProcessing /x/in/f0000002\n\x1b[1;91m\n+++ Program timed off +++\n"
-        b"\x1b[1;92m[+] \x1b[0mProcessed 3 input files.\x1b[0m\n"
-    )
-    outcome, map_size = _parse_batch_stdout(raw)
-    assert map_size == 22 and outcome.completed and not outcome.error
-    assert outcome.statuses == {
-        "f0000000": Status.OK,
-        "f0000001": Status.CRASH,
-        "f0000002": Status.HANG,
-    }
-    aborted, _ = _parse_batch_stdout(
-        b"Processing /x/in/f0000000\n\x1b[1;91m\n[-] PROGRAM ABORT : \x1b[0mFork server is dead\n"
-    )
-    assert not aborted.completed and aborted.error == "Fork server is dead"
-
-
-def test_probe_needs_afl_showmap(tmp_path):
-    with pytest.raises(TriageError, match="not found"):
-        CoverageProbe(["x"], timeout=1, showmap=str(tmp_path / "no-afl-showmap"))
+def test_an_empty_afl_target_is_refused():
     with pytest.raises(AflTargetError, match="empty"):
         check_afl_target([])
 
@@ -360,139 +283,3 @@ def test_check_afl_target(afl_target, tmp_path):
         check_afl_target([str(tmp_path)])
 
 
-@needs_afl
-@pytest.mark.parametrize("use_file", [True, False], ids=["@@", "stdin"])
-def test_probe_reports_coverage_and_status(afl_target, inputs, tmp_path, use_file):
-    argv = [str(afl_target), "@@"] if use_file else [str(afl_target)]
-    scratch = tmp_path / "scratch"
-    scratch.mkdir()
-    probe = CoverageProbe(argv, timeout=0.2, scratch_dir=scratch)
-    names = list(inputs)
-    results = probe.probe([inputs[n] for n in names])
-    assert {n: r.status for n, r in zip(names, results, strict=True)} == EXPECTED
-    assert probe.map_size and all(r.map_size == probe.map_size for r in results)
-    for r in results:
-        r.validate()
-        assert r.edge_count > 0
-    by_name = dict(zip(names, results, strict=True))
-    assert by_name["plain"].pairs() != by_name["xs"].pairs()
-    assert probe.stats.batches == 1 and probe.stats.single_runs == 1  # only the empty input
-    assert (probe.stats.crashes, probe.stats.hangs, probe.stats.files) == (2, 1, len(names))
-    assert list(scratch.iterdir()) == []  # nothing left behind
-
-
-@needs_afl
-def test_batch_and_single_runs_agree(afl_target, inputs, tmp_path):
-    probe = CoverageProbe([str(afl_target), "@@"], timeout=0.2)
-    batch = probe.probe(list(inputs.values()))
-    single = [probe._probe_single(path, tmp_path) for path in inputs.values()]
-    assert [c.pairs() for c in single] == [c.pairs() for c in batch]
-    assert [c.status for c in single] == [c.status for c in batch]
-
-
-@needs_afl
-def test_hit_counts_reach_the_master(afl_target, tmp_path):
-    files = []
-    for count in (2, 9, 9, 3):
-        files.append(tmp_path / f"a{count}-{len(files)}")
-        files[-1].write_bytes(b"a" * count)
-    covs = CoverageProbe([str(afl_target), "@@"], timeout=1).probe(files)
-    cmap = CoverageMap()
-    wire = [msgspec.msgpack.encode(c) for c in covs]
-    novelty = [cmap.merge_novelty(msgspec.msgpack.decode(w, type=FileCoverage)) for w in wire]
-    # 9 'a's add the "many" branch; 3 'a's only move the loop edge to another class.
-    assert novelty == [Novelty.NEW_EDGE, Novelty.NEW_EDGE, Novelty.NONE, Novelty.NEW_COUNT]
-    assert cmap.edges_covered == len({i for c in covs for i, _ in c.pairs()})
-
-
-@needs_afl
-def test_probe_survives_afl_showmap_dying_mid_batch(afl_target, inputs, tmp_path):
-    # A stand-in that runs the real afl-showmap, then behaves as if it had aborted
-    # while running the second input of every batch (as when a forkserver dies).
-    fake = tmp_path / "afl-showmap"
-    fake.write_text(
-        textwrap.dedent(
-            f"""\
-            #!{sys.executable}
-            import os, shutil, subprocess, sys
-            args = sys.argv[1:]
-            if "-i" not in args:
-                os.execv({shutil.which("afl-showmap")!r}, ["afl-showmap", *args])
-            out = args[args.index("-o") + 1]
-            run = subprocess.run([{shutil.which("afl-showmap")!r}, *args], capture_output=True)
-            lines = run.stdout.decode().splitlines(keepends=True)
-            starts = [i for i, l in enumerate(lines) if l.startswith("Processing ")]
-            if len(starts) < 2:
-                sys.stdout.write(run.stdout.decode())
-                sys.exit(run.returncode)
-            sys.stdout.write("".join(lines[: starts[1] + 1]))
-            for line in lines[starts[1] + 1 :]:
-                if line.startswith("Processing "):
-                    os.unlink(os.path.join(out, line.split()[-1].rsplit("/", 1)[-1]))
-            os.unlink(os.path.join(out, lines[starts[1]].split()[-1].rsplit("/", 1)[-1]))
-            print("[-] PROGRAM ABORT : Fork server is gone")
-            sys.exit(1)
-            """
-        )
-    )
-    fake.chmod(0o755)
-    names = list(inputs)
-    probe = CoverageProbe([str(afl_target), "@@"], timeout=0.2, showmap=str(fake))
-    results = probe.probe([inputs[n] for n in names])
-    assert {n: r.status for n, r in zip(names, results, strict=True)} == EXPECTED
-    assert probe.stats.batches > 1 and probe.stats.single_runs > 1
-    reference = CoverageProbe([str(afl_target), "@@"], timeout=0.2).probe(list(inputs.values()))
-    assert [c.pairs() for c in results] == [c.pairs() for c in reference]
-
-
-@needs_afl
-def test_probe_reports_a_broken_target(tmp_path, inputs):
-    probe = CoverageProbe([str(tmp_path / "nope"), "@@"], timeout=0.2)
-    with pytest.raises(TriageError, match="afl-showmap failed"):
-        probe.probe([inputs["plain"]])
-    assert probe.probe([]) == []
-
-
-# Appends, to the file its second argument names, the directory it runs in and its TMPDIR.
-WHERE_C = r"""
-#include <stdio.h>
-#include <stdlib.h>
-#include <unistd.h>
-int main(int argc, char **argv) {
-  char cwd[4096];
-  const char *tmp = getenv("TMPDIR");
-  FILE *record = fopen(argv[2], "a");
-  if (!record || !getcwd(cwd, sizeof cwd)) return 1;
-  fprintf(record, "%s %s\n", cwd, tmp ? tmp : "-");
-  return 0;
-}
-"""
-
-
-@needs_afl
-def test_probe_runs_the_afl_build_in_its_scratch_not_in_our_directory(tmp_path, monkeypatch):
-    """afl-showmap's batch mode writes each input to .afl-showmap-temp-PID in its working
-    directory: with --scratch, that is the probe's scratch, not the (shared) directory the
-    campaign was started from; a relative argument still names the same file."""
-    where = tmp_path / "where"
-    (tmp_path / "where.c").write_text(WHERE_C)
-    subprocess.run(["afl-clang-fast", "-O0", "-o", str(where), str(tmp_path / "where.c")],
-                   check=True, capture_output=True, env={**os.environ, "AFL_QUIET": "1"})
-    ours, scratch = tmp_path / "ours", tmp_path / "scratch"
-    ours.mkdir()
-    scratch.mkdir()
-    monkeypatch.chdir(ours)
-    Path("record.txt").touch()
-    files = [tmp_path / "a", tmp_path / "b", tmp_path / "empty"]  # empty: a single run
-    for path, data in zip(files, (b"a", b"bb", b""), strict=True):
-        path.write_bytes(data)
-    probe = CoverageProbe([str(where), "@@", "record.txt"], timeout=1, scratch_dir=scratch)
-    assert [c.status for c in probe.probe(files)] == [Status.OK] * 3
-    assert probe.stats.single_runs == 1
-    runs = [line.split(" ") for line in (ours / "record.txt").read_text().splitlines()]
-    assert len(runs) >= 3
-    for cwd, tmpdir in runs:
-        assert Path(cwd).parent == scratch and Path(cwd).name.startswith("symcc-mpi-showmap-")
-        assert tmpdir == cwd
-    assert os.listdir(ours) == ["record.txt"]
-    assert os.listdir(scratch) == []

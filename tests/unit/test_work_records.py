@@ -57,18 +57,33 @@ def test_work_still_out_at_a_clean_end_is_a_problem_but_not_while_running():
     assert facts["out at the end"] == 1
 
 
-def test_a_manifest_keeps_only_the_children_found_new_and_decodes_back():
-    staged = [StagedFile(B, 3), StagedFile(C, 4)]
+def test_a_manifest_holds_what_the_commit_publishes_and_decodes_back():
+    crash = "d" * 64
+    staged = [StagedFile(B, 3, coverage=b"\x01"), StagedFile(C, 4, coverage=b"\x02"),
+              StagedFile(crash, 5, status="crash")]
     result = Result(token="f" * 32, input_hash=A, outcome="ok", exit_status=0, wall_time=1.0,
-                    solver_time=0.5, staged=staged, generated=2, generation=3)
-    accepted = Accepted([Child(staged[1], None, True)], None, {})
-    decoded = decode_manifest(encode_manifest(result, accepted))
-    assert decoded.staged == [staged[1]] and decoded.generation == 3
-    assert decoded.input_hash == A and decoded.generated == 2
+                    solver_time=0.5, staged=staged, generated=9, generation=3,
+                    pruning=b"bits a redo does without", message="not kept")
+    children = [Child(staged[0], None, False), Child(staged[1], None, True),
+                Child(staged[2], None, True)]
+    accepted = Accepted(children, None, {}, keep=frozenset({C}))
+    fields = encode_manifest(result, accepted)
+    assert fields == {"outcome": "ok", "exit_status": 0,
+                      "publish": [[C, 4, "ok"], [crash, 5, "crash"]]}
+    record = {"kind": "commit", "sha256": A, "token": "f" * 32, "generation": 3, **fields}
+    decoded = decode_manifest(record)
+    assert [(s.sha256, s.size, s.status.value, s.coverage) for s in decoded.staged] == \
+        [(C, 4, "ok", None), (crash, 5, "crash", None)]
+    assert (decoded.input_hash, decoded.token, decoded.generation) == (A, "f" * 32, 3)
+    assert decoded.pruning == b"" and decoded.generated == 2
     with pytest.raises(MalformedMessage):
-        decode_manifest("not base64!")
+        decode_manifest({**record, "publish": [[C, "four", "ok"]]})
     with pytest.raises(MalformedMessage):
-        decode_manifest("AAAA")
+        decode_manifest({**record, "outcome": "pwned"})
+    with pytest.raises(MalformedMessage):
+        decode_manifest({k: v for k, v in record.items() if k != "token"})
+    with pytest.raises(MalformedMessage):  # an earlier version's whole RESULT, damaged
+        decode_manifest({**record, "result": "not base64!"})
 
 
 class FakeWorld:

@@ -131,6 +131,7 @@ class DispatchCoordinator:
         self.invalid_results: Counter[int] = Counter()  # in a row, per rank
         self.counts: Counter[str] = Counter()
         self.generation = 0  # of the communicator WORK goes out on (ulfm/)
+        self.epoch = 0  # of the pruning map WORK goes out under (tiers/schedule.py)
 
     # -- reading -------------------------------------------------------------------------
 
@@ -340,11 +341,7 @@ class DispatchCoordinator:
         try:
             plan = self.objects.plan(rank, [digest], self.load)
         except (OSError, ObjectMismatch) as error:
-            if at_frontier:
-                self.frontier.take()
-            else:
-                self.source.take(work_id)
-                self.source.set_aside(work_id)
+            self.source.discard(work_id)
             self._set_aside_unreadable(digest, error)
             self.idle.appendleft(rank)
             return False
@@ -362,7 +359,7 @@ class DispatchCoordinator:
                             after_send=lambda: None)  # after the send, recovery decides
                 send(rank, Work(token, digest, dict(plan.contents),
                                 pruning=shipment.payload if shipment else b"",
-                                generation=self.generation,
+                                generation=self.generation, epoch=self.epoch,
                                 targets=None if job.targets is None else list(job.targets)))
                 self.tables.sent(rank, token)
                 self.objects.confirm(plan)

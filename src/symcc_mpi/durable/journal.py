@@ -261,7 +261,10 @@ class LineLog:
         self._closed = False
         # SHA-256 of the bytes this owner believes the file holds: what it loaded, then
         # every append. Compared at close, it shows nobody else wrote (or cut) the file.
+        # Opened after a known prefix (`open_after`), it covers what follows the prefix.
         self._content = hashlib.sha256()
+        self._prefix: tuple[int, str] | None = None  # (size, sha256) of a prefix not loaded
+        self._whole_digest: str | None = None
 
     # loading
 
@@ -291,6 +294,30 @@ class LineLog:
             self._truncate(bad[-1].offset)
         self.lines = len(good)
         self._content = hashlib.sha256(kept)
+        return damage
+
+    def open_after(self, size: int, digest: str, lines: int, apply: Apply) -> tuple[Damage, ...]:
+        """`load`, trusting the first `size` bytes to be the `lines` records whose SHA-256
+        is `digest` (a snapshot of the journal vouches for them): only what follows is read
+        and replayed, so a resume does not read a million records it has in its snapshot.
+        ValueError if the file is shorter than that prefix. Call `open_for_append` next."""
+        with open(self.path, "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            if handle.tell() < size:
+                raise ValueError(f"{self.path} is shorter than the snapshot says")
+            handle.seek(size)
+            tail = handle.read()
+        good, bad = _scan(tail, apply)
+        for item in bad:  # a strict log's, as the done journal is: a torn tail is cut
+            if not item.torn:
+                raise JournalCorrupt(Damage(self.path, lines + item.number,
+                                            DamageKind.CORRUPT_LINE, item.reason, None))
+        damage = tuple(self._quarantine(item) for item in bad)
+        if bad:
+            self._truncate(size + bad[-1].offset)
+        self.lines = lines + len(good)
+        self._prefix = (size, digest)
+        self._content = hashlib.sha256(b"".join(good))
         return damage
 
     def _sweep_temporaries(self) -> None:
@@ -369,6 +396,19 @@ class LineLog:
         self.lines += len(lines)
         self._content.update(data)
 
+    def replace_contents(self, data: bytes) -> None:
+        """Rewrite the whole file as `data`, whole lines of it (its owner's compaction):
+        atomically and durably, old or new, never a mix; appends go on after it."""
+        self._check_writable()
+        write_durable(self.path, data, fsync=self.fsync)
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+        self.open_for_append()
+        self.lines = data.count(b"\n")
+        self._content = hashlib.sha256(data)
+        self._prefix = None
+
     def changed_behind_our_back(self) -> str | None:
         """Why the file is not exactly what this owner wrote, or None if it is."""
         try:
@@ -377,13 +417,23 @@ class LineLog:
             return f"cannot read it back: {error.strerror}"
         if len(on_disk) != self.size:
             return f"it holds {len(on_disk)} bytes, this campaign wrote {self.size}"
-        if hashlib.sha256(on_disk).hexdigest() != self.content_digest:
+        start = 0
+        if self._prefix is not None:
+            start, digest = self._prefix
+            if hashlib.sha256(on_disk[:start]).hexdigest() != digest:
+                return "the records before this run's differ from its snapshot's"
+        if hashlib.sha256(on_disk[start:]).hexdigest() != self._content.hexdigest():
             return "its bytes differ from those this campaign wrote"
+        self._whole_digest = hashlib.sha256(on_disk).hexdigest()
         return None
 
     @property
     def content_digest(self) -> str:
-        return self._content.hexdigest()
+        """The SHA-256 of what the owner wrote into the file, the prefix it did not read
+        included once `changed_behind_our_back` has checked the whole file."""
+        if self._prefix is None:
+            return self._content.hexdigest()
+        return self._whole_digest or "unchecked"
 
     def _cut_back(self) -> None:
         # F313 §3.4: an append failure must leave no trace a later open would replay. A torn

@@ -128,7 +128,7 @@ class MasterStats:
 class Master:
     def __init__(self, channel: Channel, config: CampaignConfig, campaign: CampaignDir,
                  *, triage=None, pruning: PruningLedger | None = None, reporter=None,
-                 federation=None, importer=None,
+                 federation=None, importer=None, lower=None,
                  deferrals=None, watchdog: WatchdogConfig, fault_tolerant: bool = False,
                  world_rank: int = 0, doorbell: Doorbell | None = None):
         self.channel = channel
@@ -140,11 +140,13 @@ class Master:
         self.pruning = pruning
         self.federation = federation  # the other masters (federation.py), if any
         self.importer = importer  # a hybrid campaign's afl_sync.Importer: the fuzzers' finds
+        self.lower = lower  # tiers.lower.LowerTiers: the work past the interesting frontier
+        pool = lower.pool if lower is not None else None
         self.split = WorkSource(
             self.frontier, split=config.split,
             shared_admission=self._claim_targets if federation is not None else None,
             on_release=self._release_targets if federation is not None else None,
-            mine=federation.mine if federation is not None else None)
+            mine=federation.mine if federation is not None else None, lower=lower)
         self.dispatch = DispatchCoordinator(self.frontier, watchdog=watchdog,
                                             deferrals=deferrals, load=self._load_input,
                                             pruning=pruning, on_requeue=self._note_requeue,
@@ -152,7 +154,7 @@ class Master:
                                             admission=federation,
                                             source=self.split)
         self.checkpoint = Checkpointer(campaign, pruning=pruning, triage=triage,
-                                       importer=importer)
+                                       importer=importer, pool=pool)
         # A worker that took over keeps its own plan.
         self.faults = Faults(world_rank, master_index=federation.index if federation else 0)
         campaign.commit_probe = self.faults.commit_probe()
@@ -179,7 +181,7 @@ class Master:
         self.before_abort: Callable[[int, str], object] | None = None
         self.committer = Committer(campaign, self.frontier, self.stats, triage=triage,
                                    pruning=pruning, checkpoint=self.checkpoint,
-                                   shared_corpus=federation is not None)
+                                   shared_corpus=federation is not None, pool=pool)
         self.phase = Phase.RUNNING
         self.stop_requested_by_signal = False
         self.storage_problem = ""  # set once OUT refused a write: the campaign is stopping
@@ -282,6 +284,10 @@ class Master:
             for recovery in self.dispatch.join().recoveries:
                 self.sends.pop(recovery.token, None)
                 self._discard_staging(recovery.token)  # its worker is done with it
+        if self.phase is Phase.RUNNING and self.lower is not None and not self.split.waiting \
+                and not self.dispatch.in_flight and self.lower.epoch_due():
+            with self._stopping_if_storage_refuses():
+                self._begin_epoch()
         if self.phase is Phase.RUNNING:
             self.dispatch_mark = SYSTEM_CLOCK.monotonic()
             with self._stopping_if_storage_refuses():  # the dispatch record (F443)
@@ -391,7 +397,23 @@ class Master:
         self.federation.targets.release(work_id)
 
     def _load_input(self, digest: str) -> bytes:
+        if self.lower is not None and self.lower.holds(digest):
+            return self.lower.read(digest)
         return self.campaign.read_input(digest)
+
+    def _begin_epoch(self) -> None:
+        """Tier 3 (tiers/schedule.py): nothing is in flight; every map starts empty, the
+        saved ones first, then the epoch is on record, then the corpus waits to be analysed
+        again."""
+        epoch = self.lower.schedule.begin_epoch()
+        if self.pruning is not None:
+            self.pruning.begin_epoch()
+            self.checkpoint.save_pruning()
+        self.campaign.begin_epoch(epoch)
+        self.dispatch.epoch = epoch
+        again = self.frontier.begin_epoch()
+        log.info("epoch %d: the %d corpus inputs are analysed again under a fresh QSYM map "
+                 "(tier 3)", epoch, again)
 
     def _send_work(self, rank: int, work: Work) -> None:
         self.work_sends += 1
@@ -429,6 +451,8 @@ class Master:
             # journal says why before its next dispatch record.
             self._note_requeue(work.input_hash, "its send failed")
             raise
+        if self.lower is not None:
+            self.lower.schedule.dispatched(self.frontier.tier_of(work.input_hash))
         if self.stats.startup_seconds is None:
             self.stats.startup_seconds = SYSTEM_CLOCK.time() - _command_time()
         if self.stats.failures and self.stats.failures[-1]["first_dispatch"] is None:
@@ -506,11 +530,15 @@ class Master:
                         self.campaign.record_work(
                             "commit", sha256=result.input_hash, token=result.token,
                             generation=self.generation, rank=rank,
-                            result=encode_manifest(result, accepted),
+                            **encode_manifest(result, accepted),
                             **({} if part is None else {"part": part}))
                         self._fault_in_commit("after-manifest")
-                    self.committer.commit(rank, result, accepted, part=part,
-                                          completes_input=completes)
+                    tier = self.frontier.tier_of(result.input_hash)
+                    found = self.committer.commit(rank, result, accepted, part=part,
+                                                  completes_input=completes)
+                    if self.lower is not None:
+                        self.lower.schedule.committed(tier, finds=found.finds,
+                                                      edges=found.edges)
                 except OSError as error:
                     if storage_refused(error):
                         raise  # not this input's fault: the campaign stops (storage.py)
@@ -761,6 +789,8 @@ class Master:
     def close(self) -> None:
         if self.faults.fire_at("die", "closing", 1):
             die("fault: SIGKILL of the master while it closes the campaign")
+        if self.importer is not None and self.importer.probe is not None:
+            self.importer.probe.close()
         if self.federation is not None and self.federation.targets is not None:
             self.federation.targets.release_all()
         with self._stopping_if_storage_refuses():

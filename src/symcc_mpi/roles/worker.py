@@ -202,6 +202,8 @@ class Worker:
                         self.rank, self.skipped.summary())
         if self.executor is not None:
             self.executor.close()
+        if self.probe is not None:
+            self.probe.close()
         if self.scratch is not None:
             shutil.rmtree(self.scratch, ignore_errors=True)
 
@@ -294,7 +296,7 @@ def execute(work: Work, config: CampaignConfig, executor, probe, scratch: Path,
     clock = clock or PhaseClock()
     if qsym_map is not None:
         try:
-            qsym_map.receive(work.pruning)
+            qsym_map.receive(work.pruning, work.epoch)
         except MalformedDelta as error:
             return _failed(work, work.input_hash, INVALID_INPUT, str(error))
     for object_id, content in work.objects.items():
@@ -419,12 +421,12 @@ def _describe(staged: list[Staged], pack: Path, probe) -> list[StagedFile]:
 def _make_probe(config: CampaignConfig, scratch: Path):
     if not config.afl_target:
         return None
-    from ..triage import CoverageProbe
+    from ..forkserver import ForkserverProbe
 
-    # Without --scratch the probe keeps to tmpfs (/dev/shm), ~3x faster per input than disk.
-    return CoverageProbe(list(config.afl_target), timeout=config.timeout,
-                         memory_limit_mb=config.memory_limit_mb,
-                         scratch_dir=scratch if config.scratch is not None else None)
+    # Without --scratch the probe keeps to tmpfs (/dev/shm), where it rewrites its input.
+    return ForkserverProbe(list(config.afl_target), timeout=config.timeout,
+                           memory_limit_mb=config.memory_limit_mb,
+                           scratch_dir=scratch if config.scratch is not None else None)
 
 
 def _failed(work: Work, actual: str, outcome: str, reason: str) -> Result:
