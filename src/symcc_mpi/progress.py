@@ -256,7 +256,8 @@ def print_summary(out: Path, console: Console) -> None:
     waiting = set_aside_waiting(snapshot)
     if waiting:
         console.print(f"{waiting:,} inputs triage did not keep are set aside in {out / 'aside'}:"
-                      f" explore them with --resume --wall-timeout SECONDS", highlight=False)
+                      " explore them with --resume --wall-timeout SECONDS", markup=False,
+                      highlight=False, soft_wrap=True)
     listing = crash_listing(out)
     if listing:
         console.print("[bold red]crashing inputs:[/bold red]")

@@ -47,7 +47,7 @@ def test_workers_keep_their_files_under_scratch_and_only_stage_in_out(build, tmp
     scratch.mkdir()
     started_in.mkdir()  # the directory the campaign is started from (on a cluster, shared)
     args = ["--target", f"{build / 'tlv'} @@", "--afl-target", f"{build / 'tlv.afl'} @@",
-            "--workers", 2, "--timeout", 20, "--wall-timeout", 300]
+            "--workers", 2, "--timeout", 20]
     seeds = ["--seeds", build.parent / "seeds" / "tlv"]
     launcher = subprocess.Popen(_explore_command(out, [*args, *seeds, "--scratch", scratch]),
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

@@ -172,6 +172,7 @@ class AsidePool:
                 self._release_pack(token)
         self.set_aside = 0  # counted by the run that set them aside
         self._enforce_bounds()
+        self.collect()  # the packs none of whose children waits any more
         return loaded
 
     # -- exploring ---------------------------------------------------------------------------

@@ -1,0 +1,181 @@
+"""What a clean close leaves for the next run (snapshot.py), and the journal kept bounded
+(corpus.CampaignDir.compact_if_due): real campaign directories, no MPI."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+
+import pytest
+
+from symcc_mpi import corpus as corpus_module
+from symcc_mpi import snapshot
+from symcc_mpi.corpus import CampaignDir, CampaignError, check_out_dir, settled_work_lines
+from symcc_mpi.verify import _check_work
+
+TOKEN = "ab" * 16
+
+
+def digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def opened(out, *, create: bool = False) -> CampaignDir:
+    campaign = CampaignDir(out)
+    if create:
+        check_out_dir(out, resume=False)
+        campaign.create({"test": True})
+    campaign.lock()
+    return campaign
+
+
+def a_campaign(out, inputs: int = 20) -> list[str]:
+    """A lone master's campaign, closed cleanly: half its inputs analysed."""
+    campaign = opened(out, create=True)
+    campaign.snapshot_on_close = True
+    campaign.open_journal()
+    seeds = [campaign.add_seed(b"seed %d" % n, f"s{n}") for n in range(inputs)]
+    for number, seed in enumerate(seeds):
+        campaign.inputs.add(seed)
+        if number % 2:
+            campaign.record_work("dispatch", sha256=seed, token=TOKEN, generation=0, rank=1)
+            campaign.record_done(seed, TOKEN, "ok")
+            campaign.inputs.mark_done(seed)
+    campaign.save_finding("crashes", seeds[3], seeds[2], 11)
+    campaign.close()
+    return seeds
+
+
+def test_a_clean_close_leaves_a_snapshot_the_next_run_restores_and_removes(tmp_path):
+    out = tmp_path / "out"
+    seeds = a_campaign(out)
+    assert snapshot.covers_journal(CampaignDir(out))
+    campaign = opened(out)
+    saved = snapshot.take(campaign)
+    assert saved is not None and not (campaign.state / snapshot.SNAPSHOT_FILE).exists()
+    campaign.restore(saved)
+    records = campaign.open_journal(after=saved)
+    assert records == []  # nothing after the snapshot: nothing read
+    frontier = campaign.inputs
+    assert set(frontier.done) == set(seeds[1::2]) and list(frontier.pending) == seeds[0::2]
+    assert [frontier.queue_id(seed) for seed in seeds] == list(range(len(seeds)))
+    assert campaign.crash_hashes == {seeds[3]} and campaign.next_ids["crashes"] == 1
+    # Appends go on after the snapshot's records; the close's check covers the whole file.
+    campaign.record_done(seeds[0], TOKEN, "ok")
+    campaign.close()
+    everything = CampaignDir(out).read_done()
+    assert [r["sha256"] for r in everything][-1] == seeds[0] and len(everything) == 11
+
+
+def test_a_snapshot_of_another_journal_is_not_used(tmp_path):
+    out = tmp_path / "out"
+    seeds = a_campaign(out)
+    campaign = opened(out)
+    campaign.open_journal()  # a run that did not close cleanly: it appended and died
+    campaign.record_work("dispatch", sha256=seeds[0], token=TOKEN, generation=0, rank=1)
+    campaign._done_log.close()
+    campaign._done_log = None
+    assert not snapshot.covers_journal(campaign)
+    assert snapshot.take(campaign) is None
+    assert not (campaign.state / snapshot.SNAPSHOT_FILE).exists()  # and it is gone
+
+
+def test_a_damaged_snapshot_is_set_aside_and_the_journal_read(tmp_path, caplog):
+    out = tmp_path / "out"
+    a_campaign(out)
+    campaign = opened(out)
+    path = campaign.state / snapshot.SNAPSHOT_FILE
+    raw = bytearray(path.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    path.write_bytes(bytes(raw))
+    assert snapshot.take(campaign) is None
+    assert (campaign.quarantine / snapshot.SNAPSHOT_FILE).exists()
+    assert "unreadable (checksum mismatch)" in caplog.text
+
+
+def test_records_before_the_snapshot_changed_behind_its_back_are_reported(tmp_path, caplog):
+    out = tmp_path / "out"
+    a_campaign(out)
+    campaign = opened(out)
+    saved = snapshot.take(campaign)
+    campaign.restore(saved)
+    campaign.open_journal(after=saved)
+    journal = campaign.done_journal.read_bytes()
+    campaign.done_journal.write_bytes(journal.replace(b'"outcome":"ok"', b'"outcome":"OK"', 1))
+    campaign.close()
+    assert "the records before this run's differ from its snapshot's" in caplog.text
+
+
+def test_a_torn_tail_after_the_snapshot_is_cut_and_a_corrupt_record_refused(tmp_path):
+    out = tmp_path / "out"
+    a_campaign(out)
+    campaign = opened(out)
+    saved = snapshot.take(campaign)
+    with open(campaign.done_journal, "ab") as journal:
+        journal.write(b"0badc0de {\"sha256\": \"tor")
+    campaign.open_journal(after=saved)
+    assert campaign.done_journal.stat().st_size == saved.journal_size
+    campaign.close()
+    campaign = opened(out)
+    with open(campaign.done_journal, "ab") as journal:
+        journal.write(b"0badc0de {}\nmore\n")
+    with pytest.raises(CampaignError, match="corrupt state file"):
+        campaign.open_journal(after=saved)
+
+
+# -- compaction ------------------------------------------------------------------------------
+
+
+def dispatch(item, token=TOKEN, epoch=0):
+    return {"kind": "dispatch", "sha256": item, "token": token, "generation": 0,
+            **({"epoch": epoch} if epoch else {})}
+
+
+def commit(item, epoch=0):
+    return {"kind": "commit", "sha256": item, "token": TOKEN, "generation": 0,
+            **({"epoch": epoch} if epoch else {})}
+
+
+def done(item, epoch=0):
+    return {"sha256": item, "token": TOKEN, "outcome": "ok", "time": 1.0,
+            **({"epoch": epoch} if epoch else {})}
+
+
+def test_only_the_records_of_work_that_went_cleanly_are_settled():
+    a, b, c, d = (digest(x) for x in (b"a", b"b", b"c", b"d"))
+    journal = [dispatch(a), commit(a), done(a),  # cleanly: 0, 1
+               dispatch(b), {"kind": "requeue", "sha256": b, "reason": "taken back"},
+               dispatch(b), commit(b), done(b),  # twice, declared: kept
+               dispatch(c), commit(c),  # in flight: kept
+               {"kind": "epoch", "epoch": 1}, dispatch(a, epoch=1), commit(a, epoch=1),
+               done(a, epoch=1),  # once in epoch 1: 11, 12
+               dispatch(d), {"kind": "recovered", "generation": 1, "failed": [],
+                             "requeued": [d]}, dispatch(d), done(d)]  # kept
+    assert settled_work_lines(journal) == {0, 1, 11, 12}
+    kept = [r for n, r in enumerate(journal) if n not in settled_work_lines(journal)]
+    # What verify reads of the work records says the same of the compacted journal.
+    corpus = {a, b, c, d}
+    assert _check_work(kept, corpus, {})[0] == _check_work(journal, corpus, {})[0] == []
+
+
+def test_the_journal_is_compacted_once_it_doubles_and_reads_back_whole(tmp_path, monkeypatch):
+    monkeypatch.setattr(corpus_module, "COMPACT_FLOOR", 4096)
+    out = tmp_path / "out"
+    campaign = opened(out, create=True)
+    campaign.open_journal()
+    inputs = [digest(b"%d" % n) for n in range(60)]
+    dropped = 0
+    for item in inputs:
+        campaign.record_work("dispatch", sha256=item, token=TOKEN, generation=0, rank=1)
+        campaign.record_work("commit", sha256=item, token=TOKEN, generation=0, rank=1,
+                             outcome="ok", exit_status=0, publish=[])
+        campaign.record_done(item, TOKEN, "ok")
+        campaign.sync_done()
+        dropped += campaign.compact_if_due()
+    assert dropped > 0
+    size = campaign.done_journal.stat().st_size
+    campaign.close()  # its check of the file passes: the compaction is the owner's write
+    records = CampaignDir(out).inspect_journal()[0]
+    assert [r["sha256"] for r in records if "kind" not in r] == inputs
+    assert size < 60 * 300  # about a done record per execution, not three records
+    assert not [p for p in os.listdir(campaign.state) if p.startswith(".tmp-")]
