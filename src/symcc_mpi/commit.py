@@ -159,7 +159,8 @@ class Committer:
 
     def _check(self, result: Result, sent_input: str | None) -> Accepted:
         coverages = check_fields(
-            result, map_size=self.triage.map_size if self.triage is not None else None)
+            result, map_size=self.triage.map_size if self.triage is not None else None,
+            known=self.frontier.seen_before)
         if result.outcome in NOT_ANALYSED:
             raise Unusable(result.message or ResultOutcome(result.outcome).value)
         if result.input_hash != sent_input:
@@ -180,7 +181,9 @@ class Committer:
             children.append(Child(staged, coverage, may_keep))
         verified: dict[str, bytes] = {}
         packed: dict[str, Staged] = {}
-        if result.staged:
+        # The pack is opened only for a child to read or to set aside: a commit redone after
+        # its children were published (and its pack removed by its worker) needs none.
+        if any(c.may_keep or self.pool is not None for c in children):
             try:
                 with self.campaign.open_staged(result.token) as pack:
                     pack.check([(staged.sha256, staged.size) for staged in result.staged])

@@ -46,6 +46,7 @@ from pathlib import Path
 
 import msgspec
 
+from .scratch import default_root
 from .triage import BUCKET_BITS, AflTargetError, FileCoverage, Status, TriageError
 
 FORKSRV_FD = 198
@@ -100,12 +101,6 @@ class ProbeStats(msgspec.Struct):
     seconds: float = 0.0
 
 
-def _default_scratch() -> Path | None:
-    # The probe's input file is rewritten per input: tmpfs when there is one.
-    shm = Path("/dev/shm")
-    return shm if shm.is_dir() and os.access(shm, os.W_OK | os.X_OK) else None
-
-
 def _pinned(argv: Sequence[str]) -> list[str]:
     """`argv` for a run in another directory: each argument that names an existing path
     relative to this process's directory made absolute, so that it names the same one."""
@@ -157,8 +152,8 @@ class _SharedMap:
 class ForkserverProbe:
     """Coverage and status of inputs on the AFL build `afl_target_argv` (`@@` for the input
     file, else stdin). `scratch_dir`: where its work directory goes (node-local, --scratch;
-    tmpfs when available); the target runs there, with TMPDIR there, relative paths in its
-    command line made absolute first, unless `cwd` is given."""
+    by default scratch.default_root()); the target runs there, with TMPDIR there, relative
+    paths in its command line made absolute first, unless `cwd` is given."""
 
     def __init__(self, afl_target_argv: Sequence[str], *, timeout: float,
                  memory_limit_mb: int | None = None, scratch_dir: Path | str | None = None,
@@ -171,7 +166,7 @@ class ForkserverProbe:
         self._uses_file = any("@@" in arg for arg in self._argv)
         self.timeout_ms = max(_MIN_TIMEOUT_MS, math.ceil(timeout * 1000))
         self._memory_limit_mb = memory_limit_mb
-        self._scratch_dir = Path(scratch_dir) if scratch_dir is not None else _default_scratch()
+        self._scratch_dir = Path(scratch_dir) if scratch_dir is not None else default_root()
         self._cwd = Path(cwd) if cwd is not None else None
         base = dict(os.environ if env is None else env)
         self._env = {k: v for k, v in base.items() if k not in _DROPPED_ENV}

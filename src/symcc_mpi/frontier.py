@@ -96,12 +96,15 @@ class Frontier:
     def rank_by(self, key: Callable[[str], tuple]) -> None:
         """Take pending inputs in the order of `key(digest)`, smallest first (ties in the
         order they were added) instead of first come, first served; put back and requeued
-        inputs still go first. Costs a Python tuple per pending input: for a hybrid
-        campaign's AFL-ranked frontier (afl_sync.py), not for the millions of an exploration.
+        inputs still go first; inputs already pending are ranked too. Costs a Python tuple
+        per pending input: for a hybrid campaign's AFL-ranked frontier (afl_sync.py), not for
+        the millions of an exploration.
         """
-        if len(self):
-            raise ValueError("rank_by on a frontier with pending inputs")
         self._rank = key
+        queued, self._queue, self._head = self._queue[self._head:], array(UINT32), 0
+        for entry in queued:  # in arrival order: ties keep it
+            heapq.heappush(self._ranked, (key(self._table.key(entry).hex()),
+                                          next(self._arrivals), entry))
 
     def add(self, digest: str, *, done: bool = False) -> bool:
         """Make an input known; it joins the frontier unless already known or done."""

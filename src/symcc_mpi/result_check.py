@@ -38,11 +38,13 @@ class InvalidResult(Exception):
         self.field = field
 
 
-def check_fields(result: Result, *, map_size: int | None) -> list[FileCoverage | None]:
+def check_fields(result: Result, *, map_size: int | None,
+                 known=lambda digest: False) -> list[FileCoverage | None]:
     """Check every field of `result`; return each staged entry's decoded coverage summary.
 
     `map_size`: the campaign's coverage map size (0 while no summary told it), or None when
-    the campaign has no coverage map: summaries are then not used, and not decoded.
+    the campaign has no coverage map: summaries are then not used, and not decoded. Nor are
+    those of the entries `known(digest)` says the campaign has already (never used either).
     """
     try:
         ResultOutcome(result.outcome)
@@ -68,6 +70,7 @@ def check_fields(result: Result, *, map_size: int | None) -> list[FileCoverage |
                 ResultField.STATUS,
                 f"staged {entry.sha256[:12]}: status {entry.status!r:.40}") from None
         coverages.append(None if map_size is None or entry.coverage is None
+                         or known(entry.sha256)
                          else _coverage(entry.sha256, entry.coverage, status, map_size))
     return coverages
 

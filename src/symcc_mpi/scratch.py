@@ -28,11 +28,23 @@ _WHY = {
 }
 
 
+def default_root() -> Path:
+    """This node's temporary directory: $TMPDIR (or TEMP, TMP) when set, which schedulers
+    point at a per-job local disk, else /dev/shm when it is there to write, else /tmp. A run
+    creates a file per input it generates and per child it probes: on tmpfs that costs a
+    tenth of what it costs on these VMs' ext4 (8 µs against 100 µs, measured)."""
+    if not any(os.environ.get(name) for name in ("TMPDIR", "TEMP", "TMP")):
+        shm = Path("/dev/shm")
+        if shm.is_dir() and os.access(shm, os.W_OK | os.X_OK):
+            return shm
+    return Path(tempfile.gettempdir())
+
+
 def make_scratch(root: Path | None, prefix: str) -> Path:
-    """A new private directory under `root` (None: this node's temporary directory); its
-    maker removes it. Raises UsageError, one line naming the directory, when it cannot."""
+    """A new private directory under `root` (None: `default_root`); its maker removes it.
+    Raises UsageError, one line naming the directory, when it cannot."""
     try:
-        where = Path(root) if root is not None else Path(tempfile.gettempdir())
+        where = Path(root) if root is not None else default_root()
     except FileNotFoundError as error:  # gettempdir: no usable temporary directory at all
         raise UsageError(f"--scratch not given and {error}") from None
     try:

@@ -19,7 +19,7 @@ from symcc_mpi.durable.atomic import is_temporary
 pytestmark = [pytest.mark.mpi, pytest.mark.timeout(600)]
 
 # What a campaign directory holds (corpus.py, report.py), and nothing a worker makes.
-LAYOUT = {".staging", MARKER, "corpus", "queue", "crashes", "hangs", "state", "quarantine",
+LAYOUT = {".staging", MARKER, "aside", "corpus", "queue", "crashes", "hangs", "state", "quarantine",
           "fuzzer_stats", "plot_data", "stats.json"}
 
 

@@ -423,10 +423,8 @@ def _make_probe(config: CampaignConfig, scratch: Path):
         return None
     from ..forkserver import ForkserverProbe
 
-    # Without --scratch the probe keeps to tmpfs (/dev/shm), where it rewrites its input.
     return ForkserverProbe(list(config.afl_target), timeout=config.timeout,
-                           memory_limit_mb=config.memory_limit_mb,
-                           scratch_dir=scratch if config.scratch is not None else None)
+                           memory_limit_mb=config.memory_limit_mb, scratch_dir=scratch)
 
 
 def _failed(work: Work, actual: str, outcome: str, reason: str) -> Result:
