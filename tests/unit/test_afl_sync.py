@@ -249,11 +249,15 @@ def test_a_ranked_frontier_takes_by_key_then_arrival_with_put_backs_first(items,
     assert [frontier.take() for _ in range(len(frontier))] == rest
 
 
-def test_rank_by_refuses_a_frontier_already_in_order():
+def test_rank_by_ranks_the_inputs_already_pending_too():
+    """A resumed hybrid campaign restores its frontier (snapshot.py) before it ranks it."""
     frontier = Frontier()
-    frontier.add(sha256_bytes(b"x"))
-    with pytest.raises(ValueError):
-        frontier.rank_by(lambda digest: (0,))
+    first, second, third = (sha256_bytes(b) for b in (b"x", b"y", b"z"))
+    frontier.add(first)
+    frontier.add(second)
+    frontier.requeue(third)  # requeued: still first in line, whatever the ranking
+    frontier.rank_by(lambda digest: (digest != second,))
+    assert [frontier.take() for _ in range(3)] == [third, second, first]
 
 
 def test_ranking_is_stable_for_equal_keys():

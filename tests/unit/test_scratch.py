@@ -10,7 +10,7 @@ import pytest
 
 from symcc_mpi.config import CampaignConfig, UsageError
 from symcc_mpi.roles.worker import Worker
-from symcc_mpi.scratch import check_scratch, make_scratch
+from symcc_mpi.scratch import check_scratch, default_root, make_scratch
 
 
 def test_a_scratch_directory_is_private_and_under_the_root(tmp_path):
@@ -22,9 +22,16 @@ def test_a_scratch_directory_is_private_and_under_the_root(tmp_path):
     assert len(os.listdir(tmp_path)) == 2
 
 
-def test_the_default_is_this_nodes_temporary_directory(tmp_path, monkeypatch):
+def test_the_default_is_tmpdir_when_set_else_dev_shm(tmp_path, monkeypatch):
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    assert make_scratch(None, "x-").parent == tmp_path
+    assert default_root() == tmp_path and make_scratch(None, "x-").parent == tmp_path
+    for name in ("TMPDIR", "TEMP", "TMP"):
+        monkeypatch.delenv(name, raising=False)
+    shm = Path("/dev/shm")
+    assert default_root() == (shm if shm.is_dir() and os.access(shm, os.W_OK) else
+                              Path(tempfile.gettempdir()))
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "gone"))
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "gone"))
     with pytest.raises(UsageError, match=r"^--scratch .*/gone \(the default, this node's "
                                          r"temporary directory\): .*no such directory$"):
