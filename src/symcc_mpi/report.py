@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import tempfile
@@ -40,6 +41,7 @@ AFL_SYNC_MAX_ID = 999_999
 STATS_FORMAT = "symcc-mpi-stats/1"
 
 
+@functools.cache  # importlib.metadata reads and parses METADATA on every call
 def _package_version() -> str:
     try:
         return version("symcc-mpi")

@@ -586,10 +586,11 @@ def _load_state(master, config: CampaignConfig, campaign: CampaignDir,
     `names_entries`: this master names queue/ entries (not a master joining another).
     `saved`: the snapshot the last run left at its clean close (snapshot.py), restored
     already: only the journal records after it are read, the directories not listed."""
+    seeds = []
     if config.seeds is not None and config.seeds.is_dir() and not taking_over \
             and names_entries:
-        for path in check_seeds(config.seeds):  # by the run's first master only
-            campaign.add_seed(path.read_bytes(), path.name)
+        seeds = [campaign.add_seed(path.read_bytes(), path.name)  # by the run's first master
+                 for path in check_seeds(config.seeds)]
     campaign.sync_done()  # the new seeds are durable before any done line vouches for one
     # The lock is held: a torn last line is cut (and quarantined) here, and only here.
     everything = campaign.open_journal(writer=master.faults.done_writer(config.out),
@@ -602,7 +603,9 @@ def _load_state(master, config: CampaignConfig, campaign: CampaignDir,
     done = past.done | campaign.done_elsewhere()  # other masters', of this run or another
     if saved is None:
         _rebuild_frontier(master, campaign, past, done, journal, names_entries)
-    else:
+    else:  # the snapshot's table knows every input but the seeds new to this run
+        for digest in seeds:
+            master.frontier.add(digest, done=digest in done)
         master.stats.resumed_done = len(master.frontier.done)
     if names_entries and campaign.adopt_findings():
         log.warning("named the crashes and hangs other masters found before the last run "
@@ -615,7 +618,7 @@ def _load_state(master, config: CampaignConfig, campaign: CampaignDir,
             if covered_entries < campaign.queue_entries else []
         if covered_entries:
             log.info("triage map saved over %d queue entries: replaying %d through "
-                     "afl-showmap", covered_entries, len(uncovered))
+                     "the AFL build", covered_entries, len(uncovered))
         _replay_coverage(master, config, campaign, uncovered)
     if master.lower is not None and master.lower.pool is not None:
         frontier = master.frontier

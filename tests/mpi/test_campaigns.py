@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import signal
 import subprocess
@@ -204,3 +205,23 @@ def test_with_fault_tolerance_a_killed_worker_is_recovered_from_in_the_same_job(
     assert figures["extra"]["stop_reason"] == "frontier exhausted"
     (failure,) = figures["extra"]["failures"]
     assert failure["failed"][0].startswith("rank 2 (pid ")
+
+
+def test_a_resume_from_the_snapshot_analyses_the_seeds_new_to_it(tmp_path):
+    """A clean close leaves state/resume.snapshot, whose table knows every input of that run:
+    seeds added by the resume are not in it and must still join the frontier."""
+    seeds, more = tmp_path / "seeds", tmp_path / "more"
+    seeds.mkdir()
+    more.mkdir()
+    for i in range(3):
+        (seeds / f"s{i}").write_bytes(b"first %d" % i)
+    (more / "new").write_bytes(b"new with the resume")
+    out = tmp_path / "out"
+    common = ("--executor", "noop", "--target", "/bin/true", "--workers", 1)
+    assert_oracles(out, explore(out, *common, "--seeds", seeds))
+    assert (out / "state" / "resume.snapshot").is_file()
+    resumed = explore(out, *common, "--resume", "--seeds", more)
+    assert_oracles(out, resumed)
+    assert "from the last run's snapshot" in resumed.stdout + resumed.stderr
+    new = hashlib.sha256(b"new with the resume").hexdigest()
+    assert done_hashes(out).count(new) == 1 and stats(out)["pending"] == 0

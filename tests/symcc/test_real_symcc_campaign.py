@@ -68,10 +68,16 @@ def test_resume_keeps_pruning_and_the_triage_map(tmp_path):
     assert len(saved) == 2 * 65536 and any(saved)
     before = stats(out)
     queue_entries = len(list((out / "queue").iterdir()))
-    resumed = explore(out, *common, "--resume", "--wall-timeout", 20, timeout=200)
+    # A new seed gives the resumed run work whatever tier the first one ended in; with no
+    # budget it ends with the interesting frontier, in the epoch it resumed (a budget would go
+    # on into a fresh pruning epoch, whose map starts empty: tiers/schedule.py).
+    more = tmp_path / "more"
+    more.mkdir()
+    (more / "new").write_bytes(b'{"version":2,"items":[{"id":7,"tags":["z"]}]}')
+    resumed = explore(out, *common, "--resume", "--seeds", more, timeout=200)
     assert_oracles(out, resumed)
-    # The saved triage map covered the whole queue: nothing was replayed through afl-showmap.
-    assert f"triage map saved over {queue_entries} queue entries: replaying 0" in \
+    # The saved triage map covered the whole queue: only the new seed was replayed.
+    assert f"triage map saved over {queue_entries} queue entries: replaying 1 " in \
         resumed.stdout, resumed.stdout[-3000:]
     pruning = stats(out)["extra"]["pruning"]
     assert pruning["whole_maps_shipped"] >= 1  # each worker starts from the saved map

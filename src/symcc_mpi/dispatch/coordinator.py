@@ -137,7 +137,7 @@ class DispatchCoordinator:
 
     @property
     def in_flight(self) -> int:
-        return sum(1 for _ in self.tables.transactions())
+        return len(self.tables)
 
     @property
     def exhausted(self) -> bool:

@@ -125,6 +125,10 @@ class DispatchTables:
     def workers(self, table: Table) -> frozenset[int]:
         return frozenset(self._tables[table])
 
+    def __len__(self) -> int:
+        """Transactions in every table."""
+        return sum(len(self._tables[table]) for table in Table)
+
     def transactions(self) -> Iterator[tuple[Table, DispatchTransaction]]:
         for table in Table:
             for tx in list(self._tables[table].values()):

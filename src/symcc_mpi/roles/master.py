@@ -796,9 +796,17 @@ class Master:
         with self._stopping_if_storage_refuses():
             if self.dispatch.deferrals is not None:
                 self.dispatch.deferrals.close()
+        if not self._journal_settled():
+            self.campaign.snapshot_on_close = False
         with self._stopping_if_storage_refuses():
             self.campaign.close()
         self.doorbell.close()
+
+    def _journal_settled(self) -> bool:
+        """Whether no work is left unfinished on record: none in flight, no commit half done
+        (OUT refused a write), no split input with parts to come. A resume from a snapshot
+        reads none of the records before it, so only then may one be saved."""
+        return not (self.storage_problem or self.dispatch.in_flight or self.split.open)
 
     # -- reporting -----------------------------------------------------------------------
 
