@@ -18,7 +18,6 @@ from __future__ import annotations
 import statistics
 from collections import deque
 from collections.abc import Collection
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 import msgspec
@@ -96,15 +95,25 @@ _FAILURE_CLASSES = frozenset(
     if hasattr(MPI, name))
 
 
-@contextmanager
-def failures_raised():
-    """Turn the MPI errors of a failed peer or a revoked communicator into RankFailure."""
-    try:
-        yield
-    except MPI.Exception as error:
-        if error.Get_error_class() in _FAILURE_CLASSES:
+class _FailuresRaised:
+    """Turn the MPI errors of a failed peer or a revoked communicator into RankFailure. A
+    class, not a @contextmanager generator: the master enters it several times per round."""
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind, error, traceback) -> bool:
+        if kind is not None and issubclass(kind, MPI.Exception) \
+                and error.Get_error_class() in _FAILURE_CLASSES:
             raise RankFailure(error) from None
-        raise
+        return False
+
+
+_FAILURES_RAISED = _FailuresRaised()
+
+
+def failures_raised() -> _FailuresRaised:
+    return _FAILURES_RAISED
 
 
 @dataclass(frozen=True)

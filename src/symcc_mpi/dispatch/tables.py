@@ -127,7 +127,7 @@ class DispatchTables:
 
     def __len__(self) -> int:
         """Transactions in every table."""
-        return sum(len(self._tables[table]) for table in Table)
+        return sum(map(len, self._tables.values()))
 
     def transactions(self) -> Iterator[tuple[Table, DispatchTransaction]]:
         for table in Table:

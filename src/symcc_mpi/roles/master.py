@@ -19,7 +19,6 @@ import sys
 import time
 from collections import Counter, deque
 from collections.abc import Callable
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from ..checkpoint import Checkpointer
@@ -185,6 +184,7 @@ class Master:
         self.phase = Phase.RUNNING
         self.stop_requested_by_signal = False
         self.storage_problem = ""  # set once OUT refused a write: the campaign is stopping
+        self._storage_guard = _StorageGuard(self)
         # A stop request counts only for the run it was made for (corpus.stop_request_verdict).
         self.run_id = os.environ.get(RUN_ID_ENV) or secrets.token_hex(8)
         self.run_started = _command_time()
@@ -747,18 +747,12 @@ class Master:
         self.phase = Phase.DRAINING
         self.drain_deadline = SYSTEM_CLOCK.monotonic() + self.config.timeout + SHUTDOWN_GRACE
 
-    @contextmanager
-    def _stopping_if_storage_refuses(self):
+    def _stopping_if_storage_refuses(self) -> _StorageGuard:
         """Around the master's own writes into OUT (commit, journals, checkpoints, reports):
         a full, over-quota or read-only filesystem stops the campaign, as does an I/O error
         no commit handled (the device is failing: a group commit's fsync, a lease); anything
         else raises."""
-        try:
-            yield
-        except OSError as error:
-            if not storage_failing(error):
-                raise
-            self._stop_for_resources(describe(error, self.config.out))
+        return self._storage_guard
 
     def _stop_for_resources(self, problem: str) -> None:
         """OUT refuses writes: say so once, dispatch nothing more, give back every result
@@ -819,6 +813,23 @@ class Master:
         the figures on from stats.json, and this one may die within that second."""
         with self._stopping_if_storage_refuses():
             self.report()
+
+
+class _StorageGuard:
+    """Master._stopping_if_storage_refuses: a class, not a @contextmanager generator, since
+    the master enters it several times per round."""
+
+    def __init__(self, master: Master):
+        self.master = master
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind, error, traceback) -> bool:
+        if kind is None or not issubclass(kind, OSError) or not storage_failing(error):
+            return False
+        self.master._stop_for_resources(describe(error, self.master.config.out))
+        return True
 
 
 def _command_time() -> float:
