@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import io
 import json
 import math
 import os
@@ -11,14 +13,20 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
+RESULTS = ROOT / "benchmarks" / "results"
 CLI = [sys.executable, "-m", "symcc_mpi"]
 
 
 def run_campaign(out: Path, *args: str, env: dict | None = None) -> dict:
+    """One `explore` to its end; its stats.json, with `command_seconds` (the launch to the
+    exit) and `launch_time` (time.time() just before the launch)."""
+    launched = time.time()
     started = time.monotonic()
     process = subprocess.run([*CLI, "explore", "--out", str(out), "--no-live", *args],
                              capture_output=True, text=True, cwd=ROOT, env=env)
@@ -26,6 +34,7 @@ def run_campaign(out: Path, *args: str, env: dict | None = None) -> dict:
         sys.exit(f"campaign failed ({process.returncode}):\n{process.stdout}\n{process.stderr}")
     stats = json.loads((out / "stats.json").read_text())
     stats["command_seconds"] = time.monotonic() - started
+    stats["launch_time"] = launched
     return stats
 
 
@@ -160,6 +169,60 @@ def time_to(series: list[tuple[float, int]], edges: int,
             budget: float = math.inf) -> float | None:
     """When a step series first reaches `edges`, if it does within `budget`."""
     return next((s for s, e in series if e >= edges and s <= budget), None)
+
+
+@functools.cache
+def revision() -> str:
+    """This checkout's short commit, `-dirty` if its tracked files differ from it (as at the
+    first call: one revision per run)."""
+    return subprocess.run(["git", "-C", str(ROOT), "describe", "--always", "--dirty",
+                           "--abbrev=7"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+
+
+@functools.cache
+def _run_stamp(benchmark: str) -> str:
+    """YYYY-MM-DD-REV, then -2, -3, ... if an earlier run of that day and revision kept its
+    output already."""
+    stamp = base = f"{time.strftime('%Y-%m-%d')}-{revision()}"
+    number = 1
+    while (RESULTS / f"{benchmark}-{stamp}.txt").exists():
+        number += 1
+        stamp = f"{base}-{number}"
+    return stamp
+
+
+def results_file(benchmark: str, suffix: str = "") -> Path:
+    """benchmarks/results/BENCHMARK-YYYY-MM-DD-REV`suffix`: one date and revision per run
+    (those of the first call), so that a run's output, plots and scripts go together."""
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    return RESULTS / f"{benchmark}-{_run_stamp(benchmark)}{suffix}"
+
+
+class _Tee(io.TextIOBase):
+    def __init__(self, *streams):
+        self.streams = streams
+
+    def write(self, text: str) -> int:
+        for stream in self.streams:
+            stream.write(text)
+        return len(text)
+
+    def flush(self) -> None:
+        for stream in self.streams:
+            stream.flush()
+
+
+@contextmanager
+def keep_stdout(benchmark: str) -> Iterator[Path]:
+    """Everything printed meanwhile also goes to results_file(benchmark, ".txt")."""
+    path = results_file(benchmark, ".txt")
+    with open(path, "w") as copy:
+        terminal, sys.stdout = sys.stdout, _Tee(sys.stdout, copy)
+        try:
+            yield path
+        finally:
+            sys.stdout = terminal
 
 
 def print_table(columns: list[str], rows: list[list]) -> None:

@@ -9,7 +9,7 @@ AFL output directory AFL_OUT; the first three with the same number of busy proce
   then `orig:` in the name, then the smaller file, then the greater name), run the SymCC
   build on it (fresh SYMCC_OUTPUT_DIR, SYMCC_ENABLE_LINEARIZATION=1, one persistent
   SYMCC_AFL_COVERAGE_MAP, SYMCC_INPUT_FILE for `@@`, 90 s limit), probe every generated file
-  with afl-showmap (-t 5000 -m none; in one batch, which changes no decision) and keep it in
+  (the helper runs afl-showmap -t 5000 -m none; here ForkserverProbe, 5 s) and keep it in
   AFL_OUT/helper/queue as `id:NNNNNN,src:PARENT` if it brings a new edge or hit-count class
   to the helper's own map, a crash also in AFL_OUT/helper/crashes; sleep 5 s when nothing
   is new. AFL's main instance imports that queue, as it does a secondary's;
@@ -19,7 +19,7 @@ AFL output directory AFL_OUT; the first three with the same number of busy proce
   campaign: four processes, but the workers sleep whenever the fuzzers give them nothing new
   (how a user would run it: the fuzzers keep every core they can use).
 The figures are the fleet's, not one instance's view: after each run every queue entry of
-every instance directory of AFL_OUT is probed again with afl-showmap, in the order in which
+every instance directory of AFL_OUT is probed again with ForkserverProbe, in the order in which
 the entries appeared (see seconds_since_launch), and the distinct edges of the entries that
 ran normally are accumulated into a step series; the first crash is the oldest
 `*/crashes/id:*`. Entries that appeared after the budget do not count. Reported per target
@@ -52,7 +52,8 @@ from _campaign import (
     time_to,
 )
 
-from symcc_mpi.triage import CoverageMap, CoverageProbe, Status
+from symcc_mpi.forkserver import ForkserverProbe
+from symcc_mpi.triage import CoverageMap, Status
 
 DEFAULT_TARGETS = ("gate", "json")
 DEFAULT_BUDGET = 120.0  # per configuration: ~16 min for the two default targets (2 cores)
@@ -167,7 +168,7 @@ class HelperLoop:
         self.current_input = home / ".cur_input"
         self.symcc = symcc
         self.scratch = scratch
-        self.probe = CoverageProbe([str(afl), "@@"], timeout=SHOWMAP_TIMEOUT)
+        self.probe = ForkserverProbe([str(afl), "@@"], timeout=SHOWMAP_TIMEOUT)
         self.coverage = CoverageMap()  # the helper's own map, not AFL's
         self.processed: set[Path] = set()
         self.executions = self.killed = self.generated = 0
@@ -257,9 +258,10 @@ def run_configuration(config: str, symcc: Path, afl: Path, seeds: Path, budget: 
             campaign = start_symcc_mpi(afl_out, symcc, afl, seeds, budget, logs)
         if config == HELPER:
             helper = HelperLoop(afl_out, symcc, afl, scratch)
-            while not helper.fuzzer_queue.is_dir() and time.monotonic() < deadline:
-                time.sleep(0.1)  # afl-fuzz creates main/queue as it starts
-            helper.run(deadline)
+            with helper.probe:
+                while not helper.fuzzer_queue.is_dir() and time.monotonic() < deadline:
+                    time.sleep(0.1)  # afl-fuzz creates main/queue as it starts
+                helper.run(deadline)
             extra = helper.figures()
         else:
             time.sleep(max(0.0, deadline - time.monotonic()))
@@ -325,10 +327,11 @@ def fleet_series(afl_out: Path, afl: Path, started_wall: float,
             if appeared <= budget:
                 timed.append((appeared, entry))
     timed.sort()
-    probe = CoverageProbe([str(afl), "@@"], timeout=SHOWMAP_TIMEOUT)
+    with ForkserverProbe([str(afl), "@@"], timeout=SHOWMAP_TIMEOUT) as probe:
+        coverages = probe.probe([p for _, p in timed])
     coverage = CoverageMap()  # edges of normal runs only, as AFL counts them
     series = [(0.0, 0)]
-    for (appeared, _), cov in zip(timed, probe.probe([p for _, p in timed]), strict=True):
+    for (appeared, _), cov in zip(timed, coverages, strict=True):
         coverage.merge(cov)
         if coverage.edges_covered > series[-1][1]:
             series.append((appeared, coverage.edges_covered))
@@ -460,7 +463,8 @@ def warm_up(symcc: Path, afl: Path, seeds: Path, scratch: Path) -> None:
     env = {**os.environ, "SYMCC_OUTPUT_DIR": str(output), "SYMCC_INPUT_FILE": str(seed)}
     subprocess.run([str(symcc), str(seed)], stdin=subprocess.DEVNULL, capture_output=True,
                    env=env, timeout=SYMCC_TIMEOUT)
-    CoverageProbe([str(afl), "@@"], timeout=SHOWMAP_TIMEOUT).probe([seed])
+    with ForkserverProbe([str(afl), "@@"], timeout=SHOWMAP_TIMEOUT) as probe:
+        probe.probe([seed])
 
 
 def main() -> None:

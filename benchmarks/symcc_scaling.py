@@ -1,26 +1,46 @@
-"""SymCC scaling: coverage over time of symcc-mpi campaigns against a one-core reference loop.
+"""SymCC scaling: `explore` on two cores against the SymCC loops a user runs on one.
 
-On the bundled parser example(s) built with real SymCC, with the same wall budget each:
-- the *reference loop*, in this file: what SymCC's own `symcc_fuzzing_helper` does on one
-  core, without a shell. A FIFO queue (seeds by name, then inputs in the order they were
-  found); each input is run through the SymCC build with SYMCC_INPUT_FILE, a fresh
-  SYMCC_OUTPUT_DIR, SYMCC_ENABLE_LINEARIZATION=1 and one SYMCC_AFL_COVERAGE_MAP file for the
-  whole loop; what it generates, less the files whose bytes were already seen (the helper
-  probes those too, but identical bytes cannot bring new coverage: skipping them changes no
-  decision, only saves time, as the campaigns do), is probed in one batch of afl-showmap on
-  the AFL build and kept (queued) only if it brings a new edge or a new hit-count class;
-- `symcc-mpi explore` with 1 and 2 workers, each with `--pruning off`, `local`, `shared`.
-Times count from the launch (the campaigns' start-up included). A campaign's coverage over
-time is replayed from its output at millisecond grain: each queue entry `src:P` was kept when
-P's result was committed (P's line in state/done.jsonl), so the queue is probed again with
-afl-showmap and merged in commit order; the replay must end on the campaign's own edge count
-(else the reported series below is used). What the campaign itself reports, OUT/plot_data
-(whole seconds, each row placed at the end of its second, so no campaign is credited early)
-and OUT/stats.json read every 0.2 s (its `last_update` timestamps, ~1 s apart), gives the
-`_reported` figures of the JSON. Coverage found after the budget (runs in flight when it ran
-out) does not count. Every run gets a fresh output directory and a fresh pruning map.
-Goal: 2 workers with shared pruning reach the reference's final coverage in <= 0.6x the time
-the reference took, end with at least its edges, and the master uses <= 5% of a core.
+Issue 24 asks what a campaign gains over the plain SymCC loop, and what this revision gains
+over the previous one. On the bundled parser examples built with real SymCC, from their
+small and their large seed sets, with the same wall budget each, one after another (never
+two at once), five configurations:
+- `bare`: the loop a user writes: a FIFO queue of the seeds (by name), then every input a
+  run generates that is new by content (SHA-256); each run is `symcc_build input` with
+  SYMCC_INPUT_FILE, a fresh empty SYMCC_OUTPUT_DIR and a 10 s limit; no linearization, no
+  coverage map, so SymCC solves every branch of every run;
+- `bare+pruning`: the same loop with symcc_fuzzing_helper's SymCC settings,
+  SYMCC_ENABLE_LINEARIZATION=1 and one SYMCC_AFL_COVERAGE_MAP for the whole loop: SymCC then
+  skips the branches that map has seen (issue 24's "bare loop", goal 1's yardstick);
+- `helper`: what symcc_fuzzing_helper does on one core: bare+pruning, but each new child is
+  probed on the AFL build and queued only if it brings a new edge or hit-count class to the
+  loop's coverage map;
+- `previous`: `explore --executor symcc --workers 2 --afl-target ... --timeout 10
+  --wall-timeout BUDGET` at the previous revision (PREVIOUS_REVISION, a git worktree run
+  through PYTHONPATH);
+- `this`: the same at this checkout.
+A loop writes each input it queues, with its discovery time on the loop's clock, to a
+queue directory; a campaign's finds are its queue/ entries, dated by their mtime (when the
+master wrote them) less the launch time, so a campaign's start-up counts against it. Every
+run lives in a scratch directory of its own on /dev/shm (if there), removed afterwards.
+
+Coverage is measured afterwards, outside the budget, with one yardstick for everyone: every
+queued input found within the budget is run again on the AFL build (ForkserverProbe, which
+classifies hit counts as afl-fuzz does), in the order found, and the distinct map indices
+(AFL edges) of the normal runs are accumulated into a step series (10 ms grain).
+
+Figures per target, seed set and configuration: executions and executions/s, against
+bare+pruning's and bare's; the workers' milliseconds per task by phase and the master's CPU
+milliseconds per execution (campaigns); the edges at the budget; the time to helper's final
+edges (and its ratio to helper's own time) and to bare+pruning's; for `this`, finds and
+edges per tier (stats.json) and the tier each find came from (the done record of the parent
+that published it) with the edges those finds added in the measure; the done journal's bytes
+per execution; why each run stopped. A plot per target and seed set, one step line per
+configuration. Goals, per target and seed set:
+- G1: `this` runs >= 1.8x bare+pruning's executions/s, its master <= 1 ms CPU per execution;
+- G2: `this` ends with at least the edges of bare+pruning, bare and previous, and reaches
+  helper's final edges in <= 0.6x the time helper took;
+- G3: `this` writes <= 1024 journal bytes per execution.
+Absolute times on these shared 2-core machines move by 2x: compare within one run.
 """
 
 from __future__ import annotations
@@ -32,8 +52,10 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 from _campaign import (
@@ -42,316 +64,449 @@ from _campaign import (
     build_targets,
     edges_at,
     gnuplot_terminal,
+    keep_stdout,
     print_table,
-    reported_series,
-    run_campaign_sampled,
-    step_series,
+    results_file,
+    revision,
+    run_campaign,
     time_to,
 )
 
 from symcc_mpi.corpus import CampaignDir
-from symcc_mpi.executors.symcc import counters_library, solver_seconds
-from symcc_mpi.triage import CoverageMap, CoverageProbe, Status
+from symcc_mpi.executors.symcc import counters_library
+from symcc_mpi.forkserver import ForkserverProbe
+from symcc_mpi.triage import CoverageMap, Status
 
-DEFAULT_TARGETS = ("json",)
-DEFAULT_BUDGET = 90.0  # per configuration; on json the reference plateaus in ~20 s, and the
-# campaigns that exhaust their frontier stop early: ~6-11 min in all for json (2 cores)
-RUN_TIMEOUT = 10.0  # seconds per SymCC execution, as the campaigns' --timeout
-CONFIGURATIONS = [(workers, pruning) for workers in (1, 2) for pruning in ("off", "local",
-                                                                           "shared")]
-GOAL_CONFIG = "2w shared"
-RATIO_TARGET = 0.6
-MASTER_SHARE_TARGET = 5.0
-REFERENCE = "reference"
+BARE, PRUNING, HELPER, PREVIOUS, THIS = "bare", "bare+pruning", "helper", "previous", "this"
+CONFIGURATIONS = (BARE, PRUNING, HELPER, PREVIOUS, THIS)
+CAMPAIGNS = (PREVIOUS, THIS)
+DEFAULT_TARGETS = ("json", "ini", "toml")
+SEED_SETS = {"small": "", "large": "-large"}  # examples/seeds/TARGET + this
+DEFAULT_BUDGET = 120.0  # seconds per configuration: ~10 min per target and seed set
+RUN_TIMEOUT = 10.0  # seconds per SymCC run, as the campaigns' --timeout
+PREVIOUS_REVISION = "208f3a9"  # explore as it was before the worker phases and the tiers
+PREVIOUS_TREE = Path("/tmp/symcc-mpi-prev")
+SPEEDUP_TARGET = 1.8
+MASTER_MS_TARGET = 1.0
+TIME_RATIO_TARGET = 0.6
+JOURNAL_BYTES_TARGET = 1024
+PHASES = ("target", "solver", "staging", "probe", "other", "messages", "wait")
 
 
-# --------------------------------------------------------------------------- reference loop
+def scratch_root() -> str | None:
+    shm = Path("/dev/shm")
+    return str(shm) if shm.is_dir() and os.access(shm, os.W_OK | os.X_OK) else None
 
 
-def _symcc_env(input_path: Path, output_dir: Path, coverage_map: Path) -> dict:
+# --------------------------------------------------------------------------- loops
+
+
+def run_symcc(program: Path, input_path: Path, output_dir: Path, pruning_map: Path | None,
+              timeout: float) -> bool:
+    """One SymCC run, with pruning if `pruning_map`; whether it ended within `timeout`."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("SYMCC_")}
-    env.update(SYMCC_INPUT_FILE=str(input_path), SYMCC_OUTPUT_DIR=str(output_dir),
-               SYMCC_ENABLE_LINEARIZATION="1", SYMCC_AFL_COVERAGE_MAP=str(coverage_map))
-    return env
-
-
-def _run_symcc(program: Path, input_path: Path, output_dir: Path, coverage_map: Path,
-               timeout: float) -> tuple[bool, bytes]:
-    """One SymCC execution; (finished within `timeout`, its stderr)."""
+    env.update(SYMCC_INPUT_FILE=str(input_path), SYMCC_OUTPUT_DIR=str(output_dir))
+    if pruning_map is not None:
+        env.update(SYMCC_ENABLE_LINEARIZATION="1", SYMCC_AFL_COVERAGE_MAP=str(pruning_map))
     process = subprocess.Popen([str(program), str(input_path)], stdin=subprocess.DEVNULL,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                               env=_symcc_env(input_path, output_dir, coverage_map),
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
                                start_new_session=True)
     try:
-        _, stderr = process.communicate(timeout=timeout)
+        process.wait(timeout=timeout)
         finished = True
     except subprocess.TimeoutExpired:
         finished = False
-        _kill_group(process.pid)
-        _, stderr = process.communicate()
-    _kill_group(process.pid)  # anything the target left behind
-    return finished, stderr
-
-
-def _kill_group(pgid: int) -> None:
     try:
-        os.killpg(pgid, signal.SIGKILL)
+        os.killpg(process.pid, signal.SIGKILL)  # the run if it is late, else what it left
     except (ProcessLookupError, PermissionError):
         pass
+    process.wait()
+    return finished
 
 
-def _first_seen(path: Path, seen: set[bytes]) -> bool:
-    """Whether no file with these bytes was seen before (then remember it)."""
-    digest = hashlib.sha256(path.read_bytes()).digest()
-    if digest in seen:
-        return False
-    seen.add(digest)
-    return True
+class LoopQueue:
+    """A loop's FIFO queue: each input written to `directory` as `id:NNNNNN,time:MS` (its
+    discovery on the loop's clock), and kept in memory as (seconds, path)."""
+
+    def __init__(self, directory: Path, started: float):
+        directory.mkdir()
+        self.directory = directory
+        self.started = started
+        self.entries: list[tuple[float, Path]] = []
+        self.seen: set[bytes] = set()
+
+    def is_new(self, data: bytes) -> bool:
+        """Whether no input with these bytes was seen before (then remember them)."""
+        digest = hashlib.sha256(data).digest()
+        if digest in self.seen:
+            return False
+        self.seen.add(digest)
+        return True
+
+    def add(self, data: bytes) -> None:
+        seconds = time.monotonic() - self.started
+        path = self.directory / f"id:{len(self.entries):06d},time:{round(1000 * seconds)}"
+        path.write_bytes(data)
+        self.entries.append((seconds, path))
 
 
-def reference_loop(symcc: Path, afl: Path, seeds: Path, budget: float, scratch: Path) -> dict:
-    """symcc_fuzzing_helper's loop on one core, for `budget` seconds (see the docstring)."""
-    queue_dir, runs_dir = scratch / "queue", scratch / "runs"
-    queue_dir.mkdir()
-    runs_dir.mkdir()
-    coverage_map = scratch / "qsym.map"  # does not exist yet: QSYM starts from an empty map
-    probe = CoverageProbe([str(afl), "@@"], timeout=RUN_TIMEOUT, scratch_dir=scratch)
-    cmap = CoverageMap()
-    started = time.monotonic()
-    deadline = started + budget
-    series = [(0.0, 0)]
+class NoveltyFilter:
+    """The helper's choice: an input is kept if its run on the AFL build is normal and brings
+    a new edge or hit-count class to the loop's coverage map (which merges it either way)."""
 
-    def note() -> None:
-        if cmap.edges_covered > series[-1][1]:
-            series.append((time.monotonic() - started, cmap.edges_covered))
+    def __init__(self, probe: ForkserverProbe):
+        self.probe = probe
+        self.coverage = CoverageMap()
 
-    queue = sorted(p for p in seeds.iterdir() if p.is_file())
-    seen: set[bytes] = set()
-    queue = [p for p in queue if _first_seen(p, seen)]
-    for cov in probe.probe(queue):
-        cmap.merge(cov)
-    note()
-    executions = timeouts = generated = kept = crashes = queries = 0
-    solver = 0.0
-    files_per_run: list[int] = []
-    position = 0
-    stop = "wall-clock budget spent"
-    while True:
-        if position == len(queue):
-            stop = "queue exhausted"
-            break
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            break
-        out = runs_dir / f"run{executions:06d}"
-        out.mkdir()
-        finished, stderr = _run_symcc(symcc, queue[position], out, coverage_map,
-                                      min(RUN_TIMEOUT, remaining))
-        if not finished and remaining < RUN_TIMEOUT:
-            break  # cut by the budget, not by the per-run timeout: it does not count
-        position += 1
-        executions += 1
-        timeouts += not finished
-        solver += solver_seconds(stderr)
-        queries += stderr.count(b'"total_time"')  # QSYM prints it before each solver check
-        files = sorted(p for p in out.iterdir() if p.is_file() and not p.name.startswith("."))
-        generated += len(files)
-        files_per_run.append(len(files))
-        files = [p for p in files if _first_seen(p, seen)]
-        for path, cov in zip(files, probe.probe(files) if files else [], strict=True):
-            if cmap.merge(cov):
-                if cov.status is Status.OK:
-                    kept += 1
-                    queue.append(path.rename(queue_dir / f"id:{len(queue):06d}"))
-                elif cov.status is Status.CRASH:
-                    crashes += 1
-            note()
-        shutil.rmtree(out)
-    active = min(time.monotonic() - started, budget)
-    return {
-        "series": series,
-        "stop": stop,
-        "seconds": active,
-        "executions": executions,
-        "timeouts": timeouts,
-        "generated": generated,
-        "unique": len(seen),
-        "kept": kept,
-        "unique_crashes": crashes,
-        "solver_seconds": solver,
-        "solver_queries": queries,
-        "triage_seconds": probe.stats.seconds,
-        "max_files_per_run": max(files_per_run, default=0),
-    }
+    def __call__(self, data: bytes) -> bool:
+        cov = self.probe.probe_bytes(data)
+        return self.coverage.merge(cov) and cov.status is Status.OK
+
+
+def loop(config: str, symcc: Path, afl: Path, seeds: Path, budget: float,
+         scratch: Path) -> dict:
+    """The one-core loop `config` (bare, bare+pruning or helper) for `budget` seconds."""
+    # The probe's forkserver starts at its first input: only the helper's ever does.
+    with ForkserverProbe([str(afl), "@@"], timeout=RUN_TIMEOUT, scratch_dir=scratch) as probe:
+        keep = NoveltyFilter(probe) if config == HELPER else (lambda data: True)
+        pruning_map = None if config == BARE else scratch / "qsym.map"  # QSYM creates it
+        output = scratch / "output"
+        started = time.monotonic()
+        deadline = started + budget
+        queue = LoopQueue(scratch / "queue", started)
+        for path in sorted(p for p in seeds.iterdir() if p.is_file()):
+            data = path.read_bytes()
+            if queue.is_new(data):
+                keep(data)  # the helper's map starts from the seeds' coverage
+                queue.add(data)
+        executions = 0
+        stop = "wall-clock budget spent"
+        while (remaining := deadline - time.monotonic()) > 0:
+            if executions == len(queue.entries):
+                stop = "queue exhausted"
+                break
+            output.mkdir()
+            finished = run_symcc(symcc, queue.entries[executions][1], output, pruning_map,
+                                 min(RUN_TIMEOUT, remaining))
+            if finished or remaining >= RUN_TIMEOUT:  # else cut by the budget: not counted
+                executions += 1
+                for child in sorted(output.iterdir()):
+                    if child.is_file() and not child.name.startswith("."):
+                        data = child.read_bytes()
+                        if queue.is_new(data) and keep(data):
+                            queue.add(data)
+            shutil.rmtree(output)
+    return {"executions": executions, "seconds": min(time.monotonic() - started, budget),
+            "stop": stop, "entries": queue.entries}
 
 
 # --------------------------------------------------------------------------- campaigns
 
 
-def replayed_series(out: Path, afl: Path, stats: dict, launched: float,
-                    scratch: Path) -> list[tuple[float, int]]:
-    """Edges over time at the instants the master committed them (ms grain).
-
-    Every queue entry but the seeds is named `src:PARENT`: it was kept when PARENT's result
-    was committed, at the time state/done.jsonl gives for PARENT. The queue is probed again
-    with afl-showmap and merged in that order, as the master merged it.
-    """
-    done = {}
-    for record in CampaignDir(out).read_done():
-        done.setdefault(record["sha256"], record["time"])
-    entries = sorted(p for p in (out / "queue").iterdir() if p.name.startswith("id:"))
-    by_id = {p.name[3:9]: p for p in entries}
-    start = stats["start_time"]
-    timed = []
-    for path in entries:
-        fields = dict(f.split(":", 1) for f in path.name.split(",") if ":" in f)
-        if "src" in fields:
-            parent = hashlib.sha256(by_id[fields["src"]].read_bytes()).hexdigest()
-            timed.append((done[parent], path))
-        else:
-            timed.append((start, path))
-    timed.sort(key=lambda pair: pair[0])
-    probe = CoverageProbe([str(afl), "@@"], timeout=RUN_TIMEOUT, scratch_dir=scratch)
-    cmap = CoverageMap()
-    points = []
-    for (t, _), cov in zip(timed, probe.probe([p for _, p in timed]), strict=True):
-        cmap.merge(cov)
-        points.append((t - launched, cmap.edges_covered))
-    return step_series(points)
+def previous_env(tree: Path) -> dict:
+    """The environment that runs PREVIOUS_REVISION's symcc_mpi from the worktree `tree`
+    (added if missing, checked, its modules compiled so that no campaign pays that)."""
+    if not (tree / "src" / "symcc_mpi").is_dir():
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(tree),
+                        PREVIOUS_REVISION], check=True, capture_output=True)
+    head = subprocess.run(["git", "-C", str(tree), "rev-parse", "HEAD"], capture_output=True,
+                          text=True, check=True).stdout.strip()
+    if not head.startswith(PREVIOUS_REVISION):
+        sys.exit(f"symcc_scaling: {tree} is at {head[:12]}, not {PREVIOUS_REVISION}")
+    env = dict(os.environ, PYTHONPATH=str(tree / "src"))
+    where = subprocess.run([sys.executable, "-c", "import symcc_mpi; print(symcc_mpi.__file__)"],
+                           env=env, cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    if not Path(where).resolve().is_relative_to(tree.resolve()):
+        sys.exit(f"symcc_scaling: with PYTHONPATH={tree / 'src'}, symcc_mpi is {where!r}")
+    subprocess.run([sys.executable, "-m", "compileall", "-q", str(tree / "src")], check=True)
+    return env
 
 
-def campaign(symcc: Path, afl: Path, seeds: Path, workers: int, pruning: str, budget: float,
-             out: Path) -> dict:
-    stats, launched, samples = run_campaign_sampled(
-        out, "--executor", "symcc", "--target", f"{symcc} @@", "--afl-target", f"{afl} @@",
-        "--seeds", str(seeds), "--wall-timeout", f"{budget:g}", "--timeout", f"{RUN_TIMEOUT:g}",
-        "--workers", str(workers), "--pruning", pruning)
-    reported = reported_series(out, stats, launched, samples)
-    replayed = replayed_series(out, afl, stats, launched, out.parent)
-    # The replay must land on the campaign's own count; if it does not, trust the reports.
-    exact = replayed[-1][1] == stats["edges_found"]
+def campaign(symcc: Path, afl: Path, seeds: Path, budget: float, scratch: Path,
+             env: dict | None) -> dict:
+    """One `explore` of two workers (at the previous revision with `env`)."""
+    out = scratch / "out"
+    stats = run_campaign(out, "--executor", "symcc", "--target", f"{symcc} @@",
+                         "--afl-target", f"{afl} @@", "--seeds", str(seeds), "--workers", "2",
+                         "--wall-timeout", f"{budget:g}", "--timeout", f"{RUN_TIMEOUT:g}",
+                         env=env)
+    launched = stats["launch_time"]
     extra = stats.get("extra", {})
-    loop = extra.get("master_loop_seconds") or 0.0
-    return {
-        "series": replayed if exact else reported,
-        "reported_series": reported,
-        "replay_matches": exact,
-        "replayed_edges": replayed[-1][1],
-        "stop": extra.get("stop_reason", ""),
+    executions = stats["executions"]
+
+    def per_execution(value: float) -> float | None:
+        return value / executions if executions else None
+
+    run = {
+        "executions": executions,
         "seconds": stats["elapsed"],
+        "stop": extra.get("stop_reason", ""),
+        "entries": [(p.stat().st_mtime - launched, p) for p in (out / "queue").iterdir()
+                    if p.name.startswith("id:")],
         "startup_seconds": stats["start_time"] - launched,
-        "command_seconds": stats["command_seconds"],
-        "executions": stats["executions"],
-        "generated": stats["generated"],
-        "unique": stats.get("unique", 0),
-        "kept": stats.get("interesting", 0),
-        "unique_crashes": stats.get("crashes", 0),
-        "solver_seconds": stats["solver_time"],
-        "solver_queries": extra.get("solver", {}).get("queries", 0),
-        "final_edges_after_budget": stats["edges_found"],
-        "master_cpu_percent": 100 * extra["master_loop_cpu_seconds"] / loop if loop else None,
+        "master_ms_per_exec": per_execution(1000 * extra["master_loop_cpu_seconds"]),
+        "journal_bytes_per_exec": per_execution((out / "state" / "done.jsonl").stat().st_size),
+        "worker_ms_per_task": extra.get("worker_phases", {}).get("ms_per_task"),
+        "per_tier": None,
     }
+    if "tiers" in extra:
+        run["per_tier"] = extra["tiers"]["per_tier"]
+        run["tier_of"] = parent_tiers(out, [path for _, path in run["entries"]])
+    return run
+
+
+def parent_tiers(out: Path, entries: list[Path]) -> dict[Path, str]:
+    """Each queue entry's tier: that of the done record whose "published" lists it (no
+    "tier": 1); `seed` for the entries no record published."""
+    tier_of_child: dict[str, str] = {}
+    for record in CampaignDir(out).read_done():
+        for child in record.get("published", ()):
+            tier_of_child.setdefault(child, str(record.get("tier", 1)))
+    return {path: tier_of_child.get(hashlib.sha256(path.read_bytes()).hexdigest(), "seed")
+            for path in entries}
+
+
+# --------------------------------------------------------------------------- measure
+
+
+def coverage_series(run: dict, afl: Path, budget: float,
+                    scratch: Path) -> tuple[list[tuple[float, int]], Counter]:
+    """Distinct AFL edges of the normal runs of the inputs found within the budget, probed
+    in the order found: a step series (10 ms grain), and the edges each tier's finds added
+    (campaigns with tiers)."""
+    edges: set[int] = set()
+    series = [(0.0, 0)]
+    added_by_tier: Counter = Counter()
+    tier_of = run.get("tier_of", {})
+    with ForkserverProbe([str(afl), "@@"], timeout=RUN_TIMEOUT, scratch_dir=scratch) as probe:
+        for found, path in sorted(entry for entry in run["entries"] if entry[0] <= budget):
+            cov = probe.probe_bytes(path.read_bytes())
+            before = len(edges)
+            if cov.status is Status.OK:
+                edges.update(index for index, _ in cov.pairs())
+            if len(edges) == before:
+                continue
+            if path in tier_of:
+                added_by_tier[tier_of[path]] += len(edges) - before
+            instant = round(max(found, 0.0), 2)
+            if series[-1][0] == instant:
+                series.pop()
+            series.append((instant, len(edges)))
+    return series, added_by_tier
+
+
+def measure(config: str, case: dict, budget: float, env: dict | None) -> dict:
+    """Run `config` on `case` in a scratch directory of its own, then measure its coverage."""
+    with tempfile.TemporaryDirectory(prefix=f"symcc-scaling-{config}-",
+                                     dir=scratch_root()) as name:
+        scratch = Path(name)
+        if config in CAMPAIGNS:
+            run = campaign(case["symcc"], case["afl"], case["seeds"], budget, scratch,
+                           env if config == PREVIOUS else None)
+        else:
+            run = loop(config, case["symcc"], case["afl"], case["seeds"], budget, scratch)
+        run["series"], run["added_by_tier"] = coverage_series(run, case["afl"], budget,
+                                                              scratch)
+        if "tier_of" in run:
+            run["finds_by_tier"] = Counter(run.pop("tier_of").values())
+        run["queued"] = sum(1 for found, _ in run.pop("entries") if found <= budget)
+    return run
 
 
 # --------------------------------------------------------------------------- figures
 
 
-def figures(name: str, run: dict, budget: float, ref_edges: int, ref_time: float) -> dict:
-    reach = time_to(run["series"], ref_edges, budget)
-    executions = run["executions"]
+def figures(config: str, run: dict, runs: dict[str, dict], budget: float) -> dict:
+    """The figures of one configuration, against bare, bare+pruning and helper."""
+    def rate(name: str) -> float:
+        return runs[name]["executions"] / runs[name]["seconds"] if runs[name]["seconds"] else 0.0
+
+    def ratio(value: float | None, base: float | None) -> float | None:
+        return value / base if value is not None and base else None
+
+    helper_edges = edges_at(runs[HELPER]["series"], budget)
+    helper_time = time_to(runs[HELPER]["series"], helper_edges, budget)
+    reach_helper = time_to(run["series"], helper_edges, budget)
     row = {
-        "config": name,
+        "config": config,
+        "executions": run["executions"],
+        "execs_per_sec": rate(config),
+        "speed_vs_bare_pruning": ratio(rate(config), rate(PRUNING)),
+        "speed_vs_bare": ratio(rate(config), rate(BARE)),
+        "master_ms_per_exec": run.get("master_ms_per_exec"),
         "edges": edges_at(run["series"], budget),
-        "seconds_to_ref_edges": reach,
-        "ratio_to_ref_time": reach / ref_time if reach is not None and ref_time > 0 else None,
-        "executions": executions,
-        "execs_per_sec": executions / run["seconds"] if run["seconds"] > 0 else 0.0,
-        "solver_ms_per_exec": 1000 * run["solver_seconds"] / executions if executions else 0.0,
-        "queries_per_exec": run["solver_queries"] / executions if executions else 0.0,
-        "files_per_exec": run["generated"] / executions if executions else 0.0,
-        "new_files_per_exec": run["unique"] / executions if executions else 0.0,
-        "kept": run["kept"],
-        "master_cpu_percent": run.get("master_cpu_percent"),
+        "seconds_to_helper_edges": reach_helper,
+        "ratio_to_helper_time": ratio(reach_helper, helper_time),
+        "seconds_to_bare_pruning_edges": time_to(
+            run["series"], edges_at(runs[PRUNING]["series"], budget), budget),
+        "journal_bytes_per_exec": run.get("journal_bytes_per_exec"),
+        "startup_seconds": run.get("startup_seconds"),
+        "queued": run["queued"],
         "stop": run["stop"],
+        "worker_ms_per_task": run.get("worker_ms_per_task"),
     }
-    if "reported_series" in run:  # campaigns: the ~1 s grain of plot_data and stats.json
-        row["seconds_to_ref_edges_reported"] = time_to(run["reported_series"], ref_edges, budget)
-        row["edges_after_budget"] = run["final_edges_after_budget"]
-        row["replay_matches_campaign"] = run["replay_matches"]
-        row["startup_seconds"] = run["startup_seconds"]
+    if run.get("per_tier") is not None:
+        row["tiers"] = {"per_tier": run["per_tier"],
+                        "finds_by_parent_tier": dict(run["finds_by_tier"]),
+                        "edges_added_by_parent_tier": dict(run["added_by_tier"])}
     return row
 
 
-def _compact(series: list[tuple[float, int]]) -> list[list]:
-    """The series for the JSON line: ms grain, one point per instant (its highest count)."""
-    points: dict[float, int] = {}
-    for t, edges in series:
-        points[round(t, 3)] = edges
-    return [[t, e] for t, e in points.items()]
+def _opt(value, fmt: str = "{:.2f}", none: str = "-") -> str:
+    return none if value is None else fmt.format(value)
+
+
+COLUMNS = ["config", "execs", "execs/s", "x_bare+pruning", "x_bare", "master_ms/exec",
+           "edges", "t_helper_edges_s", "x_helper_time", "t_bare+pruning_edges_s",
+           "journal_B/exec", "startup_s", "queued", "stopped"]
 
 
 def _row(f: dict) -> list:
-    def opt(value, fmt):
-        return "never" if value is None else fmt.format(value)
-    master = f["master_cpu_percent"]
-    return [f["config"], f["edges"], opt(f["seconds_to_ref_edges"], "{:.1f}"),
-            opt(f["ratio_to_ref_time"], "{:.2f}x"), f["executions"],
-            f"{f['execs_per_sec']:.2f}", f"{f['solver_ms_per_exec']:.1f}",
-            f"{f['queries_per_exec']:.1f}", f"{f['files_per_exec']:.1f}",
-            f"{f['new_files_per_exec']:.1f}", f["kept"],
-            "-" if master is None else f"{master:.1f}", f["stop"]]
+    return [f["config"], f["executions"], f"{f['execs_per_sec']:.2f}",
+            _opt(f["speed_vs_bare_pruning"], "{:.2f}x"), _opt(f["speed_vs_bare"], "{:.2f}x"),
+            _opt(f["master_ms_per_exec"]), f["edges"],
+            _opt(f["seconds_to_helper_edges"], "{:.1f}", "never"),
+            _opt(f["ratio_to_helper_time"], "{:.2f}x", "never"),
+            _opt(f["seconds_to_bare_pruning_edges"], "{:.1f}", "never"),
+            _opt(f["journal_bytes_per_exec"], "{:.0f}"), _opt(f["startup_seconds"], "{:.1f}"),
+            f["queued"], f["stop"]]
 
 
-COLUMNS = ["config", "edges", "t_ref_edges_s", "ratio", "execs", "execs/s", "solver_ms/exec",
-           "queries/exec", "files/exec", "new/exec", "kept", "master_%cpu", "stopped"]
+def print_details(table: list[dict]) -> None:
+    """The campaigns' worker phases, and `this`'s tiers."""
+    print("worker ms per task, by phase:")
+    print_table(["config", *PHASES],
+                [[f["config"], *(_opt((f["worker_ms_per_task"] or {}).get(p)) for p in PHASES)]
+                 for f in table if f["config"] in CAMPAIGNS])
+    tiers = next(f for f in table if f["config"] == THIS).get("tiers")
+    if tiers is None:
+        return
+    print("this, per tier: stats.json's executions, finds, edges; finds by their parent's tier "
+          "(done records) and the edges they added in the measure:")
+    per_tier, finds, added = (tiers["per_tier"], tiers["finds_by_parent_tier"],
+                              tiers["edges_added_by_parent_tier"])
+    print_table(["tier", "executions", "finds", "edges", "finds_by_parent", "edges_added"],
+                [[tier, *(per_tier.get(tier, {}).get(k, "-")
+                          for k in ("executions", "finds", "edges")),
+                  finds.get(tier, 0), added.get(tier, 0)] for tier in ("seed", "1", "2", "3")])
+
+
+def goals(table: list[dict]) -> dict[str, bool]:
+    """Print G1-G3 for one target and seed set; whether each is met."""
+    f = {row["config"]: row for row in table}
+    this = f[THIS]
+    speed, master = this["speed_vs_bare_pruning"], this["master_ms_per_exec"]
+    ratio, journal = this["ratio_to_helper_time"], this["journal_bytes_per_exec"]
+    others = {name: f[name]["edges"] for name in (PRUNING, BARE, PREVIOUS)}
+    met = {
+        "G1": speed is not None and speed >= SPEEDUP_TARGET
+        and master is not None and master <= MASTER_MS_TARGET,
+        "G2": all(this["edges"] >= edges for edges in others.values())
+        and ratio is not None and ratio <= TIME_RATIO_TARGET,
+        "G3": journal is not None and journal <= JOURNAL_BYTES_TARGET,
+    }
+    word = {True: "met", False: "MISSED"}
+    helper = f[HELPER]
+    print(f"G1 {word[met['G1']]}: this {this['execs_per_sec']:.2f} execs/s = "
+          f"{_opt(speed, '{:.2f}x')} bare+pruning's (>= {SPEEDUP_TARGET}x); master "
+          f"{_opt(master)} ms CPU per execution (<= {MASTER_MS_TARGET:g})")
+    print(f"G2 {word[met['G2']]}: this ends with {this['edges']} edges ("
+          + ", ".join(f"{name} {edges}" for name, edges in others.items())
+          + f": >= each); reaches helper's {helper['edges']} in "
+          f"{_opt(this['seconds_to_helper_edges'], '{:.1f} s', 'never')} = "
+          f"{_opt(ratio, '{:.2f}x', 'never')} helper's "
+          f"{_opt(helper['seconds_to_helper_edges'], '{:.1f} s')} (<= {TIME_RATIO_TARGET}x)")
+    print(f"G3 {word[met['G3']]}: this writes {_opt(journal, '{:.0f}')} journal bytes per "
+          f"execution (<= {JOURNAL_BYTES_TARGET}; previous "
+          f"{_opt(f[PREVIOUS]['journal_bytes_per_exec'], '{:.0f}')})")
+    return met
+
+
+def _compact(series: list[tuple[float, int]]) -> list[list]:
+    return [[t, e] for t, e in series]
 
 
 # --------------------------------------------------------------------------- plot
 
 
-def plot(target: str, runs: dict[str, dict], budget: float, plot_dir: Path) -> tuple[Path, str]:
-    """Edges over time, one line per configuration; returns (image path, text rendering)."""
-    plot_dir.mkdir(parents=True, exist_ok=True)
+def plot(name: str, runs: dict[str, dict], budget: float) -> tuple[Path, str]:
+    """Edges over time, one step line per configuration, into benchmarks/results/; returns
+    the image's path and a text rendering."""
     blocks, curves = [], []
     # From a little below the seeds' coverage: the climb is where the configurations differ.
     floor = int(0.9 * min((run["series"][1][1] for run in runs.values()
                            if len(run["series"]) > 1), default=0))
-    for i, (name, run) in enumerate(runs.items()):
-        points = [(t, e) for t, e in run["series"] if t <= budget]
-        points.append((budget, edges_at(run["series"], budget)))
-        blocks.append(f"$d{i} << EOD\n" + "".join(f"{t:.3f} {e}\n" for t, e in points) + "EOD")
-        width = 3 if name in (REFERENCE, GOAL_CONFIG) else 1.5
-        curves.append(f"$d{i} with steps lw {width} title '{name}'")
+    for i, (config, run) in enumerate(runs.items()):
+        points = [*run["series"], (budget, edges_at(run["series"], budget))]
+        blocks.append(f"$d{i} << EOD\n" + "".join(f"{t:.2f} {e}\n" for t, e in points) + "EOD")
+        width = 3 if config in (HELPER, THIS) else 1.5
+        curves.append(f"$d{i} with steps lw {width} title '{config}'")
     body = "\n".join(blocks) + (
-        f"\nset title 'symcc\\_scaling: {target}, {budget:g} s each (edges vs seconds since "
-        "launch)'\nset xlabel 'seconds'\nset ylabel 'AFL edges'\nset key bottom right\n"
-        f"set xrange [0:{budget:g}]\nset yrange [{floor:d}:*]\nset grid\n"
-        "plot " + ", \\\n     ".join(curves) + "\n")
+        f"\nset title 'symcc\\_scaling: {name}, {budget:g} s each (edges vs seconds since "
+        "launch)'\nset xlabel 'seconds'\nset ylabel 'AFL edges (ForkserverProbe)'\n"
+        f"set key bottom right\nset xrange [0:{budget:g}]\nset yrange [{floor:d}:*]\n"
+        "set grid\nplot " + ", \\\n     ".join(curves) + "\n")
     terminal, ext = gnuplot_terminal()
-    image = plot_dir / f"symcc_scaling-{target}.{ext}"
-    script = plot_dir / f"symcc_scaling-{target}.gp"
+    stem = f"-{name.replace('/', '-')}"
+    image = results_file("symcc_scaling", f"{stem}.{ext}")
+    script = results_file("symcc_scaling", f"{stem}.gp")
     script.write_text(f"set terminal {terminal} size 1000,600\nset output '{image}'\n{body}")
     subprocess.run(["gnuplot", str(script)], check=True, stdin=subprocess.DEVNULL)
     text = subprocess.run(["gnuplot"], input=f"set terminal dumb size 110,32\n{body}",
                           capture_output=True, text=True, check=True).stdout
-    (plot_dir / f"symcc_scaling-{target}.txt").write_text(text)
+    results_file("symcc_scaling", f"{stem}-plot.txt").write_text(text)
     return image, text
 
 
 # --------------------------------------------------------------------------- main
 
 
-def warm_up(symcc: Path, afl: Path, seeds: Path, scratch: Path) -> None:
-    """One untimed run of each binary, and the campaigns' query-counter library built, so
+def warm_up(symcc: Path, afl: Path, seeds: Path) -> None:
+    """One untimed run of each build, and the campaigns' query-counter library built, so
     that the first configuration measured pays no first-run cost the others do not."""
     counters_library()
     seed = min(p for p in seeds.iterdir() if p.is_file())
-    out = scratch / "warm-up"
-    out.mkdir()
-    _run_symcc(symcc, seed, out, scratch / "warm-up.map", RUN_TIMEOUT)
-    CoverageProbe([str(afl), "@@"], timeout=RUN_TIMEOUT, scratch_dir=scratch).probe([seed])
-    shutil.rmtree(out)
-    (scratch / "warm-up.map").unlink(missing_ok=True)
+    with tempfile.TemporaryDirectory(dir=scratch_root()) as name:
+        (Path(name) / "output").mkdir()
+        run_symcc(symcc, seed, Path(name) / "output", None, RUN_TIMEOUT)
+        with ForkserverProbe([str(afl), "@@"], timeout=RUN_TIMEOUT,
+                             scratch_dir=Path(name)) as probe:
+            probe.probe([seed])
+
+
+def cases(targets: dict, seed_sets: list[str], examples: Path) -> tuple[list[dict], list[str]]:
+    """Each (target, seed set) to run, and a line for each skipped for want of its seeds."""
+    found, skipped = [], []
+    for target, (symcc, afl, _) in targets.items():
+        for seed_set in seed_sets:
+            seeds = examples / "seeds" / f"{target}{SEED_SETS[seed_set]}"
+            if seeds.is_dir() and any(p.is_file() for p in seeds.iterdir()):
+                found.append({"name": f"{target}/{seed_set}", "symcc": symcc, "afl": afl,
+                              "seeds": seeds})
+            else:
+                skipped.append(f"{target}/{seed_set}: skipped, {seeds} is missing or empty")
+    return found, skipped
+
+
+def run_case(case: dict, budget: float, env: dict) -> dict:
+    """Every configuration on one target and seed set, its figures printed; its results."""
+    warm_up(case["symcc"], case["afl"], case["seeds"])
+    runs = {}
+    for config in CONFIGURATIONS:
+        print(f"[{case['name']}] {config} ...", flush=True)
+        runs[config] = measure(config, case, budget, env)
+    table = [figures(config, run, runs, budget) for config, run in runs.items()]
+    print(f"\n{case['name']} ({case['seeds']}): {budget:g} s each; edges measured afterwards "
+          "with ForkserverProbe; times since launch")
+    print_table(COLUMNS, [_row(f) for f in table])
+    print_details(table)
+    image, text = plot(case["name"], runs, budget)
+    print(text.rstrip("\n"))
+    print(f"plot: {image}")
+    met = goals(table)
+    print()
+    return {"goals": met, "plot": str(image), "configs": table,
+            "series": {config: _compact(run["series"]) for config, run in runs.items()}}
 
 
 def main() -> None:
@@ -359,85 +514,51 @@ def main() -> None:
     parser.add_argument("--budget", type=float, default=DEFAULT_BUDGET, metavar="SECONDS",
                         help=f"wall budget of every configuration (default {DEFAULT_BUDGET:g})")
     parser.add_argument("--target", action="append", metavar="NAME",
-                        help="example target (repeatable; default: json)")
-    parser.add_argument("--plot-dir", type=Path, default=ROOT / "benchmarks" / "results",
-                        help="where the plots go (default benchmarks/results/)")
+                        help="example target (repeatable; default: "
+                             + ", ".join(DEFAULT_TARGETS) + ")")
+    parser.add_argument("--seeds", choices=("small", "large", "both"), default="both",
+                        help="seed sets: examples/seeds/NAME, NAME-large or both (default)")
     parser.add_argument("--examples", type=Path, default=EXAMPLES, metavar="DIR",
-                        help="take build/NAME.symcc, build/NAME.afl and seeds/NAME/ from DIR "
+                        help="take build/NAME.symcc, build/NAME.afl and seeds/NAME*/ from DIR "
                              "(default examples/, after `make -s -C examples`)")
+    parser.add_argument("--previous-tree", type=Path, default=PREVIOUS_TREE, metavar="DIR",
+                        help=f"git worktree of {PREVIOUS_REVISION} (added if missing; "
+                             f"default {PREVIOUS_TREE})")
     args = parser.parse_args()
     if not args.budget > 0:
         parser.error("--budget must be positive")
-    targets = build_targets("symcc_scaling", args.target or list(DEFAULT_TARGETS),
-                            args.examples)
-    load = os.getloadavg()
-    print(f"symcc_scaling: {len(targets)} target(s) x {len(CONFIGURATIONS) + 1} configurations, "
-          f"{args.budget:g} s each; {os.cpu_count()} CPUs, load average at start "
-          f"{load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
-    print(f"goal: {GOAL_CONFIG} reaches the reference's final edges in <= {RATIO_TARGET}x its "
-          f"time, ends with at least its edges, master <= {MASTER_SHARE_TARGET:g}% of a core")
-    results = {}
-    for target, (symcc, afl, seeds) in targets.items():
-        runs: dict[str, dict] = {}
-        with tempfile.TemporaryDirectory(prefix=f"symcc-scaling-{target}-") as scratch:
-            warm_up(symcc, afl, seeds, Path(scratch))
-            ref_dir = Path(scratch, "reference")
-            ref_dir.mkdir()
-            print(f"[{target}] reference loop ...", flush=True)
-            runs[REFERENCE] = reference_loop(symcc, afl, seeds, args.budget, ref_dir)
-            for workers, pruning in CONFIGURATIONS:
-                name = f"{workers}w {pruning}"
-                print(f"[{target}] {name} ...", flush=True)
-                runs[name] = campaign(symcc, afl, seeds, workers, pruning, args.budget,
-                                      Path(scratch, name.replace(" ", "-")))
-        ref_edges = edges_at(runs[REFERENCE]["series"], args.budget)
-        ref_time = time_to(runs[REFERENCE]["series"], ref_edges, args.budget) or 0.0
-        table = [figures(name, run, args.budget, ref_edges, ref_time)
-                 for name, run in runs.items()]
-        goal = next(f for f in table if f["config"] == GOAL_CONFIG)
-        verdict = {
-            "ratio": goal["ratio_to_ref_time"] is not None
-            and goal["ratio_to_ref_time"] <= RATIO_TARGET,
-            "edges": goal["edges"] >= ref_edges,
-            "master": goal["master_cpu_percent"] is not None
-            and goal["master_cpu_percent"] <= MASTER_SHARE_TARGET,
-        }
-        image, text = plot(target, runs, args.budget, args.plot_dir)
-        print(f"\n{target}: reference reached its final {ref_edges} edges at {ref_time:.1f} s "
-              f"({runs[REFERENCE]['stop']} after {runs[REFERENCE]['seconds']:.1f} s); "
-              "times count from launch; campaign start-up (launch to master start): "
-              + ", ".join(f"{n} {r['startup_seconds']:.1f} s" for n, r in runs.items()
-                          if n != REFERENCE))
-        print_table(COLUMNS, [_row(f) for f in table])
-        unmatched = [f["config"] for f in table if f.get("replay_matches_campaign") is False]
-        print("campaign times: replayed from queue/ and state/done.jsonl (ms grain)"
-              + (f"; replay did not match, ~1 s reported series used: {', '.join(unmatched)}"
-                 if unmatched else ", every replay matched the campaign's edge count"))
-        print(text.rstrip("\n"))
-        print(f"plot: {image}")
-        print(f"goal ({GOAL_CONFIG}): ratio {_row(goal)[3]} (<= {RATIO_TARGET}x) "
-              f"{'ok' if verdict['ratio'] else 'MISSED'}; edges {goal['edges']} vs "
-              f"{ref_edges} {'ok' if verdict['edges'] else 'MISSED'}; master "
-              f"{_row(goal)[11]}% (<= {MASTER_SHARE_TARGET:g}%) "
-              f"{'ok' if verdict['master'] else 'MISSED'}")
-        results[target] = {
-            "reference_edges": ref_edges,
-            "reference_seconds_to_final": ref_time,
-            "goal_met": all(verdict.values()),
-            "goal": verdict,
-            "plot": str(image),
-            "configs": table,
-            "series": {n: _compact(r["series"]) for n, r in runs.items()},
-        }
-    end_load = os.getloadavg()
-    print(f"load average at the end {end_load[0]:.2f} {end_load[1]:.2f} {end_load[2]:.2f}")
-    print(json.dumps({"benchmark": "symcc_scaling", "budget_seconds": args.budget,
-                      "cpus": os.cpu_count(), "load_average_at_start": list(load),
-                      "load_average_at_end": list(end_load),
-                      "goal_config": GOAL_CONFIG, "ratio_target": RATIO_TARGET,
-                      "master_cpu_target": MASTER_SHARE_TARGET,
-                      "goal_met": all(r["goal_met"] for r in results.values()),
-                      "targets": results}))
+    with keep_stdout("symcc_scaling") as copy:
+        env = previous_env(args.previous_tree)
+        targets = build_targets("symcc_scaling", args.target or list(DEFAULT_TARGETS),
+                                args.examples)
+        todo, skipped = cases(targets, ["small", "large"] if args.seeds == "both"
+                              else [args.seeds], args.examples)
+        load = os.getloadavg()
+        print(f"symcc_scaling: {len(todo)} target/seed set(s) x {len(CONFIGURATIONS)} "
+              f"configurations, {args.budget:g} s each; this = {revision()}, previous = "
+              f"{PREVIOUS_REVISION}; {os.cpu_count()} CPUs, load average at start "
+              f"{load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+        for line in skipped:
+            print(line)
+        results = {case["name"]: run_case(case, args.budget, env) for case in todo}
+        end_load = os.getloadavg()
+        print(f"load average at the end {end_load[0]:.2f} {end_load[1]:.2f} {end_load[2]:.2f}")
+        for name, result in results.items():
+            print(f"{name}: " + ", ".join(f"{goal} {'met' if ok else 'MISSED'}"
+                                          for goal, ok in result["goals"].items()))
+        print(f"output kept in {copy}")
+        print(json.dumps({
+            "benchmark": "symcc_scaling", "revision": revision(),
+            "previous_revision": PREVIOUS_REVISION, "budget_seconds": args.budget,
+            "cpus": os.cpu_count(), "load_average_at_start": list(load),
+            "load_average_at_end": list(end_load), "skipped": skipped,
+            "targets": {"speedup_vs_bare_pruning": SPEEDUP_TARGET,
+                        "master_ms_per_exec": MASTER_MS_TARGET,
+                        "ratio_to_helper_time": TIME_RATIO_TARGET,
+                        "journal_bytes_per_exec": JOURNAL_BYTES_TARGET},
+            "goal_met": all(all(r["goals"].values()) for r in results.values())
+            if results else None,
+            "cases": results}))
 
 
 if __name__ == "__main__":
