@@ -142,17 +142,20 @@ class DigestTable:
         self._check_flag(flag)
         return self._counts[flag]
 
-    def entries_with(self, flag: int) -> Iterator[int]:
-        """Entries with `flag` set, in entry order. Entries added after the call starts are
-        not visited; one whose flag is cleared meanwhile is skipped."""
+    def entries_with(self, flag: int, without: int = 0) -> Iterator[int]:
+        """Entries with `flag` set and every flag of the mask `without` clear, in entry order.
+        Entries added after the call starts are not visited; one whose flags change
+        meanwhile so that it no longer matches is skipped."""
         self._check_flag(flag)
         # Map each flags byte to 1 or 0 and let bytes.find skip the rest at C speed: a
         # Python loop over a million flags would take ~50 ms for a handful of hits.
-        marks = self._flags.tobytes().translate(_MARKS[flag])
+        marks = self._flags.tobytes().translate(
+            _MARKS[flag] if not without else
+            bytes(1 if byte & flag and not byte & without else 0 for byte in range(256)))
         flags = self._flags
         entry = marks.find(1)
         while entry >= 0:
-            if flags[entry] & flag:
+            if flags[entry] & flag and not flags[entry] & without:
                 yield entry
             entry = marks.find(1, entry + 1)
 

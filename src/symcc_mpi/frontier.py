@@ -179,7 +179,7 @@ class Frontier:
         table = self._table = DigestTable.restore(parts)
         self.known = FlagView(table, KNOWN)
         self.done = FlagView(table, DONE)
-        waiting = [entry for entry in table.entries_with(KNOWN) if not table.has(entry, DONE)]
+        waiting = list(table.entries_with(KNOWN, without=DONE))
         waiting.sort(key=table.queue_id_or_last)
         for entry in waiting:
             if table.has(entry, RERUN):

@@ -87,6 +87,8 @@ def test_flags_and_their_counts():
     assert (table.count(A), table.count(B), table.count(C)) == (3, 1, 0)
     assert table.flags(5) == A | B and table.has(5, B) and not table.has(3, B)
     assert list(table.entries_with(A)) == [1, 3, 5] and list(table.entries_with(B)) == [5]
+    assert list(table.entries_with(A, without=B)) == [1, 3]
+    assert list(table.entries_with(A, without=B | C)) == [1, 3]
     assert table.clear_flag(3, A) and not table.clear_flag(3, A) and not table.clear_flag(0, C)
     assert table.count(A) == 2 and list(table.entries_with(A)) == [1, 5]
     assert table.flags(5) == A | B  # clearing one entry's flag leaves the others
