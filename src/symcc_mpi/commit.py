@@ -98,13 +98,12 @@ def encode_manifest(result: Result, accepted: Accepted) -> dict:
     taking over needs to redo the commit (`Committer.check` and `commit` again) from the
     staged pack, and nothing more. The children it publishes, each as [digest, size, probe
     status] without its coverage summary (the takeover's replay of queue/ merges theirs),
-    the outcome, and a trace's path. The run's figures, its QSYM map bits and the children
-    it sets aside are not redone: a redone commit only loses their help."""
+    and the outcome. The run's figures, its path's branch targets (a redone part's input is
+    split anew), its QSYM map bits and the children it sets aside are not redone: a redone
+    commit only loses their help."""
     fields = {"outcome": result.outcome, "exit_status": result.exit_status,
               "publish": [[staged.sha256, staged.size, staged.status]
                           for staged in accepted.published()]}
-    if result.path_targets is not None:
-        fields["path_targets"] = result.path_targets
     if result.outcome == Outcome.ERROR.value:
         fields["message"] = result.message[:MANIFEST_MESSAGE]
     return fields
@@ -127,8 +126,7 @@ def decode_manifest(record: dict) -> Result:
                   "outcome": record["outcome"], "exit_status": record["exit_status"],
                   "wall_time": 0.0, "solver_time": 0.0, "staged": staged,
                   "generated": len(staged), "message": record.get("message", ""),
-                  "generation": record["generation"],
-                  "path_targets": record.get("path_targets")}
+                  "generation": record["generation"]}
     except (KeyError, TypeError, ValueError) as error:
         raise MalformedMessage(f"manifest: {error!r}") from None
     return decode(Tag.RESULT, msgspec.msgpack.encode(fields))

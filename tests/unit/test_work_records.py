@@ -63,7 +63,8 @@ def test_a_manifest_holds_what_the_commit_publishes_and_decodes_back():
               StagedFile(crash, 5, status="crash")]
     result = Result(token="f" * 32, input_hash=A, outcome="ok", exit_status=0, wall_time=1.0,
                     solver_time=0.5, staged=staged, generated=9, generation=3,
-                    pruning=b"bits a redo does without", message="not kept")
+                    pruning=b"bits a redo does without", message="not kept",
+                    path_targets=list(range(1000)))  # a long path: not journaled either
     children = [Child(staged[0], None, False), Child(staged[1], None, True),
                 Child(staged[2], None, True)]
     accepted = Accepted(children, None, {}, keep=frozenset({C}))
