@@ -21,7 +21,8 @@ two at once), five configurations:
 A loop writes each input it queues, with its discovery time on the loop's clock, to a
 queue directory; a campaign's finds are its queue/ entries, dated by their mtime (when the
 master wrote them) less the launch time, so a campaign's start-up counts against it. Every
-run lives in a scratch directory of its own on /dev/shm (if there), removed afterwards.
+run lives in a scratch directory of its own under scratch.default_root() (/dev/shm unless
+TMPDIR is set), removed afterwards.
 
 Coverage is measured afterwards, outside the budget, with one yardstick for everyone: every
 queued input found within the budget is run again on the AFL build (ForkserverProbe, which
@@ -75,6 +76,7 @@ from _campaign import (
 from symcc_mpi.corpus import CampaignDir
 from symcc_mpi.executors.symcc import counters_library
 from symcc_mpi.forkserver import ForkserverProbe
+from symcc_mpi.scratch import default_root
 from symcc_mpi.triage import CoverageMap, Status
 
 BARE, PRUNING, HELPER, PREVIOUS, THIS = "bare", "bare+pruning", "helper", "previous", "this"
@@ -91,11 +93,6 @@ MASTER_MS_TARGET = 1.0
 TIME_RATIO_TARGET = 0.6
 JOURNAL_BYTES_TARGET = 1024
 PHASES = ("target", "solver", "staging", "probe", "other", "messages", "wait")
-
-
-def scratch_root() -> str | None:
-    shm = Path("/dev/shm")
-    return str(shm) if shm.is_dir() and os.access(shm, os.W_OK | os.X_OK) else None
 
 
 # --------------------------------------------------------------------------- loops
@@ -298,7 +295,7 @@ def coverage_series(run: dict, afl: Path, budget: float,
 def measure(config: str, case: dict, budget: float, env: dict | None) -> dict:
     """Run `config` on `case` in a scratch directory of its own, then measure its coverage."""
     with tempfile.TemporaryDirectory(prefix=f"symcc-scaling-{config}-",
-                                     dir=scratch_root()) as name:
+                                     dir=default_root()) as name:
         scratch = Path(name)
         if config in CAMPAIGNS:
             run = campaign(case["symcc"], case["afl"], case["seeds"], budget, scratch,
@@ -466,7 +463,7 @@ def warm_up(symcc: Path, afl: Path, seeds: Path) -> None:
     that the first configuration measured pays no first-run cost the others do not."""
     counters_library()
     seed = min(p for p in seeds.iterdir() if p.is_file())
-    with tempfile.TemporaryDirectory(dir=scratch_root()) as name:
+    with tempfile.TemporaryDirectory(dir=default_root()) as name:
         (Path(name) / "output").mkdir()
         run_symcc(symcc, seed, Path(name) / "output", None, RUN_TIMEOUT)
         with ForkserverProbe([str(afl), "@@"], timeout=RUN_TIMEOUT,
