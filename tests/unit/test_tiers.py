@@ -38,44 +38,67 @@ def test_the_pool_until_it_stops_paying_then_an_epoch_then_the_pool_again():
     sizes = {"pool": 10, "reruns": 0, "corpus": 2}
     for _ in range(2):
         assert schedule.source(**sizes) is Tier.ASIDE
-        schedule.committed(Tier.ASIDE, finds=0, edges=0)
-    schedule.committed(Tier.ASIDE, finds=1, edges=4)  # a find: patience anew
+        schedule.committed(Tier.ASIDE, finds=0, edges=0, seconds=0.0)
+    schedule.committed(Tier.ASIDE, finds=1, edges=4, seconds=0.0)  # a find: patience anew
     for _ in range(3):
         assert schedule.source(**sizes) is Tier.ASIDE
-        schedule.committed(Tier.ASIDE, finds=0, edges=0)
+        schedule.committed(Tier.ASIDE, finds=0, edges=0, seconds=0.0)
     assert schedule.source(**sizes) is None and schedule.epoch_due(**sizes)
     assert schedule.begin_epoch() == 1
     assert schedule.source(pool=10, reruns=2, corpus=2) is Tier.RERUN
-    schedule.committed(Tier.RERUN, finds=0, edges=0)
+    schedule.committed(Tier.RERUN, finds=0, edges=0, seconds=0.0)
     # The re-run over, the pool comes back with its patience whole.
     assert schedule.source(pool=10, reruns=0, corpus=2) is Tier.ASIDE
     assert schedule.since_find == 0
     figures = schedule.statistics().per_tier
-    assert figures[2] == {"executions": 6, "finds": 1, "edges": 4}
+    assert figures[2] == {"executions": 6, "finds": 1, "edges": 4, "seconds": 0.0}
     assert figures[3]["executions"] == 1
 
 
 def test_patience_is_the_corpus_size_past_its_floor():
     schedule = TierSchedule(enabled=True, aside=True, rerun=True, patience_floor=2)
     for _ in range(5):
-        schedule.committed(Tier.ASIDE, finds=0, edges=0)
+        schedule.committed(Tier.ASIDE, finds=0, edges=0, seconds=0.0)
     assert schedule.source(pool=1, reruns=0, corpus=6) is Tier.ASIDE
-    schedule.committed(Tier.ASIDE, finds=0, edges=0)
+    schedule.committed(Tier.ASIDE, finds=0, edges=0, seconds=0.0)
     assert schedule.source(pool=1, reruns=0, corpus=6) is None
+
+
+def test_the_pool_also_gets_the_worker_seconds_a_rerun_of_the_corpus_would_cost():
+    schedule = TierSchedule(enabled=True, aside=True, rerun=True, patience_floor=1)
+    for _ in range(4):  # tier 1's runs: 50 ms each, so a re-run of 4 inputs costs 0.2 s
+        schedule.committed(Tier.INTERESTING, finds=1, edges=1, seconds=0.05)
+    sizes = {"pool": 100, "reruns": 0, "corpus": 4}
+    for _ in range(19):  # past the 4 executions of patience, 0.19 s of 0.2
+        schedule.committed(Tier.ASIDE, finds=0, edges=0, seconds=0.01)
+        assert schedule.source(**sizes) is Tier.ASIDE
+    schedule.committed(Tier.ASIDE, finds=0, edges=0, seconds=0.01)
+    assert schedule.source(**sizes) is None and schedule.epoch_due(**sizes)
+    schedule.begin_epoch()
+    for _ in range(4):  # the re-run's own runs, 0.1 s each, are the estimate from now on
+        assert schedule.source(pool=100, reruns=1, corpus=4) is Tier.RERUN
+        schedule.committed(Tier.RERUN, finds=0, edges=0, seconds=0.1)
+    assert schedule.rerun_cost(4) == pytest.approx(0.4)
+    for _ in range(39):
+        assert schedule.source(**sizes) is Tier.ASIDE
+        schedule.committed(Tier.ASIDE, finds=0, edges=0, seconds=0.01)
+    assert schedule.source(**sizes) is Tier.ASIDE
+    schedule.committed(Tier.ASIDE, finds=1, edges=2, seconds=0.01)  # a find: patience anew
+    assert schedule.since_find == 0 and schedule.since_find_seconds == 0.0
 
 
 def test_an_empty_pool_makes_an_epoch_due_and_finds_in_tier_one_reset_patience():
     schedule = TierSchedule(enabled=True, aside=True, rerun=True, patience_floor=1)
     assert schedule.epoch_due(pool=0, reruns=0, corpus=3)
-    schedule.committed(Tier.ASIDE, finds=0, edges=0)
-    schedule.committed(Tier.INTERESTING, finds=1, edges=1)
+    schedule.committed(Tier.ASIDE, finds=0, edges=0, seconds=0.0)
+    schedule.committed(Tier.INTERESTING, finds=1, edges=1, seconds=0.0)
     assert schedule.source(pool=1, reruns=0, corpus=0) is Tier.ASIDE
 
 
 def test_without_pruning_there_is_no_epoch_and_the_pool_is_used_to_its_end():
     schedule = TierSchedule(enabled=True, aside=True, rerun=False, patience_floor=1)
     for _ in range(10):
-        schedule.committed(Tier.ASIDE, finds=0, edges=0)
+        schedule.committed(Tier.ASIDE, finds=0, edges=0, seconds=0.0)
     assert schedule.source(pool=1, reruns=0, corpus=9) is Tier.ASIDE
     assert not schedule.has_work(pool=0, reruns=0, corpus=9)
 

@@ -538,7 +538,8 @@ class Master:
                                                   completes_input=completes)
                     if self.lower is not None:
                         self.lower.schedule.committed(tier, finds=found.finds,
-                                                      edges=found.edges)
+                                                      edges=found.edges,
+                                                      seconds=result.wall_time)
                 except OSError as error:
                     if storage_refused(error):
                         raise  # not this input's fault: the campaign stops (storage.py)
