@@ -241,7 +241,9 @@ class LiveView:
         if self.live is not None:
             self.live.update(render_live(snapshot))
         elif SYSTEM_CLOCK.monotonic() >= self.next_line:
-            self.console.print(progress_line(snapshot), markup=False, highlight=False)
+            # soft_wrap: a pipe is 80 columns to rich, and a wrapped line breaks grep and tail
+            self.console.print(progress_line(snapshot), markup=False, highlight=False,
+                               soft_wrap=True)
             self.next_line = SYSTEM_CLOCK.monotonic() + 5
 
     def summary(self) -> None:
