@@ -74,7 +74,7 @@ from _campaign import (
 )
 
 from symcc_mpi.corpus import CampaignDir
-from symcc_mpi.executors.symcc import counters_library
+from symcc_mpi.executors.symcc import preload_library
 from symcc_mpi.forkserver import ForkserverProbe
 from symcc_mpi.scratch import default_root
 from symcc_mpi.triage import CoverageMap, Status
@@ -461,7 +461,7 @@ def plot(name: str, runs: dict[str, dict], budget: float) -> tuple[Path, str]:
 def warm_up(symcc: Path, afl: Path, seeds: Path) -> None:
     """One untimed run of each build, and the campaigns' query-counter library built, so
     that the first configuration measured pays no first-run cost the others do not."""
-    counters_library()
+    preload_library()
     seed = min(p for p in seeds.iterdir() if p.is_file())
     with tempfile.TemporaryDirectory(dir=default_root()) as name:
         (Path(name) / "output").mkdir()

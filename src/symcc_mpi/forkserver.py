@@ -35,7 +35,6 @@ import ctypes.util
 import math
 import os
 import resource
-import select
 import signal
 import struct
 import subprocess
@@ -48,12 +47,12 @@ import msgspec
 
 from .scratch import default_root
 from .triage import BUCKET_BITS, AflTargetError, FileCoverage, Status, TriageError
+from .wordpipe import PipeClosed, read_word, write_word
 
 FORKSRV_FD = 198
 MAP_SIZE = 1 << 16  # AFL's MAP_SIZE: the smallest map the runtime accepts
 _MIN_TIMEOUT_MS = 20  # as afl-showmap: less is below what a fork reliably takes
 HELLO_WITHIN = 30.0  # seconds a target may take to reach its forkserver
-_WORD = struct.Struct("<I")
 FS_OPT_ENABLED = 0x80000001
 FS_OPT_SHDMEM_FUZZ = 0x01000000
 FS_OPT_AUTODICT = 0x10000000
@@ -192,13 +191,13 @@ class ForkserverProbe:
         started = time.monotonic()
         try:
             coverage = self._run(data)
-        except _ForkserverGone:
+        except PipeClosed:
             # The input may have killed the forkserver itself: once more on a fresh one,
             # and what that run says stands, a crash if it dies again.
             self._stop()
             try:
                 coverage = self._run(data)
-            except _ForkserverGone:
+            except PipeClosed:
                 self._stop()
                 coverage = FileCoverage(Status.CRASH, b"", b"", self.map_size or 0)
         self.stats.files += 1
@@ -217,15 +216,12 @@ class ForkserverProbe:
         os.pwrite(fd, data, 0)
         os.lseek(fd, 0, os.SEEK_SET)  # the child's stdin shares this offset
         self._map.clear()
-        try:
-            os.write(self._control, _WORD.pack(int(self._killed_last)))
-        except OSError:
-            raise _ForkserverGone from None
+        write_word(self._control, int(self._killed_last))
         self._killed_last = False
-        pid = self._read_word(HELLO_WITHIN)
+        pid = read_word(self._status, HELLO_WITHIN)
         if pid is None or not 0 < pid < 1 << 31:
-            raise _ForkserverGone
-        status = self._read_word(self.timeout_ms / 1000.0)
+            raise PipeClosed
+        status = read_word(self._status, self.timeout_ms / 1000.0)
         timed_out = status is None
         if timed_out:
             try:
@@ -233,9 +229,9 @@ class ForkserverProbe:
             except ProcessLookupError:
                 pass
             self._killed_last = True
-            status = self._read_word(HELLO_WITHIN)
+            status = read_word(self._status, HELLO_WITHIN)
             if status is None:
-                raise _ForkserverGone
+                raise PipeClosed
         return self._coverage(status, timed_out)
 
     def _coverage(self, status: int, timed_out: bool) -> FileCoverage:
@@ -256,23 +252,6 @@ class ForkserverProbe:
             verdict = Status.OK
         return FileCoverage(verdict, struct.pack(f"<{len(edges)}I", *edges),
                             classes.translate(None, b"\x00"), self.map_size)
-
-    def _read_word(self, seconds: float) -> int | None:
-        """The next 4-byte answer of the forkserver; None if none came within `seconds`."""
-        deadline = time.monotonic() + seconds
-        chunks = b""
-        while len(chunks) < 4:
-            left = deadline - time.monotonic()
-            ready, _, _ = select.select([self._status], [], [], max(left, 0.0))
-            if not ready:
-                if not chunks:
-                    return None
-                raise _ForkserverGone
-            chunk = os.read(self._status, 4 - len(chunks))
-            if not chunk:
-                raise _ForkserverGone
-            chunks += chunk
-        return _WORD.unpack(chunks)[0]
 
     # -- the forkserver ------------------------------------------------------------------
 
@@ -342,8 +321,8 @@ class ForkserverProbe:
 
     def _handshake(self, program: str) -> None:
         try:
-            hello = self._read_word(HELLO_WITHIN)
-        except _ForkserverGone:
+            hello = read_word(self._status, HELLO_WITHIN)
+        except PipeClosed:
             hello = None
         if hello is None:
             raise AflTargetError(f"the AFL target {program} never reached its forkserver "
@@ -358,13 +337,16 @@ class ForkserverProbe:
             raise AflTargetError(f"the AFL target {program} offers shared-memory test cases "
                                  "the probe did not ask for")
         if hello & FS_OPT_AUTODICT:
-            os.write(self._control, _WORD.pack(FS_OPT_ENABLED | FS_OPT_AUTODICT))
-            length = self._read_word(HELLO_WITHIN)
+            died = AflTargetError(f"the AFL target {program} died sending its dictionary")
+            try:
+                write_word(self._control, FS_OPT_ENABLED | FS_OPT_AUTODICT)
+                length = read_word(self._status, HELLO_WITHIN)
+            except PipeClosed:
+                raise died from None
             while length:
                 chunk = os.read(self._status, min(length, 1 << 16))
                 if not chunk:
-                    raise AflTargetError(f"the AFL target {program} died sending its "
-                                         "dictionary")
+                    raise died
                 length -= len(chunk)
 
     def _dumped_map_size(self, argv: list[str], env: dict, work: Path) -> int:
@@ -411,7 +393,3 @@ class ForkserverProbe:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
-
-
-class _ForkserverGone(Exception):
-    """The forkserver died or stopped answering."""

@@ -17,8 +17,8 @@ from symcc_mpi.executors.symcc import (
     QSYM_MAP_SIZE,
     BranchCounts,
     SymccExecutor,
-    counters_library,
     decode_counters,
+    preload_library,
     solver_seconds,
     targeted_map,
 )
@@ -150,7 +150,7 @@ def test_a_targeted_map_refuses_what_is_no_target(target):
 
 def counters_file(*, magic=0x73796D63634D5049, branches=9, solved_branches=4, records=1,
                   path=(), solved=()) -> bytes:
-    """The counters file as symcc_counters.c leaves it (`path` may hold damaged entries)."""
+    """The counters file as symcc_preload.c leaves it (`path` may hold damaged entries)."""
     seen_bits, solved_bits = bytearray(QSYM_MAP_SIZE // 8), bytearray(QSYM_MAP_SIZE // 8)
     for targets, bits in ((path, seen_bits), (solved, solved_bits)):
         for index in (target - 1 for target in targets if 1 <= target <= QSYM_MAP_SIZE):
@@ -179,16 +179,16 @@ def test_counters_never_written_or_damaged_are_unknown(data):
 
 
 def test_a_targeted_run_gets_a_map_of_its_own(tmp_path, dirs):
-    library = counters_library(tmp_path / "cache")
+    library = preload_library(tmp_path / "cache")
     if library is None:
-        pytest.skip("no C compiler for the counters library")
+        pytest.skip("no C compiler for the preload library")
     campaign_map = tmp_path / "campaign.map"
     campaign_map.write_bytes(b"campaign")
     target = script(tmp_path, "t", 'cp "$SYMCC_AFL_COVERAGE_MAP" "$SYMCC_OUTPUT_DIR/map"\n'
                     'echo "$SYMCC_AFL_COVERAGE_MAP" > "$SYMCC_OUTPUT_DIR/where"\n')
     scratch = tmp_path / "scratch"
     scratch.mkdir()
-    executor = SymccExecutor([target], timeout=5, coverage_map=campaign_map, counters=library,
+    executor = SymccExecutor([target], timeout=5, coverage_map=campaign_map, preload=library,
                              scratch=scratch)
     assert executor.targetable
     inp, out = dirs
@@ -205,7 +205,7 @@ def test_a_targeted_run_gets_a_map_of_its_own(tmp_path, dirs):
     assert list(scratch.iterdir()) == []
 
 
-def test_targets_need_the_counters_library(tmp_path, dirs):
+def test_targets_need_the_preload_library(tmp_path, dirs):
     executor = SymccExecutor([script(tmp_path, "t", "exit 0\n")], timeout=5)
     assert not executor.targetable
     with pytest.raises(ValueError):

@@ -28,12 +28,12 @@ def make_executor(config: CampaignConfig, *, scratch: Path,
     """`scratch`: the worker's node-local directory; `coverage_map`: QSYM's map file there,
     when the campaign prunes."""
     if config.executor == "symcc":
-        from .symcc import SymccExecutor, counters_library
+        from .symcc import SymccExecutor, preload_library
 
         return SymccExecutor(config.target, timeout=config.timeout,
                              memory_limit_mb=config.memory_limit_mb, coverage_map=coverage_map,
                              linearize=coverage_map is not None,
-                             counters=counters_library(), scratch=scratch)
+                             preload=preload_library(), scratch=scratch)
     if config.executor == "triton":
         from .triton import TritonExecutor
 

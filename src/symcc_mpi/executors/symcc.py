@@ -1,4 +1,5 @@
-"""Runs a SymCC-built target as a subprocess under SymCC's environment contract."""
+"""Runs a SymCC-built target under SymCC's environment contract: forked from a forkserver
+where it can be, else as a process of its own each run."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ import os
 import re
 import resource
 import shutil
-import signal
 import struct
 import subprocess
 import tempfile
@@ -18,7 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..regular import list_regular
+from ..wordpipe import PipeClosed
 from .base import ExecutionResult, Outcome
+from .symcc_forkserver import Ended, ForkserverDied, SymccForkserver, kill_group
 
 log = logging.getLogger("symcc_mpi.executors.symcc")
 
@@ -26,9 +28,9 @@ _SMT_STAT = re.compile(rb"\[STAT\] SMT:\s*(\{.*?\})")
 _QUERY_STAT = b'"total_time"'  # QSYM prints it once before each solver check
 # What we set per run: inherited values would make two runs share one map file.
 _PRUNING_ENV = ("SYMCC_AFL_COVERAGE_MAP", "SYMCC_ENABLE_LINEARIZATION")
-COUNTERS_SOURCE = Path(__file__).with_name("symcc_counters.c")
+PRELOAD_SOURCE = Path(__file__).with_name("symcc_preload.c")
 _COUNTERS_MAGIC = 0x73796D63634D5049
-# The counters file, as symcc_counters.c lays it out: magic, branches, solved branches,
+# The counters file, as symcc_preload.c lays it out: magic, branches, solved branches,
 # checks, whether targets are recorded, path length; then a seen bit and a solved bit per
 # QSYM map index, then the path's targets (uint32, first met first).
 _COUNTERS_HEADER = struct.Struct("<6Q")
@@ -41,7 +43,7 @@ _COUNTERS_SIZE = _PATH_OFFSET + 4 * QSYM_MAP_SIZE
 
 @dataclass(frozen=True)
 class BranchCounts:
-    """What the counters library recorded in one run."""
+    """What the preload library counted in one run."""
 
     queries_skipped: int | None  # None: not known
     path_targets: tuple[int, ...] | None  # None: this runtime has no QSYM branch map
@@ -98,41 +100,46 @@ def solver_seconds(stderr: bytes) -> float:
     return total / 1e6
 
 
-def counters_library(cache: Path | None = None) -> Path | None:
-    """The branch-counting preload library, compiled once per machine; None if no compiler.
+def preload_library(cache: Path | None = None) -> Path | None:
+    """The library preloaded into every SymCC run (symcc_preload.c: the forkserver and the
+    branch counters), compiled once per machine; None if there is no compiler.
 
-    It interposes `_sym_push_path_constraint` (called by the target), `Z3_solver_check` and
-    QSYM's `AflTraceMap::isInterestingBranch` (called by SymCC's runtime through its PLT), so
-    it works with any SymCC build linked the usual way.
+    It interposes `Z3_mk_context_rc`, `_sym_push_path_constraint`, `Z3_solver_check` and
+    QSYM's `AflTraceMap::isInterestingBranch` (called by SymCC's runtime or the target through
+    their PLT), so it works with any SymCC build linked the usual way.
     """
-    source = COUNTERS_SOURCE.read_bytes()
+    source = PRELOAD_SOURCE.read_bytes()
     cache = cache or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "symcc-mpi"
-    library = cache / f"symcc-counters-{hashlib.sha256(source).hexdigest()[:12]}.so"
+    library = cache / f"symcc-preload-{hashlib.sha256(source).hexdigest()[:12]}.so"
     if library.is_file():
         return library
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
-        log.warning("no C compiler: solver queries skipped by pruning will not be counted")
+        log.warning("no C compiler: every SymCC run is exec'd (no forkserver) and solver "
+                    "queries skipped by pruning will not be counted")
         return None
     try:
         cache.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=cache) as scratch:
             built = Path(scratch) / library.name
             subprocess.run([compiler, "-shared", "-fPIC", "-O2", "-o", str(built),
-                            str(COUNTERS_SOURCE), "-ldl"], check=True, capture_output=True,
+                            str(PRELOAD_SOURCE), "-ldl"], check=True, capture_output=True,
                            timeout=120)
             os.replace(built, library)  # concurrent workers: the last rename wins, same bytes
     except (OSError, subprocess.SubprocessError) as error:
-        log.warning("cannot build the branch counter (%s): solver queries skipped by pruning "
-                    "will not be counted", error)
+        log.warning("cannot build %s (%s): every SymCC run is exec'd (no forkserver) and "
+                    "solver queries skipped by pruning will not be counted",
+                    PRELOAD_SOURCE.name, error)
         return None
     return library
 
 
 class SymccExecutor:
-    """Runs a SymCC build; targetable when the counters library is preloaded.
+    """Runs a SymCC build. With the preload library (`preload_library`), whole runs are
+    forked from a forkserver (symcc_forkserver.py) and runs can be targeted.
 
-    A targeted run hands QSYM a map of its own (`targeted_map`) instead of `coverage_map`.
+    A targeted run hands QSYM a map of its own (`targeted_map`) instead of `coverage_map`,
+    and is exec'd: its map path is not the forkserver's.
     """
 
     name = "symcc"
@@ -140,25 +147,31 @@ class SymccExecutor:
 
     def __init__(self, target: tuple[str, ...] | list[str], *, timeout: float,
                  memory_limit_mb: int | None = None, coverage_map: Path | None = None,
-                 linearize: bool = False, counters: Path | None = None,
+                 linearize: bool = False, preload: Path | None = None,
                  scratch: Path | None = None):
         """`coverage_map`: QSYM's pruning map file for every run (node-local: QSYM rewrites
-        it whole at each interesting branch); `counters`: the library of `counters_library`,
-        whose counts (and the path's branch targets) land in a file under `scratch`, as does
-        the map of a targeted run. Given a `scratch`, the target's TMPDIR is there too: what
-        it, SymCC's runtime or the solver leave in temporary files stays node-local."""
+        it whole at each interesting branch); `preload`: the library of `preload_library`,
+        whose counts (and the path's branch targets) land in a file under `scratch`, as do
+        the map of a targeted run and a forked run's stderr. Given a `scratch`, the target's
+        TMPDIR is there too: what it, SymCC's runtime or the solver leave in temporary files
+        stays node-local."""
         self.target = tuple(target)
         self.timeout = timeout
         self.memory_limit_mb = memory_limit_mb
         self.coverage_map = coverage_map
         self.linearize = linearize
-        self.counters = counters
-        self.targetable = counters is not None
+        self.preload = preload
+        self.targetable = preload is not None
         self.tmpdir = scratch
         scratch = scratch or Path(tempfile.gettempdir())
-        self.counters_file = scratch / f"symcc-counters-{os.getpid()}" if counters else None
-        self.targets_map = scratch / f"symcc-targets-{os.getpid()}.map" if counters else None
-        self._running: int | None = None  # the process group of the run in progress
+        self.counters_file = scratch / f"symcc-counters-{os.getpid()}" if preload else None
+        self.targets_map = scratch / f"symcc-targets-{os.getpid()}.map" if preload else None
+        self.stderr_file = scratch / f"symcc-stderr-{os.getpid()}" if preload else None
+        self._counters_fd: int | None = None
+        self._forks = preload is not None  # until a target shows it has no forkserver
+        self._forkserver: SymccForkserver | None = None
+        self._forkserver_key: tuple | None = None
+        self._running: int | None = None  # the process group of an exec'd run in progress
         # A crashing target dumps no core: set here, in the worker, so that every run
         # inherits it (the target runs in a session of its own: a timeout kills the group).
         resource.setrlimit(resource.RLIMIT_CORE, (0, resource.getrlimit(resource.RLIMIT_CORE)[1]))
@@ -182,22 +195,54 @@ class SymccExecutor:
             env["SYMCC_AFL_COVERAGE_MAP"] = str(self.coverage_map)
         if self.linearize:
             env["SYMCC_ENABLE_LINEARIZATION"] = "1"
-        if self.counters_file is not None:
-            with open(self.counters_file, "wb") as blank:
-                blank.truncate(_COUNTERS_SIZE)  # zeros, and sparse: most of it stays unused
+        if self.preload is not None:
             env["SYMCC_MPI_COUNTERS"] = str(self.counters_file)
-            env["LD_PRELOAD"] = " ".join(filter(None, (str(self.counters),
+            env["LD_PRELOAD"] = " ".join(filter(None, (str(self.preload),
                                                       env.get("LD_PRELOAD"))))
         return env
 
     def run(self, input_path: Path, output_dir: Path,
             targets: frozenset[int] | None = None) -> ExecutionResult:
         if targets is not None and not self.targetable:
-            raise ValueError("targets given to a SymCC executor without its counters library")
+            raise ValueError("targets given to a SymCC executor without its preload library")
         uses_file = "@@" in self.target
         argv = [str(input_path) if arg == "@@" else arg for arg in self.target]
         env = self._environment(input_path, output_dir, uses_file, targets)
+        self._blank_counters()
         started = time.monotonic()
+        try:
+            if targets is None and self._forks:
+                ended, stderr = self._forked(argv, env, input_path, output_dir, uses_file)
+            else:
+                ended, stderr = self._exec(argv, env, input_path, uses_file)
+        except OSError as error:
+            return ExecutionResult(Outcome.ERROR, None, time.monotonic() - started,
+                                   message=f"cannot start {argv[0]}: "
+                                           f"{error.strerror or error}")
+        except ForkserverDied:
+            return ExecutionResult(Outcome.ERROR, None, time.monotonic() - started,
+                                   message=f"the forkserver of {argv[0]} died during the run")
+        wall = time.monotonic() - started
+        if ended.timed_out:
+            outcome = Outcome.TIMEOUT
+        elif ended.status < 0 and self.memory_limit_mb and b"out of memory" in stderr.lower():
+            outcome = Outcome.OOM
+        elif ended.status < 0:
+            outcome = Outcome.CRASH
+        else:
+            outcome = Outcome.OK
+        # A dot-file is a test case still being written when the run was killed.
+        listing = list_regular(output_dir, skip_hidden=True)
+        counts = self._branch_counts() or _NOT_COUNTED
+        return ExecutionResult(outcome, ended.status, wall, solver_seconds(stderr),
+                               listing.files, solver_queries=stderr.count(_QUERY_STAT),
+                               queries_skipped=counts.queries_skipped,
+                               path_targets=counts.path_targets,
+                               solved_targets=counts.solved_targets,
+                               skipped=tuple(sorted(listing.skipped.items())))
+
+    def _exec(self, argv: list[str], env: dict, input_path: Path,
+              uses_file: bool) -> tuple[Ended, bytes]:
         stdin = subprocess.DEVNULL if uses_file else open(input_path, "rb")
         try:
             # No preexec_fn unless a limit needs one: with it Python forks instead of
@@ -207,9 +252,6 @@ class SymccExecutor:
                 env=env, start_new_session=True, close_fds=True,
                 preexec_fn=self._memory_limit if self.memory_limit_mb else None,
             )
-        except OSError as error:
-            return ExecutionResult(Outcome.ERROR, None, time.monotonic() - started,
-                                   message=f"cannot start {argv[0]}: {error.strerror}")
         finally:
             if stdin is not subprocess.DEVNULL:
                 stdin.close()
@@ -219,35 +261,63 @@ class SymccExecutor:
             _, stderr = process.communicate(timeout=self.timeout)
         except subprocess.TimeoutExpired:
             timed_out = True
-            _kill_group(process.pid)
+            kill_group(process.pid)
             _, stderr = process.communicate()
-        wall = time.monotonic() - started
-        status = process.returncode
-        if timed_out:
-            outcome = Outcome.TIMEOUT
-        elif status < 0 and self.memory_limit_mb and b"out of memory" in stderr.lower():
-            outcome = Outcome.OOM
-        elif status < 0:
-            outcome = Outcome.CRASH
-        else:
-            outcome = Outcome.OK
         self._running = None
-        _kill_group(process.pid)  # descendants the target left behind
-        # A dot-file is a test case still being written when the run was killed.
-        listing = list_regular(output_dir, skip_hidden=True)
-        counts = self._branch_counts() or _NOT_COUNTED
-        return ExecutionResult(outcome, status, wall, solver_seconds(stderr), listing.files,
-                               solver_queries=stderr.count(_QUERY_STAT),
-                               queries_skipped=counts.queries_skipped,
-                               path_targets=counts.path_targets,
-                               solved_targets=counts.solved_targets,
-                               skipped=tuple(sorted(listing.skipped.items())))
+        kill_group(process.pid)  # descendants the target left behind
+        return Ended(process.returncode, timed_out), stderr
+
+    def _forked(self, argv: list[str], env: dict, input_path: Path, output_dir: Path,
+                uses_file: bool) -> tuple[Ended, bytes]:
+        """The run, forked from the forkserver of this input path and output directory
+        (started if need be: a target without one has then had its run exec'd)."""
+        key = (input_path, output_dir)
+        if self._forkserver_key != key:
+            self._stop_forkserver()
+        for attempt in range(2):
+            if self._forkserver is None:
+                forkserver = SymccForkserver(argv, env, stdin=None if uses_file else input_path,
+                                             stderr=self.stderr_file,
+                                             memory_limit_mb=self.memory_limit_mb)
+                self._forkserver = forkserver
+                ended = forkserver.start(self.timeout)
+                if ended is not None:
+                    self._forkserver = None
+                    self._forks = False
+                    log.info("%s has no SymCC forkserver (no Z3 context made by SymCC's "
+                             "runtime before main): every run is exec'd", argv[0])
+                    return ended, self._stderr()
+                self._forkserver_key = key
+            try:
+                return self._forkserver.run(self.timeout), self._stderr()
+            except PipeClosed:  # it was gone before the fork: nothing ran
+                self._stop_forkserver()
+                if attempt:
+                    raise OSError("the SymCC forkserver ended before its run") from None
+        raise AssertionError("unreachable")
+
+    def _stderr(self) -> bytes:
+        try:
+            return self.stderr_file.read_bytes()
+        except OSError:
+            return b""
+
+    def _blank_counters(self) -> None:
+        """Mark the counters file unwritten (its magic zeroed): the library writes it anew at
+        the start of the run, and a run it never reached reads as not counted."""
+        if self.counters_file is None:
+            return
+        if self._counters_fd is None:
+            self._counters_fd = os.open(self.counters_file,
+                                        os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            os.ftruncate(self._counters_fd, _COUNTERS_SIZE)  # sparse: most of it stays unused
+        os.pwrite(self._counters_fd, bytes(_COUNTERS_HEADER.size), 0)
 
     def _branch_counts(self) -> BranchCounts | None:
-        if self.counters_file is None:
+        if self._counters_fd is None:
             return None
         try:
-            return decode_counters(self.counters_file.read_bytes())
+            return decode_counters(os.pread(self._counters_fd, _COUNTERS_SIZE, 0))
         except OSError:
             return None
 
@@ -256,18 +326,23 @@ class SymccExecutor:
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 
     def cancel(self) -> None:
-        running = self._running
+        running, forkserver = self._running, self._forkserver
         if running is not None:
-            _kill_group(running)
+            kill_group(running)
+        if forkserver is not None:
+            forkserver.cancel()
+
+    def _stop_forkserver(self) -> None:
+        forkserver, self._forkserver = self._forkserver, None
+        self._forkserver_key = None
+        if forkserver is not None:
+            forkserver.close()
 
     def close(self) -> None:
-        if self.counters_file is not None:
-            self.counters_file.unlink(missing_ok=True)
-            self.targets_map.unlink(missing_ok=True)
-
-
-def _kill_group(pgid: int) -> None:
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
+        self._stop_forkserver()
+        if self._counters_fd is not None:
+            os.close(self._counters_fd)
+            self._counters_fd = None
+        for path in (self.counters_file, self.targets_map, self.stderr_file):
+            if path is not None:
+                path.unlink(missing_ok=True)
