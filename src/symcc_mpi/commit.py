@@ -33,7 +33,7 @@ from .pruning import Delta, MalformedDelta
 from .pruning import decode as decode_delta
 from .result_check import InvalidResult, check_fields
 from .staging import PackRejected, Staged
-from .triage import FileCoverage, path_key
+from .triage import FileCoverage, path_key, with_bits
 from .triage import Status as CoverageStatus
 
 log = logging.getLogger("symcc_mpi.commit")
@@ -199,7 +199,7 @@ class Committer:
         it in the RESULT: decided before anything is published, so that the manifest says
         exactly what the commit publishes."""
         keep: set[str] = set()
-        beyond: dict[int, int] = {}  # the bits the children kept so far add
+        beyond = None  # the bits the children kept so far add
         for child in children:
             if not child.may_keep or _status(child) is not CoverageStatus.OK:
                 continue
@@ -208,8 +208,7 @@ class Committer:
                 keep.add(child.staged.sha256)
             elif self.triage.adds_coverage(coverage, beyond):
                 keep.add(child.staged.sha256)
-                for index, bit in coverage.pairs():
-                    beyond[index] = beyond.get(index, 0) | bit
+                beyond = with_bits(beyond, coverage)
         return frozenset(keep)
 
     def commit(self, rank: int | None, result: Result, accepted: Accepted, *,

@@ -3,18 +3,15 @@ checked, and the master's AFL-style virgin-bits merge."""
 
 from __future__ import annotations
 
-import array
 import enum
 import mmap
 import os
-import re
 import shutil
-import sys
-from collections.abc import Iterable, Mapping, Sequence
-from operator import itemgetter
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import msgspec
+import numpy as np
 
 __all__ = [
     "AflTargetError",
@@ -29,6 +26,7 @@ __all__ = [
     "bucket_bit",
     "check_afl_target",
     "path_key",
+    "with_bits",
 ]
 
 
@@ -62,11 +60,6 @@ BUCKET_BITS = (1, 2, 4, 8, 16, 32, 64, 128)
 MAX_MAP_SIZE = 1 << 28
 DEFAULT_MAP_SIZE = 1 << 16
 
-if array.array("I").itemsize != 4:  # pragma: no cover - no supported platform hits this
-    raise ImportError("symcc_mpi.triage needs a 4-byte array('I')")
-_LITTLE = sys.byteorder == "little"
-
-
 def bucket_bit(hits: int) -> int:
     """AFL's hit-count class bit for a raw hit count (0 for no hit)."""
     if hits <= 0:
@@ -79,21 +72,40 @@ def bucket_bit(hits: int) -> int:
     return 128
 
 
+# The wire's map indices: little-endian u32. Gathers and scatters over them run in numpy:
+# the master triages every generated child, thousands of edges each on larger inputs, and a
+# Python loop over them was most of its CPU per execution.
+_U32 = np.dtype("<u4")
+
+
 def _pack_u32(values: Iterable[int]) -> bytes:
-    arr = array.array("I", values)
-    if not _LITTLE:  # pragma: no cover - big-endian hosts
-        arr.byteswap()
-    return arr.tobytes()
+    return np.fromiter(values, dtype=_U32).tobytes()
 
 
-def _u32_view(data: bytes) -> Sequence[int]:
-    """The wire's little-endian u32 array as a sequence of ints, zero-copy where possible."""
-    if _LITTLE:
-        return memoryview(data).cast("I")
-    arr = array.array("I")  # pragma: no cover - big-endian hosts
-    arr.frombytes(data)  # pragma: no cover
-    arr.byteswap()  # pragma: no cover
-    return arr  # pragma: no cover
+def _indices(data: bytes) -> np.ndarray:
+    """The wire's u32 array, zero-copy."""
+    return np.frombuffer(data, dtype=_U32)
+
+
+def _gather(table: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    """table[idx], 0 for an index past its end."""
+    try:
+        return table[idx]
+    except IndexError:
+        got = np.zeros(len(idx), dtype=table.dtype)
+        inside = idx < len(table)
+        got[inside] = table[idx[inside]]
+        return got
+
+
+def _grown(table: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    """`table`, or a copy zero-extended to hold every index of `idx`."""
+    top = int(idx.max()) if len(idx) else -1
+    if top < len(table):
+        return table
+    if top >= MAX_MAP_SIZE:
+        raise ValueError(f"coverage summary: map index {top} out of range")
+    return np.concatenate([table, np.zeros(top + 1 - len(table), dtype=table.dtype)])
 
 
 class FileCoverage(msgspec.Struct, frozen=True, array_like=True, gc=False):
@@ -142,11 +154,11 @@ class FileCoverage(msgspec.Struct, frozen=True, array_like=True, gc=False):
     @property
     def top_index(self) -> int:
         """The highest map index hit, -1 if none."""
-        return max(_u32_view(self.edges)) if self.edges else -1
+        return int(_indices(self.edges).max()) if self.edges else -1
 
     def pairs(self) -> list[tuple[int, int]]:
         """The (map index, bucket bit) pairs, in ascending index order."""
-        return list(zip(_u32_view(self.edges), self.buckets, strict=True))
+        return list(zip(_indices(self.edges).tolist(), self.buckets, strict=True))
 
     def validate(self) -> None:
         """Raise ValueError unless the summary is well formed (it comes from another process)."""
@@ -233,39 +245,27 @@ class _FaultMap:
     __slots__ = ("hit", "always", "runs", "unique")
 
     def __init__(self, size: int) -> None:
-        self.hit = bytearray(size)
+        self.hit = np.zeros(size, dtype=np.uint8)
         self.always: set[int] | None = None
         self.runs = 0
         self.unique = 0
 
-    def merge(self, idx: Sequence[int]) -> Novelty:
+    def merge(self, idx: np.ndarray) -> Novelty:
         self.runs += 1
-        _ensure_size(self.hit, idx)
-        got = _gather(self.hit, idx)
+        self.hit = _grown(self.hit, idx)
         novelty = Novelty.NONE
-        if b"\x00" in got:
+        if not self.hit[idx].all():
             novelty = Novelty.NEW_EDGE
-            for i in idx:
-                self.hit[i] = 1
+            self.hit[idx] = 1
         if self.always is None:
-            self.always = set(idx)
+            self.always = set(idx.tolist())
             novelty = Novelty.NEW_EDGE  # AFL: the first crash always sets new bits
-        elif not self.always.issubset(idx):
-            self.always.intersection_update(idx)
+        elif not self.always.issubset(idx.tolist()):
+            self.always.intersection_update(idx.tolist())
             novelty = novelty or Novelty.NEW_COUNT
         if novelty:
             self.unique += 1
         return novelty
-
-
-_NONZERO = re.compile(rb"[^\x00]")
-
-
-def _gather(table: bytearray, idx: Sequence[int]) -> bytes:
-    n = len(idx)
-    if n > 1:
-        return bytes(itemgetter(*idx)(table))
-    return bytes([table[idx[0]]]) if n else b""
 
 
 def path_key(cov: FileCoverage) -> tuple[int, int]:
@@ -275,18 +275,13 @@ def path_key(cov: FileCoverage) -> tuple[int, int]:
     return hash(cov.edges), hash(cov.buckets)
 
 
-def _gather_counts(table: array.array, idx: Sequence[int]) -> Sequence[int]:
-    return itemgetter(*idx)(table) if len(idx) > 1 else (table[idx[0]],)
-
-
-def _ensure_size(table: bytearray, idx: Sequence[int]) -> None:
-    if not idx:
-        return
-    top = max(idx)
-    if top >= len(table):
-        if top >= MAX_MAP_SIZE:
-            raise ValueError(f"coverage summary: map index {top} out of range")
-        table.extend(bytes(top + 1 - len(table)))
+def with_bits(bits: np.ndarray | None, cov: FileCoverage) -> np.ndarray:
+    """`bits` (per map index, None for none) with the summary's classes ORed in: a copy."""
+    idx = _indices(cov.edges)
+    bits = np.zeros(0, dtype=np.uint8) if bits is None else bits.copy()
+    bits = _grown(bits, idx)
+    np.bitwise_or.at(bits, idx, np.frombuffer(cov.buckets, dtype=np.uint8))
+    return bits
 
 
 class CoverageMap:
@@ -300,7 +295,7 @@ class CoverageMap:
     def __init__(self, map_size: int = 0, *, dedup_capacity: int = 1 << 16) -> None:
         if not 0 <= map_size <= MAX_MAP_SIZE:
             raise ValueError(f"map size {map_size} out of range")
-        self._seen = bytearray(map_size)
+        self._seen = np.zeros(map_size, dtype=np.uint8)
         self._crashes = _FaultMap(map_size)
         self._hangs = _FaultMap(map_size)
         self._declared_size = map_size
@@ -315,7 +310,7 @@ class CoverageMap:
         self._dedup_capacity = dedup_capacity
         # Per map index, how many interesting normal runs hit it: what makes a set-aside
         # input's rarest edge rare (tiers/pool.py).
-        self._hits = array.array("I", bytes(4 * map_size))
+        self._hits = np.zeros(map_size, dtype=np.uint32)
 
     # -- merging
 
@@ -327,25 +322,19 @@ class CoverageMap:
         """merge() of a FileCoverage.pack() result (raises ValueError if malformed)."""
         return self.merge_novelty(FileCoverage.unpack(data)) is not Novelty.NONE
 
-    def adds_coverage(self, cov: FileCoverage, beyond: Mapping[int, int] | None = None) -> bool:
+    def adds_coverage(self, cov: FileCoverage, beyond: np.ndarray | None = None) -> bool:
         """Whether merging `cov`, a normal run's summary, would add anything; changes nothing.
-        `beyond`: bits (per map index) to count as merged already.
+        `beyond`: bits (per map index, as `with_bits` makes them) to count as merged already.
 
         The map only gains bits, so a summary that adds nothing now never will.
         """
-        idx = _u32_view(cov.edges)
-        if not idx or path_key(cov) in self._digests:
+        idx = _indices(cov.edges)
+        if not len(idx) or path_key(cov) in self._digests:
             return False
-        if max(idx) >= len(self._seen):
-            if not beyond:
-                return True  # an edge beyond everything seen so far
-            seen = bytes(self._seen) + bytes(max(idx) + 1 - len(self._seen))
-            got = _gather(seen, idx)
-        else:
-            got = _gather(self._seen, idx)
-        if beyond:
-            got = bytes(bits | beyond.get(i, 0) for i, bits in zip(idx, got, strict=True))
-        return bool(int.from_bytes(cov.buckets, "little") & ~int.from_bytes(got, "little"))
+        got = _gather(self._seen, idx)
+        if beyond is not None:
+            got |= _gather(beyond, idx)
+        return bool((np.frombuffer(cov.buckets, dtype=np.uint8) & ~got).any())
 
     def knows_path(self, cov: FileCoverage) -> bool:
         """Whether a summary of exactly this path (edges and classes) was merged lately."""
@@ -353,11 +342,8 @@ class CoverageMap:
 
     def rarity(self, cov: FileCoverage) -> int:
         """How many interesting runs hit the rarest edge of `cov` (0: an edge none hit)."""
-        idx = _u32_view(cov.edges)
-        hits = self._hits
-        if not idx or max(idx) >= len(hits):
-            return 0
-        return min(_gather_counts(hits, idx))
+        idx = _indices(cov.edges)
+        return int(_gather(self._hits, idx).min()) if len(idx) else 0
 
     def merge_novelty(self, cov: FileCoverage) -> Novelty:
         """Merge one summary and say what it added (Novelty.NONE if nothing)."""
@@ -365,45 +351,33 @@ class CoverageMap:
         self._merged += 1
         if cov.map_size > self._declared_size:
             self._declared_size = cov.map_size
-        idx = _u32_view(cov.edges)
+        idx = _indices(cov.edges)
         if cov.status == Status.CRASH:
             return self._crashes.merge(idx)
         if cov.status == Status.HANG:
             return self._hangs.merge(idx)
-        if not idx:
+        if not len(idx):
             return Novelty.NONE
         key = path_key(cov)
         if key in self._digests:
             self._duplicates += 1
             return Novelty.NONE
-        seen = self._seen
-        try:
-            got = _gather(seen, idx)
-        except IndexError:
-            _ensure_size(seen, idx)
-            got = _gather(seen, idx)
+        self._seen = seen = _grown(self._seen, idx)
+        got = seen[idx]
+        buckets = np.frombuffer(cov.buckets, dtype=np.uint8)
         novelty = Novelty.NONE
-        # Byte lanes line up, so one big-int AND tests every edge's new bits at once.
-        fresh = int.from_bytes(cov.buckets, "little") & ~int.from_bytes(got, "little")
-        if fresh:
+        if (buckets & ~got).any():
             novelty = Novelty.NEW_COUNT
-            lanes = fresh.to_bytes(len(got), "little")
-            for m in _NONZERO.finditer(lanes):  # visits only the edges with new bits
-                k = m.start()
-                i = idx[k]
-                old = seen[i]
-                if not old:
-                    novelty = Novelty.NEW_EDGE
-                    self._edges_covered += 1
-                seen[i] = old | lanes[k]
-            self._interesting += 1
-            if novelty is Novelty.NEW_EDGE:
+            # unique: a summary from another process may name an index twice
+            new_edges = len(np.unique(idx[got == 0]))
+            if new_edges:
+                novelty = Novelty.NEW_EDGE
+                self._edges_covered += new_edges
                 self._new_edge_finds += 1
-            hits = self._hits
-            if len(hits) < len(seen):
-                hits.frombytes(bytes(4 * (len(seen) - len(hits))))
-            for i in idx:
-                hits[i] += 1
+            np.bitwise_or.at(seen, idx, buckets)
+            self._interesting += 1
+            self._hits = _grown(self._hits, idx)
+            np.add.at(self._hits, idx, 1)
         if len(self._digests) >= self._dedup_capacity:
             self._digests.clear()
         self._digests.add(key)
@@ -448,7 +422,7 @@ class CoverageMap:
             _MapState(
                 version=1,
                 declared_size=self._declared_size,
-                seen=bytes(self._seen),
+                seen=self._seen.tobytes(),
                 faults=[_fault_state(self._crashes), _fault_state(self._hangs)],
                 counters=[
                     self._merged,
@@ -456,7 +430,7 @@ class CoverageMap:
                     self._new_edge_finds,
                     self._duplicates,
                 ],
-                hits=self._hits.tobytes(),
+                hits=self._hits.astype(_U32).tobytes(),
             )
         )
 
@@ -466,17 +440,17 @@ class CoverageMap:
         if state.version != 1 or len(state.faults) != 2 or len(state.counters) != 4:
             raise ValueError("unsupported coverage map state")
         cmap = cls(0)
-        cmap._seen = bytearray(state.seen)
-        if len(cmap._seen) > MAX_MAP_SIZE:
+        if len(state.seen) > MAX_MAP_SIZE:
             raise ValueError("coverage map state: map too large")
+        cmap._seen = np.frombuffer(state.seen, dtype=np.uint8).copy()
         cmap._declared_size = state.declared_size
-        cmap._edges_covered = len(cmap._seen) - cmap._seen.count(0)
+        cmap._edges_covered = int(np.count_nonzero(cmap._seen))
         cmap._crashes = _fault_from_state(state.faults[0])
         cmap._hangs = _fault_from_state(state.faults[1])
         cmap._merged, cmap._interesting, cmap._new_edge_finds, cmap._duplicates = state.counters
         if len(state.hits) % 4 or len(state.hits) > 4 * len(cmap._seen):
             raise ValueError("coverage map state: hit counts of another map")
-        cmap._hits = array.array("I", state.hits)
+        cmap._hits = np.frombuffer(state.hits, dtype=_U32).astype(np.uint32)
         return cmap
 
 
@@ -498,12 +472,12 @@ class _MapState(msgspec.Struct, array_like=True):
 
 def _fault_state(fault: _FaultMap) -> _FaultState:
     always = None if fault.always is None else _pack_u32(sorted(fault.always))
-    return _FaultState(bytes(fault.hit), always, fault.runs, fault.unique)
+    return _FaultState(fault.hit.tobytes(), always, fault.runs, fault.unique)
 
 
 def _fault_from_state(state: _FaultState) -> _FaultMap:
     fault = _FaultMap(0)
-    fault.hit = bytearray(state.hit)
-    fault.always = None if state.always is None else set(_u32_view(state.always))
+    fault.hit = np.frombuffer(state.hit, dtype=np.uint8).copy()
+    fault.always = None if state.always is None else set(_indices(state.always).tolist())
     fault.runs, fault.unique = state.runs, state.unique
     return fault
