@@ -174,26 +174,37 @@ def test_abort_is_a_crash(make, tmp_path, out):
     assert result.outcome is Outcome.CRASH and result.exit_status == -signal.SIGABRT, result
 
 
-def test_timeout_kills_the_whole_process_group(make, tmp_path, out):
-    forker = symcc_compile(tmp_path, "forker", FORKER)
+@pytest.fixture
+def forker(tmp_path):
+    """FORKER built with SymCC: (its command line, the directory of its marks, a seed).
+    The child it starts is killed at teardown if a test left it running."""
+    binary = symcc_compile(tmp_path, "forker", FORKER)
     marks = tmp_path / "marks"
     marks.mkdir()
     seed = tmp_path / "seed"
     seed.write_bytes(b"A")
+    yield [str(binary), "@@", str(marks)], marks, seed
+    started = marks / "started"
+    if started.exists() and _running(child := int(started.read_text())):
+        os.kill(child, signal.SIGKILL)
+
+
+def assert_gone_within(pid: int, seconds: float, what: str) -> None:
+    deadline = time.monotonic() + seconds
+    while _running(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _running(pid), what
+
+
+def test_timeout_kills_the_whole_process_group(make, forker, out):
+    argv, marks, seed = forker
     started = time.monotonic()
     # Far longer than starting the target and its child takes on a busy machine.
-    result = make([str(forker), "@@", str(marks)], timeout=3).run(seed, out)
+    result = make(argv, timeout=3).run(seed, out)
     assert result.outcome is Outcome.TIMEOUT, result
     assert time.monotonic() - started < 60  # the target would never end
-    child = int((marks / "started").read_text())
-    deadline = time.monotonic() + 30
-    while _running(child) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    try:
-        assert not _running(child), "a child of the timed-out target survived"
-    finally:
-        if _running(child):
-            os.kill(child, signal.SIGKILL)
+    assert_gone_within(int((marks / "started").read_text()), 30,
+                       "a child of the timed-out target survived")
 
 
 def _running(pid: int) -> bool:
@@ -306,19 +317,12 @@ def test_a_trace_split_round_robin_solves_what_the_whole_run_finds_new(tmp_path,
     assert by_trace_novelty <= solved <= set(path)
 
 
-def test_a_run_killed_by_its_timeout_reports_the_path_it_recorded(tmp_path, preload, out):
-    forker = symcc_compile(tmp_path, "forker", FORKER)
-    marks = tmp_path / "marks"
-    marks.mkdir()
-    seed = tmp_path / "seed"
-    seed.write_bytes(b"A")
-    result = SymccExecutor([str(forker), "@@", str(marks)], timeout=3, preload=preload,
-                           scratch=tmp_path).run(seed, out)
+def test_a_run_killed_by_its_timeout_reports_the_path_it_recorded(tmp_path, preload, forker,
+                                                                  out):
+    argv, _, seed = forker
+    result = SymccExecutor(argv, timeout=3, preload=preload, scratch=tmp_path).run(seed, out)
     assert result.outcome is Outcome.TIMEOUT, result
     assert len(result.path_targets) == 1 and result.solved_targets == result.path_targets
-    child = int((marks / "started").read_text())
-    if _running(child):
-        os.kill(child, signal.SIGKILL)
 
 
 def test_forked_runs_generate_what_exec_d_runs_generate(tmp_path, preload):
@@ -391,28 +395,17 @@ def test_a_target_without_a_forkserver_is_run_once_per_input(tmp_path, preload, 
     executor.close()
 
 
-def test_cancel_ends_the_run_and_its_children_at_once(make, tmp_path, out):
-    forker = symcc_compile(tmp_path, "forker", FORKER)
-    marks = tmp_path / "marks"
-    marks.mkdir()
-    seed = tmp_path / "seed"
-    seed.write_bytes(b"A")
-    executor = make([str(forker), "@@", str(marks)], timeout=600)
+def test_cancel_ends_the_run_and_its_children_at_once(make, forker, out):
+    argv, marks, seed = forker
+    executor = make(argv, timeout=600)
     results = []
     runner = threading.Thread(target=lambda: results.append(executor.run(seed, out)))
     runner.start()
     deadline = time.monotonic() + 60
     while not (marks / "started").exists() and time.monotonic() < deadline:
         time.sleep(0.05)
-    child = int((marks / "started").read_text())
     executor.cancel()
     runner.join(60)  # the run would take its 600 s timeout
-    try:
-        assert not runner.is_alive() and results[0].outcome is not Outcome.OK, results
-        deadline = time.monotonic() + 30
-        while _running(child) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert not _running(child), "a child of the cancelled run survived"
-    finally:
-        if _running(child):
-            os.kill(child, signal.SIGKILL)
+    assert not runner.is_alive() and results[0].outcome is not Outcome.OK, results
+    assert_gone_within(int((marks / "started").read_text()), 30,
+                       "a child of the cancelled run survived")

@@ -3,6 +3,7 @@ where it can be, else as a process of its own each run."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -20,7 +21,7 @@ from pathlib import Path
 from ..regular import list_regular
 from ..wordpipe import PipeClosed
 from .base import ExecutionResult, Outcome
-from .symcc_forkserver import Ended, ForkserverDied, SymccForkserver, kill_group
+from .symcc_forkserver import Ended, ForkserverDied, SymccForkserver, kill_group, limit_memory
 
 log = logging.getLogger("symcc_mpi.executors.symcc")
 
@@ -250,7 +251,8 @@ class SymccExecutor:
             process = subprocess.Popen(
                 argv, stdin=stdin, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                 env=env, start_new_session=True, close_fds=True,
-                preexec_fn=self._memory_limit if self.memory_limit_mb else None,
+                preexec_fn=functools.partial(limit_memory, self.memory_limit_mb)
+                if self.memory_limit_mb else None,
             )
         finally:
             if stdin is not subprocess.DEVNULL:
@@ -274,27 +276,27 @@ class SymccExecutor:
         key = (input_path, output_dir)
         if self._forkserver_key != key:
             self._stop_forkserver()
-        for attempt in range(2):
-            if self._forkserver is None:
-                forkserver = SymccForkserver(argv, env, stdin=None if uses_file else input_path,
-                                             stderr=self.stderr_file,
-                                             memory_limit_mb=self.memory_limit_mb)
-                self._forkserver = forkserver
-                ended = forkserver.start(self.timeout)
-                if ended is not None:
-                    self._forkserver = None
-                    self._forks = False
-                    log.info("%s has no SymCC forkserver (no Z3 context made by SymCC's "
-                             "runtime before main): every run is exec'd", argv[0])
-                    return ended, self._stderr()
-                self._forkserver_key = key
+        if self._forkserver is not None:
             try:
                 return self._forkserver.run(self.timeout), self._stderr()
-            except PipeClosed:  # it was gone before the fork: nothing ran
+            except PipeClosed:  # it ended since its last run, before this fork: nothing ran
                 self._stop_forkserver()
-                if attempt:
-                    raise OSError("the SymCC forkserver ended before its run") from None
-        raise AssertionError("unreachable")
+        forkserver = self._forkserver = SymccForkserver(
+            argv, env, stdin=None if uses_file else input_path, stderr=self.stderr_file,
+            memory_limit_mb=self.memory_limit_mb)
+        ended = forkserver.start(self.timeout)
+        if ended is not None:
+            self._forkserver = None
+            self._forks = False
+            log.info("%s has no SymCC forkserver (no Z3 context made by SymCC's runtime "
+                     "before main): every run is exec'd", argv[0])
+            return ended, self._stderr()
+        self._forkserver_key = key
+        try:
+            return forkserver.run(self.timeout), self._stderr()
+        except PipeClosed:
+            self._stop_forkserver()
+            raise OSError("the SymCC forkserver ended before its first run") from None
 
     def _stderr(self) -> bytes:
         try:
@@ -320,10 +322,6 @@ class SymccExecutor:
             return decode_counters(os.pread(self._counters_fd, _COUNTERS_SIZE, 0))
         except OSError:
             return None
-
-    def _memory_limit(self) -> None:
-        limit = self.memory_limit_mb * 1024 * 1024
-        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 
     def cancel(self) -> None:
         running, forkserver = self._running, self._forkserver

@@ -88,7 +88,7 @@ class SymccForkserver:
                 self._process = subprocess.Popen(
                     self.argv, stdin=stdin, stdout=subprocess.DEVNULL, stderr=stderr, env=env,
                     start_new_session=True, pass_fds=(control_read, status_write),
-                    preexec_fn=None if limit is None else lambda: _limit_memory(limit))
+                    preexec_fn=None if limit is None else lambda: limit_memory(limit))
         finally:
             os.close(control_read)
             os.close(status_write)
@@ -161,7 +161,8 @@ class SymccForkserver:
             process.wait()
 
 
-def _limit_memory(megabytes: int) -> None:
+def limit_memory(megabytes: int) -> None:
+    """In a child before exec: at most `megabytes` of address space."""
     limit = megabytes << 20
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 
