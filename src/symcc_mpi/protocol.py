@@ -154,7 +154,9 @@ class Result(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     solver_queries: int = 0  # solver checks QSYM made
     queries_skipped: int | None = None  # symbolic branches it did not solve; None: unknown
     generation: int = 0  # the WORK's, echoed: a RESULT of another generation is stale
-    path_targets: list[int] | None = None  # the branch targets on the input's path, if known
+    # The branch targets on the input's path, in a RESULT of a trace or a target group (None:
+    # not known); a whole input's path is not sent.
+    path_targets: list[int] | None = None
     solved_targets: list[int] = []  # those whose negation this run handed to the solver
     phases: TaskPhases = TaskPhases()
 

@@ -342,7 +342,10 @@ def execute(work: Work, config: CampaignConfig, executor, probe, scratch: Path,
         message=outcome.message, pruning=qsym_map.contribution() if qsym_map else b"",
         solver_queries=outcome.solver_queries, queries_skipped=outcome.queries_skipped,
         generation=work.generation,
-        path_targets=None if outcome.path_targets is None else list(outcome.path_targets),
+        # Only a split input's master reads the path (splitting.py): a whole input's, thousands
+        # of targets on larger inputs, would be encoded, sent and checked for nothing.
+        path_targets=None if outcome.path_targets is None or work.targets is None
+        else list(outcome.path_targets),
         solved_targets=list(outcome.solved_targets),
     )
 
