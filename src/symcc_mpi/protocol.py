@@ -111,6 +111,7 @@ class Work(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     # The campaign's epoch (tiers/schedule.py): a worker that sees a new one starts its
     # QSYM map afresh, before it takes in the `pruning` bits.
     epoch: int = 0
+    pruned: bool = True  # False: every branch solved, QSYM's map and linearization off
 
 
 class StagedFile(msgspec.Struct, forbid_unknown_fields=True, frozen=True):

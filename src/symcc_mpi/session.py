@@ -591,6 +591,7 @@ def _load_state(master, config: CampaignConfig, campaign: CampaignDir,
             and names_entries:
         seeds = [campaign.add_seed(path.read_bytes(), path.name)  # by the run's first master
                  for path in check_seeds(config.seeds)]
+    master.dispatch.seeds.update(seeds)
     campaign.sync_done()  # the new seeds are durable before any done line vouches for one
     # The lock is held: a torn last line is cut (and quarantined) here, and only here.
     everything = campaign.open_journal(writer=master.faults.done_writer(config.out),

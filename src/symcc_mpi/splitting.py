@@ -69,6 +69,7 @@ class Job:
     digest: str
     targets: tuple[int, ...] | None  # None: every branch; (): none (a trace)
     shipment: Any = None  # pruning.Shipment: the map bits that travel with it
+    pruned: bool = True  # False: solved with QSYM's map and linearization off (a seed)
 
 
 def keep_targets(adjusted: Job, frozen: tuple[int, ...] | None) -> Job:

@@ -696,7 +696,7 @@ class SimExecutor:
         self.process = process
 
     def run(self, input_path: Path, output_dir: Path,
-            targets: frozenset[int] | None = None) -> ExecutionResult:
+            targets: frozenset[int] | None = None, *, pruned: bool = True) -> ExecutionResult:
         data = input_path.read_bytes()
         sim = self.simulation
         digest = hashlib.sha256(data).digest()

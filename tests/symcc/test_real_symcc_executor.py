@@ -409,3 +409,20 @@ def test_cancel_ends_the_run_and_its_children_at_once(make, forker, out):
     assert not runner.is_alive() and results[0].outcome is not Outcome.OK, results
     assert_gone_within(int((marks / "started").read_text()), 30,
                        "a child of the cancelled run survived")
+
+
+def test_an_unpruned_run_is_symcc_s_own_and_leaves_the_map_alone(tmp_path, preload, out):
+    qsym_map = tmp_path / "qsym.map"
+    qsym_map.write_bytes(b"\xff" * (2 * QSYM_MAP_SIZE))  # every branch and context seen
+    executor = SymccExecutor([str(BUILD / "json.symcc"), "@@"], timeout=60,
+                             coverage_map=qsym_map, linearize=True, preload=preload,
+                             scratch=tmp_path)
+    pruned = executor.run(JSON_SEED, out)
+    assert pruned.outcome is Outcome.OK and pruned.solver_queries == 0, pruned
+    whole = executor.run(JSON_SEED, fresh(tmp_path), pruned=False)
+    assert whole.outcome is Outcome.OK and len(whole.generated) >= 10
+    assert qsym_map.read_bytes() == b"\xff" * (2 * QSYM_MAP_SIZE)
+    executor.close()
+    # SymCC's own run, with neither map nor linearization, solves as much.
+    bare = SymccExecutor([str(BUILD / "json.symcc"), "@@"], timeout=60)
+    assert whole.solver_queries == bare.run(JSON_SEED, fresh(tmp_path)).solver_queries > 0

@@ -26,6 +26,7 @@ from symcc_mpi.durable.clock import ManualClock
 from symcc_mpi.durable.journal import DeferredWorkJournal
 from symcc_mpi.frontier import Frontier
 from symcc_mpi.protocol import Work
+from symcc_mpi.pruning import PruningLedger, PruningMode
 
 W = 100.0  # watchdog seconds
 FAULT_COUNTERS = ("watchdog_timeouts", "worker_recoveries", "protocol_requeued",
@@ -60,7 +61,7 @@ class FakeSend:
         return [work for r, work in self.sent if r == rank][-1]
 
 
-def make(tmp_path, *, inputs=3, seconds=W, retries=1, max_send_failures=3):
+def make(tmp_path, *, inputs=3, seconds=W, retries=1, max_send_failures=3, pruning=None):
     clock = ManualClock()
     frontier = Frontier()
     store: dict[str, bytes] = {}
@@ -75,7 +76,7 @@ def make(tmp_path, *, inputs=3, seconds=W, retries=1, max_send_failures=3):
     journal = DeferredWorkJournal(tmp_path / "deferred.jsonl", clock=clock, fsync=False)
     coord = DispatchCoordinator(frontier, watchdog=WatchdogConfig(seconds, retries),
                                 deferrals=journal, load=load, clock=clock,
-                                max_send_failures=max_send_failures)
+                                max_send_failures=max_send_failures, pruning=pruning)
     ids = []
     for i in range(inputs):
         store[sha(blob(i))] = blob(i)
@@ -476,3 +477,28 @@ def test_shutdown_compensates_what_is_in_flight(tmp_path):
     for rank, token in zip((1, 2), tokens, strict=True):
         assert w.coord.classify(rank, token) is ResultClass.STALE
     assert faults(w) == no_faults()
+
+
+def test_a_seed_is_analysed_unpruned_once_and_only_whole_and_in_the_first_epoch(tmp_path):
+    w = make(tmp_path, inputs=4, pruning=PruningLedger(PruningMode.SHARED))
+    seed, child = w.ids[0], w.ids[1]
+    w.coord.seeds.add(seed)
+    for rank in (1, 2):
+        w.coord.ready(rank, None)
+    round_(w)
+    assert {w.send.last(1).input_hash: w.send.last(1).pruned,
+            w.send.last(2).input_hash: w.send.last(2).pruned} == {seed: False, child: True}
+    w.coord.epoch = 1  # a new epoch analyses the corpus again: pruned, the seeds too
+    w.frontier.add(w.ids[2])
+    w.coord.seeds.add(w.ids[2])
+    commit(w, 1, w.send.last(1).token)
+    w.coord.ready(1, w.send.last(1).token)
+    round_(w)
+    assert w.send.last(1).input_hash == w.ids[2] and w.send.last(1).pruned
+
+
+def test_without_pruning_every_work_goes_out_as_it_is(tmp_path):
+    w = make(tmp_path)
+    w.coord.seeds.add(w.ids[0])
+    first_dispatch(w)
+    assert w.send.last(1).input_hash == w.ids[0] and w.send.last(1).pruned

@@ -55,11 +55,14 @@ class Executor(Protocol):
     # the conditional jump's address; SymCC: 1 + the index QSYM's AflTraceMap gives the branch
     # in its context). A targetable executor reports the targets on every run's path, and
     # `run(..., targets=S)` solves only the branches in S (an empty S: none, a trace). One
-    # that is not gets `targets=None` only: whole inputs.
+    # that is not gets `targets=None` only: whole inputs. `pruned=False` asks a whole run to
+    # solve every branch whatever the campaign's pruning (SymCC: no QSYM map, no
+    # linearization); an executor that does not prune solves every branch anyway.
     targetable: bool
 
     def run(self, input_path: Path, output_dir: Path,
-            targets: frozenset[int] | None = None) -> ExecutionResult: ...
+            targets: frozenset[int] | None = None, *, pruned: bool = True) -> ExecutionResult:
+        ...
 
     def cancel(self) -> None:
         """From another thread: end the run in progress now (its result will be ignored)."""

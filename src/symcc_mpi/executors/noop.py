@@ -12,7 +12,7 @@ class NoopExecutor:
     targetable = False
 
     def run(self, input_path: Path, output_dir: Path,
-            targets: frozenset[int] | None = None) -> ExecutionResult:
+            targets: frozenset[int] | None = None, *, pruned: bool = True) -> ExecutionResult:
         return ExecutionResult(Outcome.OK, 0, 0.0)
 
     def cancel(self) -> None:

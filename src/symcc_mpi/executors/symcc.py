@@ -140,7 +140,8 @@ class SymccExecutor:
     forked from a forkserver (symcc_forkserver.py) and runs can be targeted.
 
     A targeted run hands QSYM a map of its own (`targeted_map`) instead of `coverage_map`,
-    and is exec'd: its map path is not the forkserver's.
+    an unpruned one no map and no linearization; both are exec'd: their environment is not
+    the forkserver's.
     """
 
     name = "symcc"
@@ -178,7 +179,7 @@ class SymccExecutor:
         resource.setrlimit(resource.RLIMIT_CORE, (0, resource.getrlimit(resource.RLIMIT_CORE)[1]))
 
     def _environment(self, input_path: Path, output_dir: Path, uses_file: bool,
-                     targets: frozenset[int] | None) -> dict:
+                     targets: frozenset[int] | None, pruned: bool) -> dict:
         env = dict(os.environ, SYMCC_OUTPUT_DIR=str(output_dir))
         if self.tmpdir is not None:
             env["TMPDIR"] = str(self.tmpdir)
@@ -192,9 +193,9 @@ class SymccExecutor:
             # Fresh each run: QSYM rewrites the map as it solves.
             self.targets_map.write_bytes(targeted_map(targets))
             env["SYMCC_AFL_COVERAGE_MAP"] = str(self.targets_map)
-        elif self.coverage_map is not None:
+        elif pruned and self.coverage_map is not None:
             env["SYMCC_AFL_COVERAGE_MAP"] = str(self.coverage_map)
-        if self.linearize:
+        if self.linearize and (pruned or targets is not None):
             env["SYMCC_ENABLE_LINEARIZATION"] = "1"
         if self.preload is not None:
             env["SYMCC_MPI_COUNTERS"] = str(self.counters_file)
@@ -203,16 +204,16 @@ class SymccExecutor:
         return env
 
     def run(self, input_path: Path, output_dir: Path,
-            targets: frozenset[int] | None = None) -> ExecutionResult:
+            targets: frozenset[int] | None = None, *, pruned: bool = True) -> ExecutionResult:
         if targets is not None and not self.targetable:
             raise ValueError("targets given to a SymCC executor without its preload library")
         uses_file = "@@" in self.target
         argv = [str(input_path) if arg == "@@" else arg for arg in self.target]
-        env = self._environment(input_path, output_dir, uses_file, targets)
+        env = self._environment(input_path, output_dir, uses_file, targets, pruned)
         self._blank_counters()
         started = time.monotonic()
         try:
-            if targets is None and self._forks:
+            if targets is None and pruned and self._forks:
                 ended, stderr = self._forked(argv, env, input_path, output_dir, uses_file)
             else:
                 ended, stderr = self._exec(argv, env, input_path, uses_file)

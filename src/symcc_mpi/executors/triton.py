@@ -189,7 +189,7 @@ class TritonExecutor:
         return [self.target_argv[0], *(a.replace("@@", path) for a in self.target_argv[1:])]
 
     def run(self, input_path: Path, output_dir: Path,
-            targets: frozenset[int] | None = None) -> ExecutionResult:
+            targets: frozenset[int] | None = None, *, pruned: bool = True) -> ExecutionResult:
         input_path = Path(os.path.abspath(input_path))
         output_dir = Path(os.path.abspath(output_dir))
         self.start()

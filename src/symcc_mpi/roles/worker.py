@@ -326,7 +326,7 @@ def execute(work: Work, config: CampaignConfig, executor, probe, scratch: Path,
     targets = None if work.targets is None or not executor.targetable \
         else frozenset(work.targets)
     clock.lap("other")
-    outcome = executor.run(local_input, raw, targets)
+    outcome = executor.run(local_input, raw, targets, pruned=work.pruned)
     clock.lap("target")
     clock.move("target", "solver", outcome.solver_time)
     staged, refused = write_pack(outcome.generated, stage, work.input_hash)
