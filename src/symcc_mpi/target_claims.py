@@ -53,7 +53,7 @@ class ClaimFigures:
     claims: int = 0  # groups claimed
     conflicts: int = 0  # claims refused: a member held by another master (or by this one)
     releases: int = 0
-    expiries: int = 0  # active claims found taken over at a heartbeat
+    expiries: int = 0  # claims found taken over, at a heartbeat or at their release
     errors: int = 0  # claims or releases the table could not make (counted as refusals)
 
 
@@ -94,14 +94,21 @@ class TargetClaims:
 
     def release(self, work_id: str) -> None:
         held = self.held.pop(work_id, None)
+        known_lost = work_id in self.lost
         self.lost.discard(work_id)
         if held is None:
             return
         token, targets = held
         log.debug("target group released t=%.6f work=%s token=%s", time.time(), work_id, token)
         try:
-            self.table.release(token, targets)
+            deleted = self.table.release(token, targets)
             self.figures.releases += 1
+            # A master that was stopped past the TTL may commit before its next heartbeat:
+            # the release is then where it finds the group taken over.
+            if deleted < len(set(targets)) and not known_lost:
+                self.figures.expiries += 1
+                log.warning("the target group of %s expired and was taken over before its "
+                            "release", work_id[:12])
         except (OSError, TimeoutError) as error:
             self.figures.errors += 1  # its TTL ends it (F311 §7.4)
             log.warning("target group of %s not released (its TTL ends it): %s",

@@ -54,6 +54,18 @@ def test_a_paused_holder_loses_its_group_at_the_ttl_and_its_late_release_deletes
     assert other.table.read(1) is None  # still the paused master's: released
 
 
+def test_a_holder_that_commits_before_its_next_heartbeat_finds_the_loss_at_its_release(
+        tmp_path):
+    clock = ManualClock()
+    paused, other = masters(tmp_path, clock)
+    assert paused.claim("a#1", (1, 2))
+    clock.advance(3.1)
+    assert other.claim("b#1", (2,))
+    paused.release("a#1")  # its result came first: no heartbeat ran since the pause
+    assert paused.statistics()["expiries"] == 1 and paused.statistics()["releases"] == 1
+    assert other.table.read(2).token == other.held["b#1"][0]
+
+
 def test_heartbeats_keep_a_running_group_past_the_ttl(tmp_path):
     clock = ManualClock()
     holder, other = masters(tmp_path, clock)
