@@ -8,18 +8,16 @@ SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 DEBIAN_PACKAGES := afl++ gnuplot-nox slurm-wlm munge libpmix-dev
 DEMO_OUT := demo-out
 
-# SymCC from the shared source, built once per machine into a cache keyed by the source's
-# content (first 12 hex of sha256 over symcc-src.tar.gz then build.sh). build.sh bakes its
-# destination's absolute path into the compiler wrapper, so the build cannot be renamed
-# into place: it runs in SYMCC_HOME under a lock and counts as done only once the stamp
-# file exists (an interrupted build is wiped and redone).
-SYMCC_SOURCE ?= $(abspath ../shared/symcc)
-SYMCC_KEY := $(shell cat "$(SYMCC_SOURCE)/symcc-src.tar.gz" "$(SYMCC_SOURCE)/build.sh" \
-	2>/dev/null | sha256sum | cut -c1-12)
+# SymCC, built once per machine by tools/build-symcc.sh from SYMCC_SRC (a checkout of SymCC's
+# repository with its submodules, or a directory holding symcc-src.tar.gz) into a cache keyed
+# by the source's content and the script. The build bakes its destination's absolute path
+# into the compiler wrapper, so it cannot be renamed into place: it runs in SYMCC_HOME under
+# a lock and counts as done only once the stamp file exists (an interrupted build is redone).
+SYMCC_SRC ?= $(abspath ../shared/symcc)
+SYMCC_KEY := $(shell tools/build-symcc.sh --key "$(SYMCC_SRC)" 2>/dev/null)
 SYMCC_HOME ?= $(HOME)/.cache/symcc-mpi/symcc-$(SYMCC_KEY)
 SYMCC_STAMP = $(SYMCC_HOME)/.symcc-mpi-complete
-HAVE_SYMCC_SOURCE := $(shell [ -f "$(SYMCC_SOURCE)/symcc-src.tar.gz" ] && \
-	[ -f "$(SYMCC_SOURCE)/build.sh" ] && echo 1)
+HAVE_SYMCC_SOURCE := $(if $(SYMCC_KEY),1)
 
 .PHONY: setup system-packages symcc examples demo test simulate benchmarks clean
 
@@ -48,16 +46,19 @@ symcc:
 	  flock "$(SYMCC_HOME).lock" sh -c '\
 	    [ -f "$(SYMCC_STAMP)" ] && exit 0; \
 	    deps=0; command -v llvm-config-15 >/dev/null || deps=1; \
-	    echo "building SymCC from $(SYMCC_SOURCE) into $(SYMCC_HOME) (a few minutes, once)"; \
+	    echo "building SymCC from $(SYMCC_SRC) into $(SYMCC_HOME) (a few minutes, once)"; \
 	    rm -rf "$(SYMCC_HOME)" && \
-	    if [ $$deps = 0 ]; then "$(SYMCC_SOURCE)/build.sh" "$(SYMCC_HOME)"; \
-	    else $(SUDO) env INSTALL_DEPS=1 "$(SYMCC_SOURCE)/build.sh" "$(SYMCC_HOME)" && \
+	    if [ $$deps = 0 ]; then tools/build-symcc.sh "$(SYMCC_SRC)" "$(SYMCC_HOME)"; \
+	    else $(SUDO) env INSTALL_DEPS=1 tools/build-symcc.sh "$(SYMCC_SRC)" "$(SYMCC_HOME)" && \
 	      { [ -z "$(SUDO)" ] || $(SUDO) chown -R "$$(id -u):$$(id -g)" "$(SYMCC_HOME)"; }; fi && \
 	    touch "$(SYMCC_STAMP)"'; \
 	fi
+else ifneq ($(origin SYMCC_SRC),file)
+symcc:
+	@tools/build-symcc.sh --key "$(SYMCC_SRC)" >/dev/null
 else
 symcc:
-	@echo "symcc: no SymCC source in $(SYMCC_SOURCE) (symcc-src.tar.gz, build.sh): real-SymCC tests will be skipped"
+	@echo "symcc: no SymCC source in $(SYMCC_SRC) (a SymCC checkout, or symcc-src.tar.gz): real-SymCC tests will be skipped; make symcc SYMCC_SRC=DIR builds one"
 endif
 
 examples: setup symcc

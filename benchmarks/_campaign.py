@@ -17,6 +17,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from symcc_mpi.executors.symcc import HOW_TO_GET_SYMCC
+
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
 RESULTS = ROOT / "benchmarks" / "results"
@@ -269,8 +271,8 @@ def build_targets(benchmark: str, targets: list[str],
         afl = examples / "build" / f"{target}.afl"
         seeds = examples / "seeds" / target
         if not symcc.is_file():
-            sys.exit(f"{benchmark}: {symcc} is missing: build it with `make examples` "
-                     "(which builds SymCC from /work/shared/symcc once)")
+            sys.exit(f"{benchmark}: {symcc} is missing: `make examples` builds it once SymCC is "
+                     f"built (SymCC: {HOW_TO_GET_SYMCC})")
         if not afl.is_file() or not seeds.is_dir():
             sys.exit(f"{benchmark}: {afl} or {seeds} is missing: `make examples` "
                      "(with afl++ installed) builds it")

@@ -63,7 +63,11 @@ def cli() -> None:
                    "input is analysed once across all of them.")
 @click.option("--executor", type=click.Choice(EXECUTORS), default="triton", show_default=True)
 @click.option("--afl-target", metavar="CMD",
-              help="AFL-instrumented build for coverage triage (afl-showmap).")
+              help="AFL-instrumented build for coverage triage (afl-showmap); it also "
+                   "confirms that an input the executor's run died on crashes the target.")
+@click.option("--plain-target", metavar="CMD",
+              help="Without --afl-target: a plain build of the target that confirms crashes "
+                   "(default: the SymCC build replayed without symbolic input).")
 @click.option("--timeout", type=float, default=10.0, show_default=True,
               help="Seconds per execution.")
 @click.option("--memory-limit", type=int, metavar="MB", help="Address-space limit per run.")
@@ -83,8 +87,8 @@ def cli() -> None:
 @click.option("--resume", is_flag=True, help="Continue the campaign in --out.")
 @click.option("--no-live", is_flag=True, help="Progress lines instead of the live view.")
 def explore(target, seeds, out, afl_sync, name, workers, masters, executor, afl_target,
-            timeout, memory_limit, wall_timeout, max_idle, pruning, fault_tolerance, split,
-            resume, no_live, scratch) -> None:
+            plain_target, timeout, memory_limit, wall_timeout, max_idle, pruning,
+            fault_tolerance, split, resume, no_live, scratch) -> None:
     """Explore a target from seed inputs with N workers until the frontier is exhausted
     (or, with --afl-sync, beside AFL++ fuzzers until stopped)."""
     from .afl_sync import check_instance_name
@@ -113,6 +117,7 @@ def explore(target, seeds, out, afl_sync, name, workers, masters, executor, afl_
             masters=masters,
             executor=executor,
             afl_target=parse_command(afl_target, "--afl-target") if afl_target else None,
+            plain_target=parse_command(plain_target, "--plain-target") if plain_target else None,
             timeout=timeout,
             memory_limit_mb=memory_limit,
             wall_timeout=wall_timeout,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import logging
+import re
 from dataclasses import dataclass, field
 
 import msgspec
@@ -38,7 +39,11 @@ from .triage import Status as CoverageStatus
 
 log = logging.getLogger("symcc_mpi.commit")
 
-MANIFEST_MESSAGE = 200  # characters of an executor's message a commit manifest keeps
+MANIFEST_MESSAGE = 240  # characters of an executor's message a commit manifest keeps
+ALL_FAILED_AFTER = 5  # runs, all executor failures, after which the campaign says so once
+MAX_FAILURE_REASONS = 50  # distinct reasons counted apart; the rest under OTHER_REASONS
+OTHER_REASONS = "other reasons"
+_ADDRESS = re.compile(r"0x[0-9a-fA-F]+")
 
 
 class Unusable(Exception):
@@ -235,8 +240,7 @@ class Committer:
         elif outcome is Outcome.TIMEOUT:
             self._save_hang(parent, parent, now)
         elif outcome is Outcome.ERROR:
-            self.stats.executor_errors += 1
-            log.warning("executor error on %s (rank %d): %s", parent[:12], rank, result.message)
+            self._executor_failed(parent, result.message, rank)
         if completes_input:
             self.campaign.record_done(parent, result.token, outcome.value, result.generation,
                                       self.published, tier=self.frontier.tier_of(parent))
@@ -244,6 +248,8 @@ class Committer:
             self.campaign.record_part(parent, part, result.token, outcome.value,
                                       self.published)
         self.stats.executions += 1
+        if self.stats.executions == ALL_FAILED_AFTER == self.stats.executor_errors:
+            self._warn_all_failed()
         self.stats.generated += result.generated
         self.stats.executor_time += result.wall_time
         self.stats.solver_time += result.solver_time
@@ -306,6 +312,31 @@ class Committer:
         self.frontier.add(digest)
         self.stats.interesting += 1
         self.stats.last_find = now
+
+    def _executor_failed(self, parent: str, reason: str, rank: int | None) -> None:
+        """Count a run the executor failed (crash_witness.py: a death the target's own run
+        does not confirm is one), grouped by its reason, with the first input as example."""
+        stats = self.stats
+        stats.executor_errors += 1
+        reason = _ADDRESS.sub("0x…", reason) or "no reason given"  # "stopped at 0x4011d6"
+        groups = stats.executor_failures
+        if reason not in groups and len(groups) >= MAX_FAILURE_REASONS:
+            reason = OTHER_REASONS
+        group = groups.get(reason)
+        if group is not None:
+            group["count"] += 1
+            return
+        groups[reason] = {"count": 1, "example": parent}
+        log.warning("the executor failed on %s (rank %s), not the target: %s (what the run "
+                    "wrote is still explored; further failures for this reason are counted)",
+                    parent[:12], rank, reason)
+
+    def _warn_all_failed(self) -> None:
+        groups = self.stats.executor_failures
+        reason = max(groups, key=lambda r: groups[r]["count"])
+        log.warning("all of the first %d runs failed in the executor, none in the target (most "
+                    "often: %s): this target may not suit the executor; what the runs wrote is "
+                    "still explored", ALL_FAILED_AFTER, reason)
 
     def _save_crash(self, digest: str, parent: str, signal_number: int | None, now: float,
                     *, data: bytes | None = None) -> None:

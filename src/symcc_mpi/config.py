@@ -26,6 +26,8 @@ class CampaignConfig:
     masters: int = 1  # groups of ranks, each a master and its workers, sharing OUT (F320)
     executor: str = "triton"
     afl_target: tuple[str, ...] | None = None
+    # Confirms a crash of the executor's run when there is no AFL build (crash_witness.py)
+    plain_target: tuple[str, ...] | None = None
     timeout: float = 10.0  # per execution, seconds
     memory_limit_mb: int | None = None
     wall_timeout: float | None = None  # whole campaign, seconds
@@ -67,6 +69,7 @@ class CampaignConfig:
             "masters": self.masters,
             "executor": self.executor,
             "afl_target": list(self.afl_target) if self.afl_target else None,
+            "plain_target": list(self.plain_target) if self.plain_target else None,
             "timeout": self.timeout,
             "memory_limit_mb": self.memory_limit_mb,
             "wall_timeout": self.wall_timeout,

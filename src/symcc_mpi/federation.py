@@ -438,8 +438,24 @@ def combine(own: CampaignSnapshot, others: dict[int, dict],
                 "writes", "lock_wait_seconds")},
             "splitting": extra.get("splitting", {}),
             "target_claims": federation.get("targets", {})}
-    extra = dict(own.extra, per_master=per_master)
+    extra = dict(own.extra, per_master=per_master,
+                 executor_errors=sum(m.get("extra", {}).get("executor_errors") or 0
+                                     for m in masters.values()),
+                 executor_failures=_failures([m.get("extra", {}).get("executor_failures")
+                                              for m in masters.values()]))
     return replace(own, per_worker=per_worker, extra=extra, **combined)
+
+
+def _failures(per_master: list[list[dict] | None]) -> list[dict]:
+    """The masters' executor failures (progress.py), one group per reason, most first."""
+    groups: dict[str, dict] = {}
+    for figures in per_master:
+        for group in figures or ():
+            if group["reason"] in groups:
+                groups[group["reason"]]["count"] += group["count"]
+            else:
+                groups[group["reason"]] = dict(group)
+    return sorted(groups.values(), key=lambda group: -group["count"])
 
 
 def _plain(value):

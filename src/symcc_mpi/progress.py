@@ -78,6 +78,7 @@ def _own_snapshot(master) -> CampaignSnapshot:
             "analysed_total": len(frontier.done),
             "resumed_done": stats.resumed_done,
             "executor_errors": stats.executor_errors,
+            "executor_failures": _failures_by_reason(stats.executor_failures, master.campaign),
             "malformed_messages": stats.malformed_messages,
             "invalid_results": dict(stats.invalid_results),
             "staging_rejected": stats.staging_rejected,
@@ -109,6 +110,24 @@ def _own_snapshot(master) -> CampaignSnapshot:
             if master.importer is not None else None,
         },
     )
+
+
+def _failures_by_reason(groups: dict[str, dict], campaign) -> list[dict]:
+    """The executor's failures, most frequent reason first, each with an input it failed on
+    (and that input's file in OUT while it is in the corpus)."""
+    figures = []
+    for reason, group in sorted(groups.items(), key=lambda item: -item[1]["count"]):
+        digest = group["example"]
+        path = campaign.corpus / digest
+        figures.append({"reason": reason, "count": group["count"], "example_sha256": digest,
+                        "example_path": str(path.relative_to(campaign.out))
+                        if path.exists() else None})
+    return figures
+
+
+def _carried_failures(figures) -> dict[str, dict]:
+    return {group["reason"]: {"count": group["count"], "example": group["example_sha256"]}
+            for group in figures or ()}
 
 
 def _tiers(master) -> dict | None:
@@ -154,6 +173,7 @@ def carry_stats(master, out: Path) -> None:
     for name in CARRIED_EXTRA:
         if extra.get(name) is not None:
             setattr(stats, name, extra[name])
+    stats.executor_failures = _carried_failures(extra.get("executor_failures"))
     for name in ("last_find", "last_crash", "last_hang"):
         setattr(stats, name, document.get(name) or 0.0)
     stats.max_depth = max(stats.max_depth, document.get("max_depth") or 1)

@@ -533,6 +533,7 @@ def summary_table(snap: CampaignSnapshot) -> Table:
         ("max depth", f"{snap.max_depth:,}"),
         ("unique crashes", f"{snap.crashes:,} of {snap.crashing_runs:,} crashing runs"),
         ("unique hangs", f"{snap.hangs:,} of {snap.hanging_runs:,} hanging runs"),
+        *_executor_failures(snap.extra),
         ("edges", _edges(snap)),
         ("executor time", f"{snap.executor_time:,.1f} s"),
         ("solver time", f"{snap.solver_time:,.1f} s ({_share(snap.solver_time, busy)})"),
@@ -564,6 +565,25 @@ def summary_table(snap: CampaignSnapshot) -> Table:
         text = ", ".join(f"{k}={_figure(v)}" for k, v in figures.items())
         table.add_row(f"worker {rank}", text)
     return table
+
+
+SHOWN_REASONS = 5  # failure reasons the summary lists; stats.json has them all
+
+
+def _executor_failures(extra: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """Runs the executor failed (not the target: crash_witness.py), grouped by reason."""
+    total = extra.get("executor_errors") or 0
+    if not total:
+        return []
+    groups = extra.get("executor_failures") or []
+    rows = [("executor failures", f"{total:,} runs failed in the executor, not in the target"
+                                  f" ({len(groups):,} reason{'s' if len(groups) != 1 else ''})")]
+    for group in groups[:SHOWN_REASONS]:
+        example = group.get("example_path") or group["example_sha256"][:16]
+        rows.append((f"  {group['count']:,} ×", f"{group['reason']} (e.g. {example})"))
+    if len(groups) > SHOWN_REASONS:
+        rows.append(("  …", f"{len(groups) - SHOWN_REASONS:,} more reasons in stats.json"))
+    return rows
 
 
 def _splitting(figures: Mapping[str, Any]) -> str:

@@ -20,7 +20,7 @@ from .corpus import (
 )
 from .durable.clock import SYSTEM_CLOCK
 from .durable.generations import GenerationLogError
-from .executors import check_available
+from .executors import check_executor
 from .faults import Faults
 from .host import MACHINE, Host
 from .protocol import ConfigVerdict, Tag
@@ -427,7 +427,7 @@ def check_config(config: CampaignConfig, *, lock_held: bool = False) -> None:
     check_numbers(config)
     if config.seeds is not None and (not config.resume or config.seeds.exists()):
         check_seeds(config.seeds)
-    check_available(config.executor)
+    check_executor(config.executor, config.target)
     check_fault_plan()
     check_pool_bounds()
     if config.afl_target:

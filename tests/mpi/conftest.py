@@ -13,3 +13,11 @@ from harness import EXAMPLES
 def build() -> Path:
     subprocess.run(["make", "-s", "-C", str(EXAMPLES)], check=True)
     return EXAMPLES / "build"
+
+
+@pytest.fixture(autouse=True)
+def _symcc_contract_scripts(monkeypatch):
+    """Scripts under SymCC's contract (and the Triton shim) stand in for SymCC builds here:
+    the check that `--executor symcc` gets a SymCC build is skipped, as AFL++'s
+    AFL_SKIP_BIN_CHECK does (tests/unit/test_cli_errors.py tests the check itself)."""
+    monkeypatch.setenv("SYMCC_MPI_SKIP_BIN_CHECK", "1")

@@ -1,9 +1,8 @@
-"""Tests against a real SymCC (QSYM backend) built from ../shared/symcc by `make symcc`.
+"""Tests against a real SymCC (QSYM backend) built by `make symcc` (README: Getting SymCC).
 
-Without that source every test here is skipped, with one reason. With the source but
-without the SymCC builds of the examples they are skipped too (run `make test`), unless
-SYMCC_MPI_REQUIRE_SYMCC=1 (which `make test` sets when the source is there): then they fail,
-so that CI never passes by silently skipping them.
+Without the SymCC builds of the examples every test here is skipped, with one reason, unless
+SYMCC_MPI_REQUIRE_SYMCC=1 (which `make test` sets when it has a SymCC source): then they
+fail, so that CI never passes by silently skipping them.
 """
 
 from __future__ import annotations

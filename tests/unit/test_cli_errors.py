@@ -322,3 +322,47 @@ def test_scratch_is_absolute_and_a_resume_may_name_another(setup, monkeypatch):
     assert run("--target", f"{target} @@", "--out", tmp / "p", "--executor", "noop",
                "--seeds", seeds).exit_code == 0
     assert launched[-1].scratch is None  # each node's temporary directory
+
+
+PLAIN_BUILD = AFL_BUILD.with_name("gate")
+
+
+def _no_launch(monkeypatch):
+    """Any mpiexec start fails the test: a refusal must come before it."""
+    import symcc_mpi.launch
+
+    def launch(*args, **kwargs):
+        raise AssertionError("mpiexec was started")
+
+    monkeypatch.setattr(symcc_mpi.launch, "launch", launch)
+
+
+def test_symcc_executor_refuses_a_plain_build_before_mpiexec(setup, monkeypatch):
+    tmp, seeds, _ = setup
+    _no_launch(monkeypatch)
+    one_line_error(run("--executor", "symcc", "--target", f"{PLAIN_BUILD} @@", "--seeds", seeds,
+                       "--out", tmp / "o"),
+                   f"--executor symcc: {PLAIN_BUILD} is not a SymCC build (it names no "
+                   "_sym_initialize, SymCC's runtime entry): compile it with SymCC (`make "
+                   "symcc` builds one")
+    assert not (tmp / "o").exists()
+
+
+def test_symcc_executor_refuses_a_script_unless_told_it_wraps_a_symcc_build(setup, monkeypatch):
+    tmp, seeds, target = setup
+    _no_launch(monkeypatch)
+    one_line_error(run("--executor", "symcc", "--target", f"{target} @@", "--seeds", seeds,
+                       "--out", tmp / "o"),
+                   f"{target} is not a SymCC build (not an ELF program)")
+    monkeypatch.setenv("SYMCC_MPI_SKIP_BIN_CHECK", "1")
+    with pytest.raises(AssertionError, match="mpiexec was started"):
+        CliRunner().invoke(cli, ["explore", "--executor", "symcc", "--target", f"{target} @@",
+                                 "--seeds", str(seeds), "--out", str(tmp / "o")],
+                           catch_exceptions=False)
+
+
+def test_a_plain_target_that_cannot_run_is_refused(setup):
+    tmp, seeds, target = setup
+    one_line_error(run("--target", f"{target} @@", "--plain-target", f"{tmp / 'gone'} @@",
+                       "--seeds", seeds, "--out", tmp / "o"),
+                   f"--plain-target: program {tmp / 'gone'} does not exist")

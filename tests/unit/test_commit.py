@@ -559,3 +559,35 @@ def test_refusals_at_check_name_their_field(plain):
     with pytest.raises(Unusable) as not_analysed:  # honest: not a refusal
         plain.committer.check(plain.result(outcome=INVALID_INPUT), plain.parent)
     assert not isinstance(not_analysed.value, Refused)
+
+
+def test_executor_failures_are_grouped_by_reason_and_what_their_runs_wrote_is_kept(plain,
+                                                                                     caplog):
+    z3 = "SIGABRT in the symcc run, not in the AFL build: z3::exception"
+    reasons = [z3, z3, "SIGSEGV in the symcc run, not in the AFL build", z3, ""]
+    parents = []
+    for index, reason in enumerate(reasons):
+        plain.parent = plain.campaign.add_seed(f"seed {index}".encode(), f"seed-{index}")
+        plain.frontier.add(plain.parent)
+        parents.append(plain.parent)
+        child = plain.stage(f"written before it died {index}".encode())
+        with caplog.at_level("WARNING", logger="symcc_mpi.commit"):
+            plain.check_and_commit(plain.result([child], token=f"{index:02x}" * 16,
+                                                outcome="error", exit_status=-6,
+                                                message=reason))
+    stats = plain.stats
+    assert stats.executor_errors == 5 and stats.crashes == stats.crashing_runs == 0
+    assert stats.executor_failures == {
+        z3: {"count": 3, "example": parents[0]},
+        "SIGSEGV in the symcc run, not in the AFL build": {"count": 1, "example": parents[2]},
+        "no reason given": {"count": 1, "example": parents[4]}}
+    assert stats.interesting == 5  # every child the failed runs wrote is kept
+    warnings = [r.getMessage() for r in caplog.records]
+    assert sum("all of the first 5 runs failed in the executor" in w for w in warnings) == 1
+    assert sum("the executor failed on" in w for w in warnings) == 3  # one per reason
+
+
+def test_a_confirmed_crash_is_no_executor_failure(plain):
+    plain.check_and_commit(plain.result(outcome="crash", exit_status=-11, message="boom"))
+    assert (plain.stats.crashes, plain.stats.executor_errors) == (1, 0)
+    assert plain.stats.executor_failures == {}

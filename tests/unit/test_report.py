@@ -349,3 +349,17 @@ def test_summary_names_dispatch_recovery_only_when_something_was_repaired():
     assert "2 watchdog timeouts, 1 workers back, 2 requeued, parked: rank 3" in table
     assert "1 parked" in _render(render_live(snapshot(extra={"dispatch": {"parked": [3]}})))
     assert "parked" not in _render(render_live(snapshot(extra={"dispatch": {"parked": []}})))
+
+
+def test_summary_groups_executor_failures_by_reason_only_when_there_are_any():
+    assert "executor failures" not in _render(summary_table(snapshot()))
+    groups = [{"reason": f"reason {index}", "count": 10 - index, "example_sha256": "ab" * 32,
+               "example_path": f"corpus/{'ab' * 32}" if index == 0 else None}
+              for index in range(7)]
+    table = _render(summary_table(snapshot(extra={"executor_errors": 49,
+                                                  "executor_failures": groups})))
+    assert "49 runs failed in the executor, not in the target (7 reasons)" in table
+    assert "10 ×" in table and "reason 0 (e.g. corpus/abab" in table
+    assert "reason 1 (e.g. abababababababab)" in table
+    assert "reason 4" in table and "reason 5" not in table
+    assert "2 more reasons in stats.json" in table

@@ -3,17 +3,50 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 from pathlib import Path
 
 from ..config import CampaignConfig, UsageError
 from .base import ExecutionResult, Executor, ExecutorError, Outcome
 
-__all__ = ["ExecutionResult", "Executor", "ExecutorError", "Outcome", "check_available",
+__all__ = ["ExecutionResult", "Executor", "ExecutorError", "Outcome", "check_executor",
            "make_executor"]
 
+# As AFL++'s AFL_SKIP_BIN_CHECK: the target is a wrapper (a script, `env ...`) that runs a
+# build of the right kind, which the check cannot see through.
+SKIP_BIN_CHECK = "SYMCC_MPI_SKIP_BIN_CHECK"
 
-def check_available(name: str) -> None:
-    """Refuse, before launching anything, an executor this machine cannot run."""
+
+def check_executor(name: str, target: tuple[str, ...]) -> None:
+    """Refuse, before launching anything, an executor this machine cannot run, or a target
+    not built for it (SymCC's runs need a SymCC build; Triton's a plain one)."""
+    _check_available(name)
+    if name in ("symcc", "triton") and os.environ.get(SKIP_BIN_CHECK) != "1":
+        _check_build(name, Path(target[0]))
+
+
+def _check_build(executor: str, program: Path) -> None:
+    from .symcc import HOW_TO_GET_SYMCC, SYMCC_RUNTIME_SYMBOL, is_symcc_build
+
+    symbol = SYMCC_RUNTIME_SYMBOL.decode()
+    try:
+        built = is_symcc_build(program)
+    except OSError as error:
+        raise UsageError(f"--target: cannot read {program}: {error.strerror}") from None
+    if executor == "symcc" and not built:
+        why = "not an ELF program" if built is None \
+            else f"it names no {symbol}, SymCC's runtime entry"
+        raise UsageError(
+            f"--executor symcc: {program} is not a SymCC build ({why}): compile it with SymCC "
+            f"({HOW_TO_GET_SYMCC}), run it with --executor triton, or, for a wrapper around a "
+            f"SymCC build, set {SKIP_BIN_CHECK}=1")
+    if executor == "triton" and built:
+        raise UsageError(
+            f"--executor triton: {program} is a SymCC build (it names {symbol}, SymCC's "
+            f"runtime entry): give Triton the plain build (gcc), or use --executor symcc")
+
+
+def _check_available(name: str) -> None:
     if name == "triton":
         for module in ("tritondse", "triton"):
             if importlib.util.find_spec(module) is None:

@@ -28,7 +28,9 @@ class ExecutionResult:
     # Entries of the output directory that are not regular files (symlink, FIFO, ...), by
     # kind: never read, only counted (regular.list_regular).
     skipped: tuple[tuple[str, int], ...] = ()
-    message: str = ""  # for ERROR: what went wrong, one line
+    # For ERROR: what went wrong, one line. For CRASH: the last line the run wrote (a crash
+    # the target's own run does not confirm becomes an ERROR for that reason: crash_witness.py).
+    message: str = ""
     extra: dict = field(default_factory=dict)
     solver_queries: int = 0  # solver checks made
     queries_skipped: int | None = None  # symbolic branches not solved (pruned); None: unknown

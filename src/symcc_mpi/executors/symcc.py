@@ -3,10 +3,10 @@ where it can be, else as a process of its own each run."""
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import logging
+import mmap
 import os
 import re
 import resource
@@ -21,7 +21,8 @@ from pathlib import Path
 from ..regular import list_regular
 from ..wordpipe import PipeClosed
 from .base import ExecutionResult, Outcome
-from .symcc_forkserver import Ended, ForkserverDied, SymccForkserver, kill_group, limit_memory
+from .process import run_once
+from .symcc_forkserver import Ended, ForkserverDied, SymccForkserver, kill_group
 
 log = logging.getLogger("symcc_mpi.executors.symcc")
 
@@ -84,6 +85,40 @@ def targeted_map(targets: frozenset[int]) -> bytes:
             raise ValueError(f"not a SymCC branch target: {target}")
         trace[target - 1] = 0
     return bytes(trace) + b"\xff" * QSYM_MAP_SIZE
+
+
+# How every message that needs SymCC says where to get it (README: Getting SymCC).
+HOW_TO_GET_SYMCC = "`make symcc` builds one, SYMCC_SRC=DIR naming its source; README: Getting SymCC"
+# What every SymCC build calls, by name: its instrumentation's constructor runs it first.
+SYMCC_RUNTIME_SYMBOL = b"_sym_initialize"
+ELF_MAGIC = b"\x7fELF"
+
+
+def is_symcc_build(program: Path) -> bool | None:
+    """Whether `program` was compiled with SymCC: an ELF file that names SymCC's runtime
+    entry `_sym_initialize` (in its dynamic symbols, or its symbol table when the runtime
+    is linked in). None: not an ELF file (a script), so it cannot be told."""
+    with open(program, "rb") as file:
+        if file.read(4) != ELF_MAGIC:
+            return None
+        with mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as content:
+            return content.find(b"\0" + SYMCC_RUNTIME_SYMBOL + b"\0") >= 0
+
+
+_NOT_THE_RUNTIME = (b"[STAT]", b"[INFO]")  # QSYM's running commentary, not a failure
+
+
+def last_words(stderr: bytes, limit: int = 200) -> str:
+    """The line a run that died wrote last, QSYM's statistics skipped; an uncaught C++
+    exception's `what():` line is joined to the `terminate called ...` line before it."""
+    lines = [line.strip() for line in stderr.splitlines()]
+    lines = [line for line in lines if line and not line.startswith(_NOT_THE_RUNTIME)]
+    if not lines:
+        return ""
+    last = lines[-1]
+    if last.startswith(b"what():") and len(lines) > 1:
+        last = lines[-2] + b": " + last[len(b"what():"):].strip()
+    return last.decode("utf-8", "replace")[:limit]
 
 
 def solver_seconds(stderr: bytes) -> float:
@@ -237,7 +272,9 @@ class SymccExecutor:
         listing = list_regular(output_dir, skip_hidden=True)
         counts = self._branch_counts() or _NOT_COUNTED
         return ExecutionResult(outcome, ended.status, wall, solver_seconds(stderr),
-                               listing.files, solver_queries=stderr.count(_QUERY_STAT),
+                               listing.files,
+                               message=last_words(stderr) if outcome is Outcome.CRASH else "",
+                               solver_queries=stderr.count(_QUERY_STAT),
                                queries_skipped=counts.queries_skipped,
                                path_targets=counts.path_targets,
                                solved_targets=counts.solved_targets,
@@ -245,30 +282,12 @@ class SymccExecutor:
 
     def _exec(self, argv: list[str], env: dict, input_path: Path,
               uses_file: bool) -> tuple[Ended, bytes]:
-        stdin = subprocess.DEVNULL if uses_file else open(input_path, "rb")
-        try:
-            # No preexec_fn unless a limit needs one: with it Python forks instead of
-            # vforking, which costs ~2 ms of every run. The core limit is inherited.
-            process = subprocess.Popen(
-                argv, stdin=stdin, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                env=env, start_new_session=True, close_fds=True,
-                preexec_fn=functools.partial(limit_memory, self.memory_limit_mb)
-                if self.memory_limit_mb else None,
-            )
-        finally:
-            if stdin is not subprocess.DEVNULL:
-                stdin.close()
-        timed_out = False
-        self._running = process.pid
-        try:
-            _, stderr = process.communicate(timeout=self.timeout)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            kill_group(process.pid)
-            _, stderr = process.communicate()
-        self._running = None
-        kill_group(process.pid)  # descendants the target left behind
-        return Ended(process.returncode, timed_out), stderr
+        return run_once(argv, env, stdin=None if uses_file else input_path,
+                        timeout=self.timeout, memory_limit_mb=self.memory_limit_mb,
+                        started=self._note_running)
+
+    def _note_running(self, pid: int | None) -> None:
+        self._running = pid
 
     def _forked(self, argv: list[str], env: dict, input_path: Path, output_dir: Path,
                 uses_file: bool) -> tuple[Ended, bytes]:

@@ -103,6 +103,8 @@ class MasterStats:
     first_crash_seconds: float | None = None  # campaign time to the first crash
     startup_seconds: float | None = None  # from the command (or this rank) to the first WORK
     executor_errors: int = 0
+    # Per reason (commit.py): {"count": runs, "example": the first input's SHA-256}
+    executor_failures: dict[str, dict] = field(default_factory=dict)
     executor_time: float = 0.0
     solver_time: float = 0.0
     solver_queries: int = 0

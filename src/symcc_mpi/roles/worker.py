@@ -17,9 +17,10 @@ import msgspec
 
 from ..config import CampaignConfig, UsageError
 from ..corpus import sha256_bytes
+from ..crash_witness import CrashWitness, make_witness
 from ..dispatch.objects import OBJECT_CACHE_CAPACITY
 from ..durable.clock import SYSTEM_CLOCK
-from ..executors import ExecutorError
+from ..executors import ExecutorError, Outcome
 from ..faults import HOSTILE_MARK, Faults, die, stop_self
 from ..host import MACHINE, Host
 from ..protocol import (
@@ -78,6 +79,7 @@ class Worker:
         self.host = host
         self.executor = None
         self.probe = None
+        self.witness = None
         self.problem = ""  # why this rank cannot work, if it cannot
         try:
             # Node-local (--scratch), so made here, on this rank's node (scratch.py).
@@ -89,6 +91,7 @@ class Worker:
                                           coverage_map=self.qsym_map.path
                                           if self.qsym_map else None)
             self.probe = _make_probe(config, self.scratch)
+            self.witness = make_witness(config, self.executor.name, self.probe, self.scratch)
         except (UsageError, ExecutorError, OSError) as error:
             self.problem = str(error)
         self.faults = Faults(rank if fault_rank is None else fault_rank)
@@ -165,7 +168,7 @@ class Worker:
             die(f"rank {self.rank}: fault: SIGKILL during its execution #{self.executions + 1}")
         run = functools.partial(execute, work, self.config, self.executor, self.probe,
                                 self.scratch, self.objects, self.skipped, self.qsym_map,
-                                self.phases)
+                                self.phases, self.witness)
         try:
             result = _watching(channel, run, self.executor) if watch else run()
         except RankFailure:
@@ -288,11 +291,12 @@ class PhaseClock:
 
 def execute(work: Work, config: CampaignConfig, executor, probe, scratch: Path,
             objects: ObjectStore, skipped: SkippedEntries,
-            qsym_map: WorkerMap | None = None, clock: PhaseClock | None = None) -> Result:
+            qsym_map: WorkerMap | None = None, clock: PhaseClock | None = None,
+            witness: CrashWitness | None = None) -> Result:
     """Run one input: keep the objects and map bits WORK carries, verify the input's bytes,
-    run it, stage its children in one pack (staging.py), report what it added to the QSYM map.
-    Output entries that are not regular files are tallied in `skipped`; the time of each
-    phase goes to `clock`."""
+    run it, have `witness` confirm a crash, stage its children in one pack (staging.py),
+    report what it added to the QSYM map. Output entries that are not regular files are
+    tallied in `skipped`; the time of each phase goes to `clock`."""
     clock = clock or PhaseClock()
     if qsym_map is not None:
         try:
@@ -329,6 +333,9 @@ def execute(work: Work, config: CampaignConfig, executor, probe, scratch: Path,
     outcome = executor.run(local_input, raw, targets, pruned=work.pruned)
     clock.lap("target")
     clock.move("target", "solver", outcome.solver_time)
+    if outcome.outcome is Outcome.CRASH and witness is not None:
+        outcome = witness.judge(outcome, data, local_input, executor.name)
+        clock.lap("probe")
     staged, refused = write_pack(outcome.generated, stage, work.input_hash)
     skipped.note(outcome.skipped)
     skipped.note(refused.items())
