@@ -314,8 +314,8 @@ class Committer:
         self.stats.last_find = now
 
     def _executor_failed(self, parent: str, reason: str, rank: int | None) -> None:
-        """Count a run the executor failed (crash_witness.py: a death the target's own run
-        does not confirm is one), grouped by its reason, with the first input as example."""
+        """Count a run the executor failed (witness.py: a death or timeout the target's own
+        run does not repeat is one), grouped by its reason, with the first input as example."""
         stats = self.stats
         stats.executor_errors += 1
         reason = _ADDRESS.sub("0x…", reason) or "no reason given"  # "stopped at 0x4011d6"

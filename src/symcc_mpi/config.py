@@ -26,7 +26,7 @@ class CampaignConfig:
     masters: int = 1  # groups of ranks, each a master and its workers, sharing OUT (F320)
     executor: str = "triton"
     afl_target: tuple[str, ...] | None = None
-    # Confirms a crash of the executor's run when there is no AFL build (crash_witness.py)
+    # Confirms a crash or hang of a SymCC run when there is no AFL build (witness.py)
     plain_target: tuple[str, ...] | None = None
     timeout: float = 10.0  # per execution, seconds
     memory_limit_mb: int | None = None

@@ -571,7 +571,7 @@ SHOWN_REASONS = 5  # failure reasons the summary lists; stats.json has them all
 
 
 def _executor_failures(extra: Mapping[str, Any]) -> list[tuple[str, str]]:
-    """Runs the executor failed (not the target: crash_witness.py), grouped by reason."""
+    """Runs the executor failed (not the target: witness.py), grouped by reason."""
     total = extra.get("executor_errors") or 0
     if not total:
         return []

@@ -1,7 +1,8 @@
-"""What a real SymCC campaign reports is true: a run of the SymCC build that dies is a crash
-only if the target's own run dies on that input too (crash_witness.py); otherwise it is an
-executor failure, counted by reason, and what the run wrote is explored. And a plain build
-is no SymCC build, nor a SymCC build a plain one (executors.check_executor)."""
+"""What a real SymCC campaign reports is true: a run of the SymCC build that dies is a crash,
+one that times out a hang, only if the target's own run does the same on that input
+(witness.py); otherwise it is an executor failure, counted by reason, and what the run wrote
+is explored. And a plain build is no SymCC build, nor a SymCC build a plain one
+(executors.check_executor)."""
 
 from __future__ import annotations
 
@@ -22,15 +23,20 @@ pytestmark = [pytest.mark.mpi, pytest.mark.timeout(300)]
 # Three symbolic comparisons lead to a real crash ("BUG": a store through NULL, in every
 # build); a fourth only adds coverage. Its SymCC build then dies as SymCC's runtime does on
 # many real targets (QSYM's solver throwing, signal 6) after writing what it solved: on every
-# run with symbolic input, never in the AFL or plain build, nor replayed without symbolic input.
+# run with symbolic input, never in the AFL or plain build, nor replayed without symbolic
+# input. And on an input whose fifth byte is 'S' its SymCC build never ends, as a solver that
+# takes longer than the per-run timeout.
 RUNTIME_DIES = r"""
 #include <stdio.h>
 #include <stdlib.h>
+#include <unistd.h>
 int main(int argc, char **argv) {
     unsigned char buf[16] = {0};
     FILE *f = fopen(argv[1], "rb");
     size_t n = f ? fread(buf, 1, sizeof buf, f) : 0;
     if (f) fclose(f);
+    int symbolic = getenv("SYMCC_OUTPUT_DIR") && !getenv("SYMCC_NO_SYMBOLIC_INPUT");
+    if (n > 4 && buf[4] == 'S' && symbolic) for (;;) sleep(1);
     int score = 0;
     if (n > 0 && buf[0] == 'B') {
         score += 1;
@@ -40,7 +46,7 @@ int main(int argc, char **argv) {
         }
     }
     if (n > 3 && buf[3] == '!') score += 4;
-    if (getenv("SYMCC_OUTPUT_DIR") && !getenv("SYMCC_NO_SYMBOLIC_INPUT")) {
+    if (symbolic) {
         fputs("terminate called after throwing an instance of 'z3::exception'\n"
               "  what():  Sorts (_ BitVec 1) and Bool are incompatible\n", stderr);
         abort();
@@ -66,7 +72,7 @@ def builds(tmp_path_factory) -> dict[str, Path]:
                        timeout=120, env={**os.environ, "AFL_QUIET": "1"})
     seeds = tmp / "seeds"
     seeds.mkdir()
-    (seeds / "plain").write_bytes(b"AAAA")
+    (seeds / "plain").write_bytes(b"AAAAA")
     built["seeds"] = seeds
     return built
 
@@ -84,7 +90,7 @@ def test_a_dying_runtime_is_an_executor_failure_and_a_real_crash_still_a_crash(
              "plain": ["--plain-target", f"{builds['plain']} @@"], "replay": []}[witness]
     out = tmp_path / "out"
     process = explore(out, "--executor", "symcc", "--target", f"{builds['symcc']} @@",
-                      "--seeds", builds["seeds"], "--workers", 2, "--timeout", 20, *extra,
+                      "--seeds", builds["seeds"], "--workers", 2, "--timeout", 3, *extra,
                       timeout=240)
     assert_oracles(out, process)
 
@@ -98,15 +104,19 @@ def test_a_dying_runtime_is_an_executor_failure_and_a_real_crash_still_a_crash(
 
     figures = stats(out)
     extra_figures = figures["extra"]
-    reason = f"SIGABRT in the symcc run, not in {WITNESSES[witness]}: {RUNTIME_LINE}"
+    died = f"SIGABRT in the symcc run, not in {WITNESSES[witness]}: {RUNTIME_LINE}"
+    solving = f"timed out after 3 s in the symcc run, not in {WITNESSES[witness]}"
     groups = {group["reason"]: group for group in extra_figures["executor_failures"]}
-    assert list(groups) == [reason], groups
-    # Every run but those of "BUG..." died in the runtime: the seed, "B...", "...!", "BU..".
-    assert groups[reason]["count"] == extra_figures["executor_errors"] >= 3
+    assert set(groups) == {died, solving}, groups
+    assert not list((out / "hangs").iterdir()) and figures["hangs"] == 0
+    # Every run but those of "BUG..." ended in the runtime: the seed, "B....", "...!.",
+    # "BU..."; "....S" never ended.
+    assert groups[died]["count"] >= 3 and groups[solving]["count"] >= 1
+    assert groups[died]["count"] + groups[solving]["count"] == extra_figures["executor_errors"]
     assert figures["executions"] - extra_figures["executor_errors"] <= figures["crashing_runs"]
-    example = groups[reason]["example_sha256"]
-    assert (out / groups[reason]["example_path"]).read_bytes() and example in \
-        groups[reason]["example_path"]
+    example = groups[died]
+    assert example["example_sha256"] in example["example_path"]
+    assert (out / example["example_path"]).is_file()
     assert "executor failures" in process.stdout and RUNTIME_LINE[:60] in process.stdout
 
 

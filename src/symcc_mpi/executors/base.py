@@ -29,7 +29,7 @@ class ExecutionResult:
     # kind: never read, only counted (regular.list_regular).
     skipped: tuple[tuple[str, int], ...] = ()
     # For ERROR: what went wrong, one line. For CRASH: the last line the run wrote (a crash
-    # the target's own run does not confirm becomes an ERROR for that reason: crash_witness.py).
+    # the target's own run does not confirm becomes an ERROR for that reason: witness.py).
     message: str = ""
     extra: dict = field(default_factory=dict)
     solver_queries: int = 0  # solver checks made

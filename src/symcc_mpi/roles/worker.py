@@ -17,7 +17,6 @@ import msgspec
 
 from ..config import CampaignConfig, UsageError
 from ..corpus import sha256_bytes
-from ..crash_witness import CrashWitness, make_witness
 from ..dispatch.objects import OBJECT_CACHE_CAPACITY
 from ..durable.clock import SYSTEM_CLOCK
 from ..executors import ExecutorError, Outcome
@@ -47,6 +46,7 @@ from ..staging import Pack, Staged, read_child, write_entries, write_pack
 from ..storage import describe, storage_refused
 from ..transport import Channel, RankFailure
 from ..triage import FileCoverage
+from ..witness import Witness, make_witness
 
 log = logging.getLogger("symcc_mpi.worker")
 MASTER = 0
@@ -292,9 +292,9 @@ class PhaseClock:
 def execute(work: Work, config: CampaignConfig, executor, probe, scratch: Path,
             objects: ObjectStore, skipped: SkippedEntries,
             qsym_map: WorkerMap | None = None, clock: PhaseClock | None = None,
-            witness: CrashWitness | None = None) -> Result:
+            witness: Witness | None = None) -> Result:
     """Run one input: keep the objects and map bits WORK carries, verify the input's bytes,
-    run it, have `witness` confirm a crash, stage its children in one pack (staging.py),
+    run it, have `witness` confirm a crash or a hang, stage its children in one pack (staging.py),
     report what it added to the QSYM map. Output entries that are not regular files are
     tallied in `skipped`; the time of each phase goes to `clock`."""
     clock = clock or PhaseClock()
@@ -333,8 +333,8 @@ def execute(work: Work, config: CampaignConfig, executor, probe, scratch: Path,
     outcome = executor.run(local_input, raw, targets, pruned=work.pruned)
     clock.lap("target")
     clock.move("target", "solver", outcome.solver_time)
-    if outcome.outcome is Outcome.CRASH and witness is not None:
-        outcome = witness.judge(outcome, data, local_input, executor.name)
+    if outcome.outcome in (Outcome.CRASH, Outcome.TIMEOUT) and witness is not None:
+        outcome = witness.judge(outcome, data, local_input, executor.name, config.timeout)
         clock.lap("probe")
     staged, refused = write_pack(outcome.generated, stage, work.input_hash)
     skipped.note(outcome.skipped)

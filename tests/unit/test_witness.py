@@ -1,5 +1,5 @@
-"""A run the executor saw die is a crash only if the target's own run dies too
-(crash_witness.py); how a SymCC build is recognised, and a dying run's last words."""
+"""A SymCC run that dies is a crash, one that times out a hang, only if the target's own run
+does the same (witness.py); how a SymCC build is recognised, and a dying run's last words."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from symcc_mpi.config import CampaignConfig
-from symcc_mpi.crash_witness import CrashWitness, failure_reason, make_witness
+from symcc_mpi.witness import Witness, failure_reason, make_witness
 from symcc_mpi.executors.base import ExecutionResult, Outcome
 from symcc_mpi.executors.symcc import is_symcc_build, last_words
 from symcc_mpi.triage import FileCoverage, Status
@@ -36,20 +36,32 @@ def _died(signal_number: int, message: str = "") -> ExecutionResult:
                            generated=(Path("written-before-it-died"),))
 
 
-def test_a_death_the_witness_confirms_stays_a_crash():
-    witness = CrashWitness("the AFL build", lambda data, path: True)
+def test_a_crash_or_hang_the_witness_repeats_stands():
     died = _died(11)
-    assert witness.judge(died, b"x", Path("input"), "symcc") is died
+    assert Witness("the AFL build", lambda data, path: Status.CRASH).judge(
+        died, b"x", Path("input"), "symcc", 10.0) is died
+    hung = ExecutionResult(Outcome.TIMEOUT, -9, 10.0)
+    assert Witness("the AFL build", lambda data, path: Status.HANG).judge(
+        hung, b"x", Path("input"), "symcc", 10.0) is hung
+    ran = ExecutionResult(Outcome.OK, 0, 0.1)
+    never = Witness("the AFL build", lambda data, path: pytest.fail("an OK run was re-run"))
+    assert never.judge(ran, b"x", Path("input"), "symcc", 10.0) is ran
 
 
-def test_a_death_the_witness_does_not_confirm_is_an_executor_failure_with_its_reason():
-    witness = CrashWitness("the AFL build", lambda data, path: False)
-    judged = witness.judge(_died(6, Z3_REASON), b"x", Path("input"), "symcc")
+def test_what_the_witness_does_not_repeat_is_an_executor_failure_with_its_reason():
+    witness = Witness("the AFL build", lambda data, path: Status.OK)
+    judged = witness.judge(_died(6, Z3_REASON), b"x", Path("input"), "symcc", 10.0)
     assert judged.outcome is Outcome.ERROR
     assert judged.message == f"SIGABRT in the symcc run, not in the AFL build: {Z3_REASON}"
     assert judged.generated == (Path("written-before-it-died"),)  # still staged and explored
-    assert failure_reason(_died(99), "triton", "a native run of the target") == \
-        "signal 99 in the triton run, not in a native run of the target"
+    solving = ExecutionResult(Outcome.TIMEOUT, -9, 10.0, message="solving")
+    assert witness.judge(solving, b"x", Path("input"), "symcc", 10.0).message == \
+        "timed out after 10 s in the symcc run, not in the AFL build"
+    hanging = Witness("the AFL build", lambda data, path: Status.HANG)
+    assert hanging.judge(_died(11), b"x", Path("input"), "symcc", 2.5).message == \
+        "SIGSEGV in the symcc run, not in the AFL build"
+    assert failure_reason(_died(99), "symcc", "the plain build", 1.0) == \
+        "signal 99 in the symcc run, not in the plain build"
 
 
 def _script(tmp_path: Path, name: str, body: str) -> Path:
@@ -61,7 +73,7 @@ def _script(tmp_path: Path, name: str, body: str) -> Path:
 
 def _config(tmp_path: Path, target: Path, **fields) -> CampaignConfig:
     return CampaignConfig(target=(str(target), "@@"), seeds=None, out=tmp_path / "out",
-                          timeout=5.0, **fields)
+                          timeout=1.0, **fields)
 
 
 class _Probe:
@@ -75,10 +87,12 @@ class _Probe:
 
 
 def test_the_witness_is_the_afl_build_then_the_plain_build_then_symccs_replay(tmp_path):
-    # Dies of SIGSEGV on an input starting with "X", unless SymCC's replay switch is set.
+    # Dies of SIGSEGV on an input starting with "X", hangs on one starting with "Z", unless
+    # SymCC's replay switch is set.
     crasher = _script(tmp_path, "crasher",
                       'if [ -n "$SYMCC_NO_SYMBOLIC_INPUT" ]; then exit 0; fi\n'
-                      'case "$(head -c1 "$1")" in X) kill -SEGV $$;; esac\nexit 0')
+                      'case "$(head -c1 "$1")" in X) kill -SEGV $$;; Z) exec sleep 60;; esac\n'
+                      'exit 0')
     sound = _script(tmp_path, "sound", "exit 0")
     scratch = tmp_path / "scratch"
     scratch.mkdir()
@@ -88,22 +102,22 @@ def test_the_witness_is_the_afl_build_then_the_plain_build_then_symccs_replay(tm
     probe = _Probe(Status.CRASH)
     witness = make_witness(_config(tmp_path, sound, plain_target=(str(sound), "@@")), "symcc",
                            probe, scratch)
-    assert witness.name == "the AFL build" and witness.crashes(b"X", input_path)
+    assert witness.name == "the AFL build" and witness.run(b"X", input_path) is Status.CRASH
     assert probe.probed == [b"X"]
-    assert not make_witness(_config(tmp_path, sound), "symcc", _Probe(Status.HANG),
-                            scratch).crashes(b"X", input_path)
 
     plain = make_witness(_config(tmp_path, sound, plain_target=(str(crasher), "@@")),
                          "symcc", None, scratch)
-    assert plain.name == "the plain build" and plain.crashes(b"X", input_path)
+    assert plain.name == "the plain build" and plain.run(b"X", input_path) is Status.CRASH
     input_path.write_bytes(b"harmless")
-    assert not plain.crashes(b"harmless", input_path)
+    assert plain.run(b"harmless", input_path) is Status.OK
+    input_path.write_bytes(b"Zzz")
+    assert plain.run(b"Zzz", input_path) is Status.HANG
     input_path.write_bytes(b"X marks the spot")
 
     # The SymCC build replayed without symbolic input: this one does not die so.
     replay = make_witness(_config(tmp_path, crasher), "symcc", None, scratch)
     assert "SYMCC_NO_SYMBOLIC_INPUT=1" in replay.name
-    assert not replay.crashes(b"X", input_path)
+    assert replay.run(b"X", input_path) is Status.OK
     assert (scratch / "replay").is_dir() and not list((scratch / "replay").iterdir())
 
     # Triton confirms its crashes with its own native run; noop's runs never die.
