@@ -8,6 +8,7 @@ import pytest
 from symcc_mpi.commit import Accepted, Child, decode_manifest, encode_manifest
 from symcc_mpi.corpus import outstanding
 from symcc_mpi.protocol import MalformedMessage, Result, StagedFile
+from symcc_mpi.storage import STORAGE_EXIT
 from symcc_mpi.ulfm import capability
 from symcc_mpi.verify import _check_work
 
@@ -55,6 +56,9 @@ def test_work_still_out_at_a_clean_end_is_a_problem_but_not_while_running():
     assert problems == [f"1 dispatches were neither committed nor taken back at the end, "
                         f"e.g. {B}"]
     assert facts["out at the end"] == 1
+    # Stopped by a full filesystem: what became of B could not be written; --resume redoes it.
+    stopped = {"phase": "done", "exit_status": STORAGE_EXIT}
+    assert _check_work(records, {A, B}, stopped) == ([], facts)
 
 
 def test_a_manifest_holds_what_the_commit_publishes_and_decodes_back():
