@@ -58,12 +58,18 @@ if [ "$KIND" = archive ]; then
 else
   cp -a "$SRC" "$DEST/src/symcc" && rm -rf "$DEST/src/symcc/.git"
 fi
-cmake -S "$DEST/src/symcc" -B "$DEST/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+# The build's own output goes to a log, shown (its end) only when a step fails.
+LOG="$DEST/build.log"
+step() {
+  "$@" >>"$LOG" 2>&1 || { tail -n 40 "$LOG" >&2; fail "$1 failed (whole log: $LOG)"; }
+}
+: >"$LOG"
+step cmake -S "$DEST/src/symcc" -B "$DEST/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -DCMAKE_C_COMPILER="$LLVM_BIN/clang" -DCMAKE_CXX_COMPILER="$LLVM_BIN/clang++" \
   -DSYMCC_RT_BACKEND=qsym -DZ3_TRUST_SYSTEM_VERSION=on \
   -DLLVM_DIR="$(llvm-config-15 --cmakedir)" \
-  -DCLANG_BINARY="$LLVM_BIN/clang" -DCLANGPP_BINARY="$LLVM_BIN/clang++" >/dev/null
-ninja -C "$DEST/build" ${JOBS:+-j "$JOBS"} >/dev/null
+  -DCLANG_BINARY="$LLVM_BIN/clang" -DCLANGPP_BINARY="$LLVM_BIN/clang++"
+step ninja -C "$DEST/build" ${JOBS:+-j "$JOBS"}
 mkdir -p "$DEST/bin"
 ln -sf "$DEST/build/symcc" "$DEST/bin/symcc"
 ln -sf "$DEST/build/sym++" "$DEST/bin/sym++"
