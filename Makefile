@@ -69,7 +69,7 @@ demo: setup
 	rm -rf $(DEMO_OUT)
 	$(VENV)/bin/symcc-mpi explore --target "examples/build/tlv @@" \
 	    --afl-target "examples/build/tlv.afl @@" --seeds examples/seeds/tlv \
-	    --out $(DEMO_OUT) --workers 2 --timeout 10 --wall-timeout 300
+	    --out $(DEMO_OUT) --workers 2 --timeout 10 --wall-timeout 60
 	$(VENV)/bin/symcc-mpi verify $(DEMO_OUT)
 
 # pytest exits 5 when it collected nothing: that is a failure here, not a pass.
