@@ -64,10 +64,11 @@ def cli() -> None:
 @click.option("--executor", type=click.Choice(EXECUTORS), default="triton", show_default=True)
 @click.option("--afl-target", metavar="CMD",
               help="AFL-instrumented build for coverage triage (afl-showmap); it also "
-                   "confirms that an input the executor's run died on crashes the target.")
+                   "confirms that a SymCC run's crash or hang is the target's.")
 @click.option("--plain-target", metavar="CMD",
-              help="Without --afl-target: a plain build of the target that confirms crashes "
-                   "(default: the SymCC build replayed without symbolic input).")
+              help="Without --afl-target: a plain build of the target that confirms a SymCC "
+                   "run's crash or hang (default: the SymCC build replayed without symbolic "
+                   "input).")
 @click.option("--timeout", type=float, default=10.0, show_default=True,
               help="Seconds per execution.")
 @click.option("--memory-limit", type=int, metavar="MB", help="Address-space limit per run.")

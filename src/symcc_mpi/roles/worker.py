@@ -19,7 +19,7 @@ from ..config import CampaignConfig, UsageError
 from ..corpus import sha256_bytes
 from ..dispatch.objects import OBJECT_CACHE_CAPACITY
 from ..durable.clock import SYSTEM_CLOCK
-from ..executors import ExecutorError, Outcome
+from ..executors import ExecutorError
 from ..faults import HOSTILE_MARK, Faults, die, stop_self
 from ..host import MACHINE, Host
 from ..protocol import (
@@ -333,7 +333,7 @@ def execute(work: Work, config: CampaignConfig, executor, probe, scratch: Path,
     outcome = executor.run(local_input, raw, targets, pruned=work.pruned)
     clock.lap("target")
     clock.move("target", "solver", outcome.solver_time)
-    if outcome.outcome in (Outcome.CRASH, Outcome.TIMEOUT) and witness is not None:
+    if witness is not None:  # it re-runs a crash or a hang only
         outcome = witness.judge(outcome, data, local_input, executor.name, config.timeout)
         clock.lap("probe")
     staged, refused = write_pack(outcome.generated, stage, work.input_hash)
