@@ -19,7 +19,7 @@ SYMCC_HOME ?= $(HOME)/.cache/symcc-mpi/symcc-$(SYMCC_KEY)
 SYMCC_STAMP = $(SYMCC_HOME)/.symcc-mpi-complete
 HAVE_SYMCC_SOURCE := $(if $(SYMCC_KEY),1)
 
-.PHONY: setup system-packages symcc examples demo test simulate benchmarks clean
+.PHONY: setup system-packages symcc examples demo lint test simulate benchmarks clean
 
 setup: $(STAMP)
 
@@ -72,9 +72,15 @@ demo: setup
 	    --out $(DEMO_OUT) --workers 2 --timeout 10 --wall-timeout 60
 	$(VENV)/bin/symcc-mpi verify $(DEMO_OUT)
 
-# pytest exits 5 when it collected nothing: that is a failure here, not a pass.
-test: examples
-	$(if $(HAVE_SYMCC_SOURCE),SYMCC_MPI_REQUIRE_SYMCC=1) $(PYTHON) -m pytest -q -p no:cacheprovider --durations=20 tests; rc=$$?; \
+# ruff, and the layers of docs/architecture.md as import-linter contracts (pyproject.toml).
+lint: setup
+	$(VENV)/bin/ruff check src tests benchmarks
+	$(VENV)/bin/lint-imports --no-cache
+
+# pytest exits 5 when it collected nothing: that is a failure here, not a pass. -rs prints
+# why each skipped test was skipped.
+test: lint examples
+	$(if $(HAVE_SYMCC_SOURCE),SYMCC_MPI_REQUIRE_SYMCC=1) $(PYTHON) -m pytest -q -rs -p no:cacheprovider --durations=20 tests; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; \
 	exit $$rc
 

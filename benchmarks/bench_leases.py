@@ -14,7 +14,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from symcc_mpi.durable.leases import DEFAULT_SHARDS, FencedWorkLeaseTable
+from symcc_mpi.federation.leases import DEFAULT_SHARDS, FencedWorkLeaseTable
 
 BATCHES = (1, 8, 64)  # a claim batch: one input, a master's idle workers, a big refill
 TASKS = 512  # per measurement; a multiple of every batch

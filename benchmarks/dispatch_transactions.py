@@ -31,7 +31,7 @@ from _campaign import ROOT, print_table, run_campaign
 from symcc_mpi.dispatch.coordinator import DispatchCoordinator
 from symcc_mpi.dispatch.tables import CommitStart
 from symcc_mpi.dispatch.watchdog import WatchdogConfig
-from symcc_mpi.frontier import Frontier
+from symcc_mpi.scheduling.frontier import Frontier
 
 BASELINE = "446eb2a"  # "MPI tests: one helper to launch a campaign ...": before issue 4's wiring
 TASKS = 3000

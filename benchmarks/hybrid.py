@@ -52,8 +52,8 @@ from _campaign import (
     time_to,
 )
 
-from symcc_mpi.forkserver import ForkserverProbe
-from symcc_mpi.triage import CoverageMap, Status
+from symcc_mpi.coverage.forkserver import ForkserverProbe
+from symcc_mpi.coverage.triage import CoverageMap, Status
 
 DEFAULT_TARGETS = ("gate", "json")
 DEFAULT_BUDGET = 120.0  # per configuration: ~16 min for the two default targets (2 cores)

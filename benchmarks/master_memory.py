@@ -32,8 +32,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 
-from symcc_mpi.digests import DigestTable  # noqa: E402
-from symcc_mpi.frontier import Frontier  # noqa: E402
+from symcc_mpi.scheduling.digests import DigestTable  # noqa: E402
+from symcc_mpi.scheduling.frontier import Frontier  # noqa: E402
 
 CORPUS = 250_000
 CHILDREN_PER_INPUT = 3

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from _campaign import ROOT, print_table, run_campaign
 
-from symcc_mpi.corpus import CampaignDir, done_journals
+from symcc_mpi.campaign.corpus import CampaignDir, done_journals
 
 EXAMPLES = ROOT / "examples"
 

@@ -60,8 +60,8 @@ from pathlib import Path
 
 from _campaign import CLI, ROOT, print_table, run_campaign
 
-from symcc_mpi.corpus import CampaignDir
-from symcc_mpi.launch import find_mpiexec
+from symcc_mpi.campaign.corpus import CampaignDir
+from symcc_mpi.job.launch import find_mpiexec
 
 WORKERS = 5
 SEEDS = 1000

@@ -37,10 +37,10 @@ from pathlib import Path
 
 from _campaign import keep_stdout, print_table, run_campaign
 
-from symcc_mpi.corpus import CampaignDir
+from symcc_mpi.campaign.corpus import CampaignDir
+from symcc_mpi.campaign.report import afl_queue_name
+from symcc_mpi.campaign.snapshot import covers_journal
 from symcc_mpi.durable.journal import encode_line
-from symcc_mpi.report import afl_queue_name
-from symcc_mpi.snapshot import covers_journal
 
 TARGET_SECONDS = 5.0
 GOAL_INPUTS = 1_000_000

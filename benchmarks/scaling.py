@@ -17,7 +17,7 @@ from pathlib import Path
 
 from _campaign import ROOT, print_table, run_campaign
 
-from symcc_mpi.corpus import CampaignDir
+from symcc_mpi.campaign.corpus import CampaignDir
 
 SEEDS = 100
 SPEEDUP_TARGET = 1.7

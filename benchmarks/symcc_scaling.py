@@ -73,11 +73,11 @@ from _campaign import (
     time_to,
 )
 
-from symcc_mpi.corpus import CampaignDir
+from symcc_mpi.campaign.corpus import CampaignDir
+from symcc_mpi.coverage.forkserver import ForkserverProbe
+from symcc_mpi.coverage.triage import CoverageMap, Status
 from symcc_mpi.executors.symcc import preload_library
-from symcc_mpi.forkserver import ForkserverProbe
-from symcc_mpi.scratch import default_root
-from symcc_mpi.triage import CoverageMap, Status
+from symcc_mpi.processes.scratch import default_root
 
 BARE, PRUNING, HELPER, PREVIOUS, THIS = "bare", "bare+pruning", "helper", "previous", "this"
 CONFIGURATIONS = (BARE, PRUNING, HELPER, PREVIOUS, THIS)

@@ -1,6 +1,6 @@
 """Splitting: time to the same coverage and unique targets solved per CPU-second, on vs off.
 
-One input's branches split among free workers (`explore --split`, src/symcc_mpi/splitting.py)
+One input's branches split among free workers (`explore --split`, scheduling/splitting.py)
 against whole inputs only (`--no-split`), where splitting should matter most: one seed and
 more workers than the frontier has inputs at first. Per example target (default json and
 ini, one seed file each), per executor (real SymCC on the `.symcc` build, Triton on the

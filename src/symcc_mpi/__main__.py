@@ -1,5 +1,5 @@
 """`python -m symcc_mpi` is the `symcc-mpi` command."""
 
-from .cli import main
+from symcc_mpi.job.cli import main
 
 main()

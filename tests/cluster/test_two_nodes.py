@@ -30,8 +30,8 @@ from pathlib import Path
 import pytest
 from harness import ROOT, assert_oracles, crash_files, crashes_natively, stats, verify
 
-from symcc_mpi.corpus import STOP_REQUEST
-from symcc_mpi.durable.generations import (
+from symcc_mpi.campaign.corpus import STOP_REQUEST
+from symcc_mpi.ulfm.generations import (
     GENERATIONS_JOURNAL,
     GenerationLog,
     GenerationLogError,

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from symcc_mpi.durable.atomic import write_durable
 from symcc_mpi.durable.clock import ManualClock
-from symcc_mpi.durable.target_leases import FencedTargetLeaseTable, target_id
+from symcc_mpi.federation.target_leases import FencedTargetLeaseTable, target_id
 
 FORK = multiprocessing.get_context("fork")
 TARGETS = range(1, 7)

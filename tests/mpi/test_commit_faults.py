@@ -15,7 +15,7 @@ import time
 import pytest
 from harness import ROOT, assert_oracles, done_hashes, explore, stats
 
-from symcc_mpi.faults import RELEASE_FILE
+from symcc_mpi.roles.faults import RELEASE_FILE
 
 pytestmark = [pytest.mark.mpi, pytest.mark.timeout(600)]
 

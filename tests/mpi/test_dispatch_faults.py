@@ -9,7 +9,7 @@ import os
 import pytest
 from harness import assert_oracles, crash_files, done_hashes, explore, stats, verify
 
-from symcc_mpi.roles.master import SHUTDOWN_GRACE
+from symcc_mpi.wire.protocol import SHUTDOWN_GRACE
 
 pytestmark = [pytest.mark.mpi, pytest.mark.timeout(600)]
 

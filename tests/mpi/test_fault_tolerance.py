@@ -14,7 +14,7 @@ from collections import Counter
 import pytest
 from harness import ROOT, assert_oracles, crash_files, explore, stats, verify
 
-from symcc_mpi.corpus import CampaignDir
+from symcc_mpi.campaign.corpus import CampaignDir
 
 pytestmark = [pytest.mark.mpi, pytest.mark.timeout(900)]
 

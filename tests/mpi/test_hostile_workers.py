@@ -9,7 +9,7 @@ import os
 import pytest
 from harness import assert_oracles, crash_files, explore, stats
 
-from symcc_mpi.faults import HOSTILE_FIELDS, HOSTILE_MARK
+from symcc_mpi.roles.faults import HOSTILE_FIELDS, HOSTILE_MARK
 
 pytestmark = [pytest.mark.mpi, pytest.mark.timeout(600)]
 

@@ -25,7 +25,7 @@ from harness import (
 )
 
 from symcc_mpi.durable.journal import DEFERRED_JOURNAL_NAME
-from symcc_mpi.storage import STOP_ADVICE, STORAGE_EXIT
+from symcc_mpi.durable.storage import STOP_ADVICE, STORAGE_EXIT
 
 sys.path.insert(0, str(ROOT / "tests" / "symcc"))
 from realsymcc import BUILD, SEEDS, unavailable  # noqa: E402

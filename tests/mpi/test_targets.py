@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from harness import EXAMPLES, assert_oracles, explore, stats, verify
 
-from symcc_mpi.corpus import CampaignDir
-from symcc_mpi.ownership import owner
+from symcc_mpi.campaign.corpus import CampaignDir
+from symcc_mpi.federation.ownership import owner
 
 BUILD = EXAMPLES / "build"
 TTL = 3.0  # seconds, of the target leases in the pause test

@@ -45,8 +45,8 @@ from symcc_mpi.dispatch.watchdog import (
 )
 from symcc_mpi.durable.clock import ManualClock
 from symcc_mpi.durable.journal import DeferredWorkJournal
-from symcc_mpi.frontier import Frontier
-from symcc_mpi.protocol import Work
+from symcc_mpi.scheduling.frontier import Frontier
+from symcc_mpi.wire.protocol import Work
 
 RANKS = (1, 2, 3, 4)
 WATCHDOG = 50.0

@@ -13,8 +13,8 @@ import hypothesis.strategies as st
 from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from symcc_mpi.digests import DigestTable
-from symcc_mpi.frontier import Frontier
+from symcc_mpi.scheduling.digests import DigestTable
+from symcc_mpi.scheduling.frontier import Frontier
 
 POOL = ([hashlib.sha256(b"pool %d" % i).digest() for i in range(8)]
         + [b"\xc3" * 8 + hashlib.sha256(b"tail %d" % i).digest()[:24] for i in range(8)])

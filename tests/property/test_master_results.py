@@ -19,14 +19,14 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+from symcc_mpi.campaign.corpus import CampaignDir, check_out_dir, sha256_bytes
 from symcc_mpi.config import CampaignConfig
-from symcc_mpi.corpus import CampaignDir, check_out_dir, sha256_bytes
+from symcc_mpi.coverage.triage import CoverageMap, FileCoverage, Status
 from symcc_mpi.dispatch.watchdog import WatchdogConfig
-from symcc_mpi.protocol import MalformedMessage, Tag, decode
 from symcc_mpi.roles.master import Master
-from symcc_mpi.staging import write_entries
-from symcc_mpi.transport import Incoming
-from symcc_mpi.triage import CoverageMap, FileCoverage, Status
+from symcc_mpi.wire.protocol import MalformedMessage, Tag, decode
+from symcc_mpi.wire.staging import write_entries
+from symcc_mpi.wire.transport import Incoming
 
 WORKERS = (1, 2)
 

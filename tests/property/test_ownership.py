@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from symcc_mpi import ownership
-from symcc_mpi.ownership import lease_directory, new_epoch, owner
+from symcc_mpi.federation import ownership
+from symcc_mpi.federation.ownership import lease_directory, new_epoch, owner
 
 DIGESTS = [hashlib.sha256(f"fixed-{i}".encode()).hexdigest() for i in range(600)]
 

@@ -34,8 +34,8 @@ from hypothesis.stateful import (
     rule,
 )
 
-from symcc_mpi import pruning
-from symcc_mpi.pruning import (
+from symcc_mpi.coverage import pruning
+from symcc_mpi.coverage.pruning import (
     MAP_SIZE,
     PruningLedger,
     PruningMode,

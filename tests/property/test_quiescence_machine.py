@@ -31,14 +31,12 @@ from hypothesis import event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from symcc_mpi.quiescence import (
+from symcc_mpi.federation.quiescence import Coordinator, Outcome, Participant
+from symcc_mpi.wire.control import (
     Abort,
     Ack,
     Commit,
-    Coordinator,
     MalformedControl,
-    Outcome,
-    Participant,
     Prepare,
     Status,
     Vote,

@@ -40,8 +40,8 @@ from hypothesis.stateful import (
 )
 from mpi4py import MPI
 
-from symcc_mpi.durable.generations import ForkRefused, GenerationLog, digest_of
 from symcc_mpi.durable.journal import write_all
+from symcc_mpi.ulfm.generations import ForkRefused, GenerationLog, digest_of
 from symcc_mpi.ulfm.runtime import Generation, recover
 
 STUCK_FOR = 120.0  # a wait this long is a hang of the fake's bookkeeping, not a slow machine

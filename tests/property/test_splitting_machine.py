@@ -13,8 +13,8 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from symcc_mpi.frontier import Frontier
-from symcc_mpi.splitting import TRACE, WorkSource, parse_work_id
+from symcc_mpi.scheduling.frontier import Frontier
+from symcc_mpi.scheduling.splitting import TRACE, WorkSource, parse_work_id
 
 TARGETS = st.integers(min_value=1, max_value=4)
 

@@ -16,7 +16,7 @@ from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, invar
 
 from symcc_mpi.durable.atomic import write_durable
 from symcc_mpi.durable.clock import ManualClock
-from symcc_mpi.durable.target_leases import FencedTargetLeaseTable, target_group
+from symcc_mpi.federation.target_leases import FencedTargetLeaseTable, target_group
 
 TARGETS = [1, 2, 3, 4, 5, 6]
 TTLS = [10.0, 10.0, 4.0]  # masters may disagree on TTL: each record carries its own expiry

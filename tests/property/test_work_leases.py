@@ -24,7 +24,7 @@ from hypothesis.stateful import (
 
 from symcc_mpi.durable.atomic import write_durable
 from symcc_mpi.durable.clock import ManualClock
-from symcc_mpi.durable.leases import (
+from symcc_mpi.federation.leases import (
     ENV_LOCK_ACQUIRE_TIMEOUT,
     ENV_SHARDS,
     ENV_TTL,
@@ -330,7 +330,7 @@ def test_record_that_contradicts_its_name_is_quarantined_then_claimed_as_absent(
 
 
 def test_grouped_claim_takes_each_shard_lock_once(tmp_path, monkeypatch):
-    from symcc_mpi.durable import leases
+    from symcc_mpi.federation import leases
 
     acquired = []
     real = leases.DirectoryLock.acquire

@@ -17,15 +17,15 @@ from pathlib import Path
 
 import msgspec
 
-from symcc_mpi.corpus import CampaignDir, done_journals
+from symcc_mpi.campaign.corpus import CampaignDir, done_journals
+from symcc_mpi.campaign.verify import _read_deferred, verify_campaign
 from symcc_mpi.dispatch.tables import Table
-from symcc_mpi.durable.generations import GENERATIONS_JOURNAL, GenerationLog
 from symcc_mpi.durable.journal import DEFERRED_JOURNAL_NAME
-from symcc_mpi.protocol import Tag
+from symcc_mpi.job.session import Generations
 from symcc_mpi.roles.master import Master
 from symcc_mpi.roles.worker import Worker
-from symcc_mpi.session import Generations
-from symcc_mpi.verify import _read_deferred, verify_campaign
+from symcc_mpi.ulfm.generations import GENERATIONS_JOURNAL, GenerationLog
+from symcc_mpi.wire.protocol import Tag
 
 from .world import Process, SimComm, SimDoorbell
 

@@ -27,8 +27,8 @@ from symcc_mpi.config import CampaignConfig
 from symcc_mpi.dispatch.watchdog import ENV_WATCHDOG
 from symcc_mpi.durable.atomic import SYSTEM_DISK
 from symcc_mpi.durable.clock import SYSTEM_CLOCK
-from symcc_mpi.durable.leases import ENV_TTL
-from symcc_mpi.session import run_rank
+from symcc_mpi.federation.leases import ENV_TTL
+from symcc_mpi.job.session import run_rank
 
 from .invariants import Checker, Violation
 from .world import (

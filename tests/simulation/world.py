@@ -29,12 +29,12 @@ import greenlet
 import msgspec
 from mpi4py import MPI
 
-from symcc_mpi.durable.generations import GENERATIONS_JOURNAL
+from symcc_mpi.campaign.corpus import LEASE_DIRECTORY_PREFIX
 from symcc_mpi.executors.base import ExecutionResult, Outcome
-from symcc_mpi.host import Host
-from symcc_mpi.ownership import LEASE_DIRECTORY_PREFIX
-from symcc_mpi.protocol import Tag
+from symcc_mpi.roles.host import Host
 from symcc_mpi.ulfm.capability import Decision
+from symcc_mpi.ulfm.generations import GENERATIONS_JOURNAL
+from symcc_mpi.wire.protocol import Tag
 
 WALL_START = 1_800_000_000.0  # the virtual wall clock's reading at virtual monotonic 0
 MIN_NAP = 1e-6  # a sleep of 0 still lets the others run

@@ -16,7 +16,7 @@ from harness import assert_oracles, crash_files, crashes_natively, explore, stat
 from realsymcc import BUILD
 from test_real_symcc_executor import symcc_compile
 
-from symcc_mpi.cli import cli
+from symcc_mpi.job.cli import cli
 
 pytestmark = [pytest.mark.mpi, pytest.mark.timeout(300)]
 

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from symcc_mpi.afl_sync import (
+from symcc_mpi.campaign.afl_sync import (
     AFL_MAX_FILE,
     CURSORS_FILE,
     FleetQueues,
@@ -20,8 +20,8 @@ from symcc_mpi.afl_sync import (
     helper_rank,
     load_cursors,
 )
-from symcc_mpi.corpus import CampaignDir, sha256_bytes
-from symcc_mpi.frontier import Frontier
+from symcc_mpi.campaign.corpus import CampaignDir, sha256_bytes
+from symcc_mpi.scheduling.frontier import Frontier
 
 
 class Clock:
@@ -290,13 +290,13 @@ def test_an_unreadable_fuzzer_directory_is_skipped_with_one_warning(tmp_path, ca
 
 class FailingProbe:
     def probe(self, paths):
-        from symcc_mpi.triage import TriageError
+        from symcc_mpi.coverage.triage import TriageError
 
         raise TriageError("afl-showmap died")
 
 
 def test_imports_survive_a_failing_coverage_probe(tmp_path, caplog):
-    from symcc_mpi.triage import CoverageMap
+    from symcc_mpi.coverage.triage import CoverageMap
 
     campaign = campaign_in(tmp_path)
     afl_entry(tmp_path, "main", "id:000000,orig:a", b"a")
@@ -326,8 +326,8 @@ AFL_GATE = Path(__file__).resolve().parents[2] / "examples" / "build" / "gate.af
 def test_what_the_fuzzers_hold_is_in_the_triage_map_before_anything_is_kept(tmp_path):
     """Triage against the fleet: a generated input whose edges and hit counts an imported
     entry already has adds nothing; one with a new edge does."""
-    from symcc_mpi.forkserver import ForkserverProbe
-    from symcc_mpi.triage import CoverageMap
+    from symcc_mpi.coverage.forkserver import ForkserverProbe
+    from symcc_mpi.coverage.triage import CoverageMap
 
     campaign = campaign_in(tmp_path)
     afl_entry(tmp_path, "main", "id:000000,src:000000,op:havoc,+cov", b"GT0000abc")

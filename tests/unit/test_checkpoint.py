@@ -15,9 +15,9 @@ import os
 import msgspec
 import pytest
 
-from symcc_mpi import checkpoint as checkpoint_module
-from symcc_mpi import corpus as corpus_module
-from symcc_mpi.checkpoint import (
+from symcc_mpi.campaign import checkpoint as checkpoint_module
+from symcc_mpi.campaign import corpus as corpus_module
+from symcc_mpi.campaign.checkpoint import (
     PRUNING_DIR,
     SAVE_INTERVAL,
     SYNC_INTERVAL,
@@ -27,9 +27,9 @@ from symcc_mpi.checkpoint import (
     load_pruning,
     load_triage,
 )
-from symcc_mpi.corpus import CampaignDir, CampaignError
-from symcc_mpi.pruning import MAP_SIZE, SHARED_SCOPE, Delta, PruningLedger, PruningMode
-from symcc_mpi.triage import CoverageMap, FileCoverage, Status
+from symcc_mpi.campaign.corpus import CampaignDir, CampaignError
+from symcc_mpi.coverage.pruning import MAP_SIZE, SHARED_SCOPE, Delta, PruningLedger, PruningMode
+from symcc_mpi.coverage.triage import CoverageMap, FileCoverage, Status
 
 
 class FakeClock:
@@ -172,7 +172,7 @@ def test_triage_state_round_trip_with_queue_entries(campaign):
 ], ids=["empty", "garbage", "version", "shape", "coverage", "coverage-version"])
 def test_corrupt_triage_state_replays_the_queue(campaign, caplog, content):
     (campaign.state / TRIAGE_FILE).write_bytes(content)
-    with caplog.at_level(logging.WARNING, logger="symcc_mpi.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="symcc_mpi.campaign.checkpoint"):
         assert load_triage(campaign) == (None, 0)
     assert TRIAGE_FILE in caplog.text and "replaying the whole queue" in caplog.text
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from symcc_mpi.cli import cli
+from symcc_mpi.job.cli import cli
 
 AFL_BUILD = Path(__file__).resolve().parents[2] / "examples" / "build" / "gate.afl"
 
@@ -143,7 +143,7 @@ def test_verify_of_a_non_campaign(tmp_path):
 
 
 def test_corrupt_state_file_is_refused_before_launch(setup):
-    from symcc_mpi.corpus import CampaignDir
+    from symcc_mpi.campaign.corpus import CampaignDir
 
     tmp, seeds, target = setup
     campaign = CampaignDir(tmp / "o")
@@ -171,7 +171,7 @@ def test_negative_workers(setup):
 
 
 def test_more_workers_than_memory_holds_is_refused_before_mpiexec(setup, monkeypatch):
-    import symcc_mpi.launch as launch
+    import symcc_mpi.job.launch as launch
 
     monkeypatch.setattr(launch, "launch", lambda *a, **k: pytest.fail("mpiexec was started"))
     tmp, seeds, target = setup
@@ -181,7 +181,7 @@ def test_more_workers_than_memory_holds_is_refused_before_mpiexec(setup, monkeyp
 
 def test_worker_bound_is_what_the_available_memory_holds():
     from symcc_mpi.config import UsageError
-    from symcc_mpi.launch import RANK_MEMORY, check_workers
+    from symcc_mpi.job.launch import RANK_MEMORY, check_workers
 
     check_workers(3, available=4 * RANK_MEMORY)  # 3 workers + the master
     with pytest.raises(UsageError, match="at most 3 workers fit"):
@@ -192,7 +192,7 @@ def test_worker_bound_is_what_the_available_memory_holds():
 
 def test_in_an_allocation_of_several_nodes_each_holds_its_share(monkeypatch):
     from symcc_mpi.config import UsageError
-    from symcc_mpi.launch import RANK_MEMORY, check_workers
+    from symcc_mpi.job.launch import RANK_MEMORY, check_workers
 
     monkeypatch.setenv("SLURM_JOB_NUM_NODES", "4")
     check_workers(15, available=4 * RANK_MEMORY)  # 16 ranks, 4 on each node
@@ -202,8 +202,8 @@ def test_in_an_allocation_of_several_nodes_each_holds_its_share(monkeypatch):
 
 
 def test_resume_of_a_live_campaign_is_refused_before_mpiexec(setup, monkeypatch):
-    import symcc_mpi.launch as launch
-    from symcc_mpi.corpus import CampaignDir
+    import symcc_mpi.job.launch as launch
+    from symcc_mpi.campaign.corpus import CampaignDir
 
     monkeypatch.setattr(launch, "launch", lambda *a, **k: pytest.fail("mpiexec was started"))
     tmp, seeds, target = setup
@@ -222,8 +222,8 @@ def test_resume_of_a_live_campaign_is_refused_before_mpiexec(setup, monkeypatch)
 
 
 def test_resume_on_a_read_only_filesystem_is_refused_before_mpiexec(setup, monkeypatch):
-    import symcc_mpi.launch as launch
-    from symcc_mpi.corpus import CampaignDir
+    import symcc_mpi.job.launch as launch
+    from symcc_mpi.campaign.corpus import CampaignDir
 
     monkeypatch.setattr(launch, "launch", lambda *a, **k: pytest.fail("mpiexec was started"))
     tmp, seeds, target = setup
@@ -290,7 +290,7 @@ def test_hybrid_refuses_an_afl_instance_of_the_same_name(setup):
                                         ("FILE", "not a directory")])
 def test_a_scratch_directory_that_cannot_be_used_is_refused_before_mpiexec(setup, monkeypatch,
                                                                            where, why):
-    import symcc_mpi.launch as launch
+    import symcc_mpi.job.launch as launch
 
     monkeypatch.setattr(launch, "launch", lambda *a, **k: pytest.fail("mpiexec was started"))
     tmp, seeds, target = setup
@@ -302,8 +302,8 @@ def test_a_scratch_directory_that_cannot_be_used_is_refused_before_mpiexec(setup
 
 
 def test_scratch_is_absolute_and_a_resume_may_name_another(setup, monkeypatch):
-    import symcc_mpi.launch as launch
-    from symcc_mpi.corpus import CampaignDir
+    import symcc_mpi.job.launch as launch
+    from symcc_mpi.campaign.corpus import CampaignDir
 
     launched = []
     monkeypatch.setattr(launch, "launch", lambda config, argv, live: launched.append(config))
@@ -329,12 +329,12 @@ PLAIN_BUILD = AFL_BUILD.with_name("gate")
 
 def _no_launch(monkeypatch):
     """Any mpiexec start fails the test: a refusal must come before it."""
-    import symcc_mpi.launch
+    import symcc_mpi.job.launch
 
     def launch(*args, **kwargs):
         raise AssertionError("mpiexec was started")
 
-    monkeypatch.setattr(symcc_mpi.launch, "launch", launch)
+    monkeypatch.setattr(symcc_mpi.job.launch, "launch", launch)
 
 
 def test_symcc_executor_refuses_a_plain_build_before_mpiexec(setup, monkeypatch):

@@ -11,15 +11,15 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from symcc_mpi.checkpoint import Checkpointer
-from symcc_mpi.commit import Committer, Refused, Unusable
-from symcc_mpi.corpus import CampaignDir, check_out_dir, sha256_bytes
-from symcc_mpi.protocol import INVALID_INPUT, Result, ResultField, StagedFile
-from symcc_mpi.pruning import Delta, PruningLedger, PruningMode
-from symcc_mpi.pruning import encode as encode_delta
+from symcc_mpi.campaign.checkpoint import Checkpointer
+from symcc_mpi.campaign.commit import Committer, Refused, Unusable
+from symcc_mpi.campaign.corpus import CampaignDir, check_out_dir, sha256_bytes
+from symcc_mpi.coverage.pruning import Delta, PruningLedger, PruningMode
+from symcc_mpi.coverage.pruning import encode as encode_delta
+from symcc_mpi.coverage.triage import CoverageMap, FileCoverage, Status
 from symcc_mpi.roles.master import MasterStats, WorkerStats
-from symcc_mpi.staging import write_entries
-from symcc_mpi.triage import CoverageMap, FileCoverage, Status
+from symcc_mpi.wire.protocol import INVALID_INPUT, Result, ResultField, StagedFile
+from symcc_mpi.wire.staging import write_entries
 
 TOKEN = "cd" * 16
 RANK = 1
@@ -571,7 +571,7 @@ def test_executor_failures_are_grouped_by_reason_and_what_their_runs_wrote_is_ke
         plain.frontier.add(plain.parent)
         parents.append(plain.parent)
         child = plain.stage(f"written before it died {index}".encode())
-        with caplog.at_level("WARNING", logger="symcc_mpi.commit"):
+        with caplog.at_level("WARNING", logger="symcc_mpi.campaign.commit"):
             plain.check_and_commit(plain.result([child], token=f"{index:02x}" * 16,
                                                 outcome="error", exit_status=-6,
                                                 message=reason))

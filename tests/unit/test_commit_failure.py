@@ -11,14 +11,14 @@ from pathlib import Path
 
 import pytest
 
+from symcc_mpi.campaign.corpus import CampaignDir, check_out_dir, sha256_bytes
 from symcc_mpi.config import CampaignConfig
-from symcc_mpi.corpus import CampaignDir, check_out_dir, sha256_bytes
 from symcc_mpi.dispatch.watchdog import WatchdogConfig
 from symcc_mpi.durable.journal import DeferredWorkJournal
-from symcc_mpi.protocol import Ready, Result, StagedFile, Tag, Work
 from symcc_mpi.roles.master import Master
-from symcc_mpi.staging import write_entries
-from symcc_mpi.transport import Incoming
+from symcc_mpi.wire.protocol import Ready, Result, StagedFile, Tag, Work
+from symcc_mpi.wire.staging import write_entries
+from symcc_mpi.wire.transport import Incoming
 
 RANK = 1
 CHILDREN = (b"first child", b"second child")

@@ -13,6 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from symcc_mpi.coverage.pruning import PruningLedger, PruningMode
 from symcc_mpi.dispatch.coordinator import UNREADABLE_SOURCE, DispatchCoordinator
 from symcc_mpi.dispatch.tables import CommitStart, ResultClass, Table
 from symcc_mpi.dispatch.transaction import SendPhase
@@ -24,9 +25,8 @@ from symcc_mpi.dispatch.watchdog import (
 )
 from symcc_mpi.durable.clock import ManualClock
 from symcc_mpi.durable.journal import DeferredWorkJournal
-from symcc_mpi.frontier import Frontier
-from symcc_mpi.protocol import Work
-from symcc_mpi.pruning import PruningLedger, PruningMode
+from symcc_mpi.scheduling.frontier import Frontier
+from symcc_mpi.wire.protocol import Work
 
 W = 100.0  # watchdog seconds
 FAULT_COUNTERS = ("watchdog_timeouts", "worker_recoveries", "protocol_requeued",

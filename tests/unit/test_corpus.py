@@ -5,14 +5,14 @@ from pathlib import Path
 
 import pytest
 
-from symcc_mpi.corpus import (
+from symcc_mpi.campaign.corpus import (
     CampaignDir,
     CampaignError,
     CorruptInput,
     check_out_dir,
     sha256_bytes,
 )
-from symcc_mpi.staging import PackRejected, write_entries
+from symcc_mpi.wire.staging import PackRejected, write_entries
 
 TOKEN = "ab" * 16
 

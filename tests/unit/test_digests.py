@@ -6,7 +6,7 @@ import hashlib
 
 import pytest
 
-from symcc_mpi.digests import KEY_SIZE, MAX_DEPTH, NO_QUEUE_ID, DigestTable
+from symcc_mpi.scheduling.digests import KEY_SIZE, MAX_DEPTH, NO_QUEUE_ID, DigestTable
 
 A, B, C = 1, 2, 4  # flags
 

@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from symcc_mpi.corpus import CampaignDir, CampaignError, check_out_dir
+from symcc_mpi.campaign.corpus import CampaignDir, CampaignError, check_out_dir
 from symcc_mpi.durable.journal import (
     DamageKind,
     JournalCorrupt,

@@ -1,6 +1,6 @@
 import pytest
 
-from symcc_mpi.faults import DEFAULT_STOP_SECONDS, Faults
+from symcc_mpi.roles.faults import DEFAULT_STOP_SECONDS, Faults
 
 
 def test_faults_apply_to_their_rank_only():
@@ -43,7 +43,7 @@ def test_commit_faults_are_master_kinds_and_absent_plans_cost_nothing(tmp_path):
 
 
 def test_a_torn_append_writes_half_then_the_rest_once_released(tmp_path):
-    from symcc_mpi.faults import RELEASE_FILE
+    from symcc_mpi.roles.faults import RELEASE_FILE
 
     (tmp_path / RELEASE_FILE).touch()  # released already: the write completes at once
     writer = Faults(0, "0:torn-done-append@2").done_writer(tmp_path)

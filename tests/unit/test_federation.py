@@ -7,13 +7,13 @@ import time
 
 import pytest
 
+from symcc_mpi.campaign.corpus import sha256_bytes
+from symcc_mpi.campaign.report import CampaignSnapshot
 from symcc_mpi.config import UsageError
-from symcc_mpi.corpus import sha256_bytes
-from symcc_mpi.faults import Faults
-from symcc_mpi.federation import Federation, combine, groups
-from symcc_mpi.frontier import Frontier
-from symcc_mpi.ownership import new_epoch, owner
-from symcc_mpi.report import CampaignSnapshot
+from symcc_mpi.federation.masters import Federation, combine, groups
+from symcc_mpi.federation.ownership import new_epoch, owner
+from symcc_mpi.roles.faults import Faults
+from symcc_mpi.scheduling.frontier import Frontier
 
 DIGESTS = [sha256_bytes(b"input %d" % number) for number in range(40)]
 

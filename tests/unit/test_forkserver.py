@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from showmap_oracle import showmap
 
-from symcc_mpi.forkserver import ForkserverProbe
-from symcc_mpi.triage import AflTargetError, CoverageMap, Novelty, Status, TriageError
+from symcc_mpi.coverage.forkserver import ForkserverProbe
+from symcc_mpi.coverage.triage import AflTargetError, CoverageMap, Novelty, Status, TriageError
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 BUILD = EXAMPLES / "build"

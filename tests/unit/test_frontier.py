@@ -6,8 +6,8 @@ import hashlib
 
 import pytest
 
-from symcc_mpi import frontier as frontier_module
-from symcc_mpi.frontier import Frontier, FrontierStatistics
+from symcc_mpi.scheduling import frontier as frontier_module
+from symcc_mpi.scheduling.frontier import Frontier, FrontierStatistics
 
 
 def d(i: int) -> str:

@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from symcc_mpi.durable.generations import (
+from symcc_mpi.durable.journal import encode_line, write_all
+from symcc_mpi.ulfm.generations import (
     ForkRefused,
     GenerationLog,
     GenerationLogError,
     digest_of,
 )
-from symcc_mpi.durable.journal import encode_line, write_all
 
 MEMBERS = ["host/100/1", "host/101/1", "host/102/1"]
 SURVIVORS = ["host/100/1", "host/102/1"]

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from symcc_mpi.durable.hints import HintReader, PublicationLog, log_path
+from symcc_mpi.federation.hints import HintReader, PublicationLog, log_path
 
 D = [hashlib.sha256(f"child-{i}".encode()).hexdigest() for i in range(10)]
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-import symcc_mpi.launch as launch
-import symcc_mpi.progress as progress
+import symcc_mpi.job.launch as launch
+import symcc_mpi.job.progress as progress
 from symcc_mpi.config import CampaignConfig
 
 # Stands in for mpiexec: a "rank" in a process group of its own (as prterun starts them),
@@ -94,7 +94,7 @@ def test_session_members_lists_only_live_processes_of_that_session():
 # Stands in for an mpiexec that exits 0, its master having written stats.json as given.
 REPORTING_JOB = """
 import json, os, sys
-from symcc_mpi.corpus import RUN_ID_ENV
+from symcc_mpi.campaign.corpus import RUN_ID_ENV
 phase = sys.argv[2]
 if phase != "none":
     extra = {"run_id": os.environ[RUN_ID_ENV], "phase": phase, "exit_status": 0}
@@ -118,7 +118,7 @@ def test_mpiexec_success_counts_only_with_the_campaigns_final_report(tmp_path, m
 # Fails the way prterun did in CI the first time it is started, then runs a clean campaign.
 FLAKY_START_JOB = """
 import json, os, sys
-from symcc_mpi.corpus import RUN_ID_ENV
+from symcc_mpi.campaign.corpus import RUN_ID_ENV
 out = sys.argv[1]
 marker = os.path.join(out, "started-once")
 if not os.path.exists(marker):

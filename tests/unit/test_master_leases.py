@@ -5,8 +5,8 @@ from __future__ import annotations
 import hashlib
 
 from symcc_mpi.durable.clock import ManualClock
-from symcc_mpi.durable.leases import FencedWorkLeaseTable
-from symcc_mpi.durable.master_leases import WorkLeases
+from symcc_mpi.federation.leases import FencedWorkLeaseTable
+from symcc_mpi.federation.master_leases import WorkLeases
 
 IDS = [hashlib.sha256(f"input-{i}".encode()).hexdigest() for i in range(8)]
 

@@ -3,7 +3,7 @@
 import msgspec
 import pytest
 
-from symcc_mpi.protocol import (
+from symcc_mpi.wire.protocol import (
     MalformedMessage,
     Ready,
     Result,

@@ -13,7 +13,7 @@ import logging
 import msgspec
 import pytest
 
-from symcc_mpi.pruning import (
+from symcc_mpi.coverage.pruning import (
     _LOG_CAP,
     EMPTY,
     MAP_SIZE,
@@ -162,7 +162,7 @@ def test_worker_map_of_wrong_size_or_missing_contributes_nothing(tmp_path, caplo
     assert wmap.contribution() == b""  # no file: the run never got that far
     wmap.prepare()
     wmap.path.write_bytes(b"\xff" * 65536)  # an older SymCC's AFL-sized map
-    with caplog.at_level(logging.WARNING, logger="symcc_mpi.pruning"):
+    with caplog.at_level(logging.WARNING, logger="symcc_mpi.coverage.pruning"):
         assert wmap.contribution() == b""
     assert "not shared" in caplog.text
     wmap.path.write_bytes(b"")  # truncated by a killed run

@@ -6,14 +6,12 @@ import pickle
 import msgspec
 import pytest
 
-from symcc_mpi.quiescence import (
+from symcc_mpi.federation.quiescence import Coordinator, Outcome, Participant
+from symcc_mpi.wire.control import (
     Abort,
     Ack,
     Commit,
-    Coordinator,
     MalformedControl,
-    Outcome,
-    Participant,
     Prepare,
     Status,
     Vote,

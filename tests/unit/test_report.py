@@ -15,7 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from rich.console import Console
 
-from symcc_mpi.report import (
+from symcc_mpi.campaign.report import (
     AFL_SYNC_MAX_ID,
     PLOT_HEADER,
     CampaignSnapshot,

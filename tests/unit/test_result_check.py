@@ -6,8 +6,10 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from symcc_mpi.corpus import sha256_bytes
-from symcc_mpi.protocol import (
+from symcc_mpi.campaign.corpus import sha256_bytes
+from symcc_mpi.campaign.result_check import InvalidResult, check_fields
+from symcc_mpi.coverage.triage import FileCoverage, Status
+from symcc_mpi.wire.protocol import (
     MAX_GENERATED,
     MAX_STAGED_SIZE,
     MalformedMessage,
@@ -19,8 +21,6 @@ from symcc_mpi.protocol import (
     decode,
     encode,
 )
-from symcc_mpi.result_check import InvalidResult, check_fields
-from symcc_mpi.triage import FileCoverage, Status
 
 H = "ab" * 32
 TOKEN = "0123456789abcdef" * 2

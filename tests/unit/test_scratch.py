@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from symcc_mpi.config import CampaignConfig, UsageError
+from symcc_mpi.processes.scratch import check_scratch, default_root, make_scratch
 from symcc_mpi.roles.worker import Worker
-from symcc_mpi.scratch import check_scratch, default_root, make_scratch
 
 
 def test_a_scratch_directory_is_private_and_under_the_root(tmp_path):

@@ -12,7 +12,7 @@ import pytest
 from click.testing import CliRunner
 from test_cli_errors import one_line_error
 
-from symcc_mpi.cli import cli
+from symcc_mpi.job.cli import cli
 
 EXPLORE = ["--target", "./prog @@", "--seeds", "seeds", "--out", "campaign"]
 

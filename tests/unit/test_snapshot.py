@@ -8,10 +8,10 @@ import os
 
 import pytest
 
-from symcc_mpi import corpus as corpus_module
-from symcc_mpi import snapshot
-from symcc_mpi.corpus import CampaignDir, CampaignError, check_out_dir, settled_work_lines
-from symcc_mpi.verify import _check_work
+from symcc_mpi.campaign import corpus as corpus_module
+from symcc_mpi.campaign import snapshot
+from symcc_mpi.campaign.corpus import CampaignDir, CampaignError, check_out_dir, settled_work_lines
+from symcc_mpi.campaign.verify import _check_work
 
 TOKEN = "ab" * 16
 

@@ -9,12 +9,11 @@ from dataclasses import replace
 
 import pytest
 
+from symcc_mpi.coverage.pruning import Delta, PruningLedger, PruningMode
 from symcc_mpi.dispatch.coordinator import DispatchCoordinator
 from symcc_mpi.dispatch.watchdog import WatchdogConfig
-from symcc_mpi.frontier import Frontier
-from symcc_mpi.protocol import Work
-from symcc_mpi.pruning import Delta, PruningLedger, PruningMode
-from symcc_mpi.splitting import (
+from symcc_mpi.scheduling.frontier import Frontier
+from symcc_mpi.scheduling.splitting import (
     MAX_GROUP,
     TRACE,
     Job,
@@ -24,6 +23,7 @@ from symcc_mpi.splitting import (
     parse_work_id,
     part_id,
 )
+from symcc_mpi.wire.protocol import Work
 
 
 def digest(name: str) -> str:

@@ -10,14 +10,14 @@ from collections import deque
 
 import pytest
 
+from symcc_mpi.campaign.corpus import CampaignDir, StopRequest, check_out_dir, stop_request_verdict
 from symcc_mpi.config import CampaignConfig
-from symcc_mpi.corpus import CampaignDir, StopRequest, check_out_dir, stop_request_verdict
 from symcc_mpi.dispatch.watchdog import WatchdogConfig
 from symcc_mpi.durable.journal import DEFERRED_JOURNAL_NAME, DeferredWorkJournal
-from symcc_mpi.protocol import STORAGE_REFUSED, Result, StopAck, Tag
+from symcc_mpi.durable.storage import STOP_ADVICE, STORAGE_EXIT, describe, storage_refused
 from symcc_mpi.roles.master import Master, Phase
-from symcc_mpi.storage import STOP_ADVICE, STORAGE_EXIT, describe, storage_refused
-from symcc_mpi.transport import Incoming
+from symcc_mpi.wire.protocol import STORAGE_REFUSED, Result, StopAck, Tag
+from symcc_mpi.wire.transport import Incoming
 
 WORKERS = (1, 2)
 

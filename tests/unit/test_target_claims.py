@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 
 from symcc_mpi.durable.clock import ManualClock
-from symcc_mpi.target_claims import ENV_TTL, TargetClaims, target_ttl
+from symcc_mpi.federation.target_claims import ENV_TTL, TargetClaims, target_ttl
 
 
 def masters(tmp_path, clock, ttl="3"):

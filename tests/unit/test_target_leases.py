@@ -11,9 +11,9 @@ import pytest
 
 from symcc_mpi.durable.atomic import write_durable
 from symcc_mpi.durable.clock import ManualClock
-from symcc_mpi.durable.leases import TableMismatch
 from symcc_mpi.durable.locks import DirectoryLock, LockTimeout
-from symcc_mpi.durable.target_leases import (
+from symcc_mpi.federation.leases import TableMismatch
+from symcc_mpi.federation.target_leases import (
     MAX_GROUP,
     FencedTargetLeaseTable,
     heartbeat_interval,

@@ -10,10 +10,10 @@ from test_storage_stop import master, result_for, work_of  # noqa: F401 - the fi
 
 from symcc_mpi.config import CampaignConfig
 from symcc_mpi.executors.base import ExecutionResult, Outcome
-from symcc_mpi.protocol import INTERRUPTED, Work
 from symcc_mpi.roles import worker as worker_module
 from symcc_mpi.roles.master import Phase
 from symcc_mpi.roles.worker import TERMINATING, Worker, note_termination
+from symcc_mpi.wire.protocol import INTERRUPTED, Work
 
 
 class Executor:

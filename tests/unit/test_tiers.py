@@ -12,10 +12,10 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from symcc_mpi.frontier import Frontier
-from symcc_mpi.staging import Pack, write_entries
-from symcc_mpi.tiers.pool import AsidePool, Promise, bounds_from_env
-from symcc_mpi.tiers.schedule import Tier, TierSchedule
+from symcc_mpi.scheduling.frontier import Frontier
+from symcc_mpi.scheduling.tiers.pool import AsidePool, Promise, bounds_from_env
+from symcc_mpi.scheduling.tiers.schedule import Tier, TierSchedule
+from symcc_mpi.wire.staging import Pack, write_entries
 
 
 def digest(data: bytes) -> str:

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from symcc_mpi.triage import (
+from symcc_mpi.coverage.triage import (
     BUCKET_BITS,
     AflTargetError,
     CoverageMap,

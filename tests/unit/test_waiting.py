@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from symcc_mpi.doorbell import Doorbell, Ringer
-from symcc_mpi.transport import (
+from symcc_mpi.wire.doorbell import Doorbell, Ringer
+from symcc_mpi.wire.transport import (
     DOORBELL_NAP,
     LATENCY_SHARE,
     LONG_NAP,

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from symcc_mpi.config import CampaignConfig
+from symcc_mpi.coverage.triage import FileCoverage, Status
 from symcc_mpi.executors.base import ExecutionResult, Outcome
 from symcc_mpi.executors.symcc import is_symcc_build, last_words
-from symcc_mpi.triage import FileCoverage, Status
-from symcc_mpi.witness import Witness, failure_reason, make_witness
+from symcc_mpi.executors.witness import Witness, failure_reason, make_witness
 
 PLAIN_BUILD = Path(__file__).resolve().parents[2] / "examples" / "build" / "gate"
 Z3_ABORT = (b"This is SymCC running with the QSYM backend\n"

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from symcc_mpi.commit import Accepted, Child, decode_manifest, encode_manifest
-from symcc_mpi.corpus import outstanding
-from symcc_mpi.protocol import MalformedMessage, Result, StagedFile
-from symcc_mpi.storage import STORAGE_EXIT
+from symcc_mpi.campaign.commit import Accepted, Child, decode_manifest, encode_manifest
+from symcc_mpi.campaign.corpus import outstanding
+from symcc_mpi.campaign.verify import _check_work
+from symcc_mpi.durable.storage import STORAGE_EXIT
 from symcc_mpi.ulfm import capability
-from symcc_mpi.verify import _check_work
+from symcc_mpi.wire.protocol import MalformedMessage, Result, StagedFile
 
 A, B, C = "a" * 64, "b" * 64, "c" * 64
 

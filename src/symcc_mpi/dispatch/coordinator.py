@@ -39,15 +39,11 @@ from dataclasses import replace
 from itertools import islice
 from typing import Protocol
 
-from ..durable.clock import SYSTEM_CLOCK, Clock
-from ..frontier import Frontier
-from ..protocol import Work
-from ..pruning import PruningLedger
-from ..splitting import TRACE, Job, WorkSource, keep_targets, parse_work_id
-from .objects import OBJECT_CACHE_CAPACITY, ObjectMismatch, ObjectTransferCache
-from .tables import CommitStart, DispatchTables, ResultClass, SweepReport, Table
-from .transaction import SendPhase
-from .watchdog import (
+from symcc_mpi.coverage.pruning import PruningLedger
+from symcc_mpi.dispatch.objects import OBJECT_CACHE_CAPACITY, ObjectMismatch, ObjectTransferCache
+from symcc_mpi.dispatch.tables import CommitStart, DispatchTables, ResultClass, SweepReport, Table
+from symcc_mpi.dispatch.transaction import SendPhase
+from symcc_mpi.dispatch.watchdog import (
     DeferralSink,
     DispatchWatchdog,
     JoinReport,
@@ -59,6 +55,10 @@ from .watchdog import (
     RetiredDispatchGate,
     WatchdogConfig,
 )
+from symcc_mpi.durable.clock import SYSTEM_CLOCK, Clock
+from symcc_mpi.scheduling.frontier import Frontier
+from symcc_mpi.scheduling.splitting import TRACE, Job, WorkSource, keep_targets, parse_work_id
+from symcc_mpi.wire.protocol import Work
 
 log = logging.getLogger("symcc_mpi.dispatch")
 

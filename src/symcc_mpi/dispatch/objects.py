@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from .transaction import DispatchError
+from symcc_mpi.dispatch.transaction import DispatchError
 
 OBJECT_CACHE_CAPACITY = 256  # objects per worker; the worker's store keeps as many
 

@@ -30,13 +30,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Protocol
 
-from ..durable.clock import SYSTEM_CLOCK, Clock
-from .transaction import (
+from symcc_mpi.dispatch.transaction import (
     DispatchError,
     DispatchTransaction,
     RollbackReport,
     SendPhase,
 )
+from symcc_mpi.durable.clock import SYSTEM_CLOCK, Clock
 
 
 class Table(enum.Enum):

@@ -33,7 +33,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..durable.clock import SYSTEM_CLOCK, Clock
+from symcc_mpi.durable.clock import SYSTEM_CLOCK, Clock
 
 log = logging.getLogger("symcc_mpi.dispatch")
 

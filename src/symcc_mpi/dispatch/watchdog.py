@@ -37,9 +37,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
-from ..durable.clock import Clock
-from .tables import DispatchTables, ResultClass, Table
-from .transaction import RollbackReport
+from symcc_mpi.dispatch.tables import DispatchTables, ResultClass, Table
+from symcc_mpi.dispatch.transaction import RollbackReport
+from symcc_mpi.durable.clock import Clock
 
 log = logging.getLogger("symcc_mpi.dispatch")
 

@@ -59,8 +59,8 @@ from typing import Any
 
 import msgspec
 
-from .atomic import SYSTEM_DISK, fsync_directory, is_temporary, write_durable
-from .clock import SYSTEM_CLOCK, Clock
+from symcc_mpi.durable.atomic import SYSTEM_DISK, fsync_directory, is_temporary, write_durable
+from symcc_mpi.durable.clock import SYSTEM_CLOCK, Clock
 
 log = logging.getLogger(__name__)
 

@@ -6,8 +6,8 @@ import importlib.util
 import os
 from pathlib import Path
 
-from ..config import CampaignConfig, UsageError
-from .base import ExecutionResult, Executor, ExecutorError, Outcome
+from symcc_mpi.config import CampaignConfig, UsageError
+from symcc_mpi.executors.base import ExecutionResult, Executor, ExecutorError, Outcome
 
 __all__ = ["ExecutionResult", "Executor", "ExecutorError", "Outcome", "check_executor",
            "make_executor"]
@@ -26,7 +26,7 @@ def check_executor(name: str, target: tuple[str, ...]) -> None:
 
 
 def _check_build(executor: str, program: Path) -> None:
-    from .symcc import HOW_TO_GET_SYMCC, SYMCC_RUNTIME_SYMBOL, is_symcc_build
+    from symcc_mpi.executors.symcc import HOW_TO_GET_SYMCC, SYMCC_RUNTIME_SYMBOL, is_symcc_build
 
     symbol = SYMCC_RUNTIME_SYMBOL.decode()
     try:
@@ -61,19 +61,19 @@ def make_executor(config: CampaignConfig, *, scratch: Path,
     """`scratch`: the worker's node-local directory; `coverage_map`: QSYM's map file there,
     when the campaign prunes."""
     if config.executor == "symcc":
-        from .symcc import SymccExecutor, preload_library
+        from symcc_mpi.executors.symcc import SymccExecutor, preload_library
 
         return SymccExecutor(config.target, timeout=config.timeout,
                              memory_limit_mb=config.memory_limit_mb, coverage_map=coverage_map,
                              linearize=coverage_map is not None,
                              preload=preload_library(), scratch=scratch)
     if config.executor == "triton":
-        from .triton import TritonExecutor
+        from symcc_mpi.executors.triton import TritonExecutor
 
         return TritonExecutor(list(config.target), timeout=config.timeout,
                               memory_limit_mb=config.memory_limit_mb, scratch=scratch)
     if config.executor == "noop":
-        from .noop import NoopExecutor
+        from symcc_mpi.executors.noop import NoopExecutor
 
         return NoopExecutor()
     raise ExecutorError(f"unknown executor {config.executor!r}")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .base import ExecutionResult, Outcome
+from symcc_mpi.executors.base import ExecutionResult, Outcome
 
 
 class NoopExecutor:

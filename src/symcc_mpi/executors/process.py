@@ -8,7 +8,7 @@ import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from .symcc_forkserver import Ended, kill_group, limit_memory
+from symcc_mpi.executors.symcc_forkserver import Ended, kill_group, limit_memory
 
 
 def run_once(argv: Sequence[str], env: Mapping[str, str] | None, *, stdin: Path | None,

@@ -18,11 +18,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..regular import list_regular
-from ..wordpipe import PipeClosed
-from .base import ExecutionResult, Outcome
-from .process import run_once
-from .symcc_forkserver import Ended, ForkserverDied, SymccForkserver, kill_group
+from symcc_mpi.durable.regular import list_regular
+from symcc_mpi.executors.base import ExecutionResult, Outcome
+from symcc_mpi.executors.process import run_once
+from symcc_mpi.executors.symcc_forkserver import Ended, ForkserverDied, SymccForkserver, kill_group
+from symcc_mpi.processes.wordpipe import PipeClosed
 
 log = logging.getLogger("symcc_mpi.executors.symcc")
 

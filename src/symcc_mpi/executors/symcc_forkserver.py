@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..wordpipe import PipeClosed, read_word, write_word
+from symcc_mpi.processes.wordpipe import PipeClosed, read_word, write_word
 
 HELLO = 0x53464D53  # "SMFS", symcc_preload.c's FORKSERVER_HELLO
 ANSWER_WITHIN = 30.0  # seconds for a fork or a killed child's status, however busy the host

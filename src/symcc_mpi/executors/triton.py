@@ -12,8 +12,8 @@ import sys
 import time
 from pathlib import Path
 
-from ..regular import list_regular
-from .base import ExecutionResult, ExecutorError, Outcome
+from symcc_mpi.durable.regular import list_regular
+from symcc_mpi.executors.base import ExecutionResult, ExecutorError, Outcome
 
 SERVER_MODULE = "symcc_mpi.executors.triton_server"
 _SRC_ROOT = Path(__file__).resolve().parents[2]  # so the server finds us even when not installed

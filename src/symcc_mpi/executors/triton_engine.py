@@ -21,7 +21,7 @@ from tritondse.exception import AbortExecutionException
 from tritondse.routines import SUPPORTED_ROUTINES
 from tritondse.types import SmtSolver, SolverStatus
 
-from .base import Outcome
+from symcc_mpi.executors.base import Outcome
 
 STDIN_NAME = "stdin"  # tritondse's name for the input file fed on fd 0
 TMP_PREFIX = ".triton-tmp-"  # partially written outputs; a supervisor removes them after a kill

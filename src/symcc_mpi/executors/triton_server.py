@@ -63,7 +63,7 @@ class Server:
         self.wfd = wfd
         self._buf = b""
         self._eof = False
-        from . import triton_engine  # the expensive import, paid once
+        from symcc_mpi.executors import triton_engine  # the expensive import, paid once
 
         self.engine = triton_engine
         self.targets = triton_engine.TargetCache()

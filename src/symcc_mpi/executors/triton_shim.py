@@ -74,7 +74,9 @@ def main(args: list[str] | None = None) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
 
     try:
-        from . import triton_engine as eng  # ~2 s: the price a one-shot process pays
+        from symcc_mpi.executors import (
+            triton_engine as eng,  # ~2 s: the price a one-shot process pays
+        )
     except Exception as e:  # noqa: BLE001 - one line, like a binary that cannot start
         sys.stderr.write(f"triton_shim: tritondse is not usable: {type(e).__name__}: {e}\n")
         _die_like(127)

@@ -21,21 +21,32 @@ from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..checkpoint import Checkpointer
-from ..commit import Committer, Refused, Unusable, encode_manifest
-from ..config import CampaignConfig
-from ..corpus import RUN_ID_ENV, CampaignDir, StopRequest
-from ..dispatch.coordinator import DispatchCoordinator
-from ..dispatch.tables import CommitStart, ResultClass
-from ..dispatch.watchdog import WatchdogConfig
-from ..doorbell import Doorbell
-from ..durable.clock import SYSTEM_CLOCK
-from ..executors import Outcome
-from ..faults import Faults, die, stop_self
-from ..protocol import (
+from symcc_mpi.campaign.checkpoint import Checkpointer
+from symcc_mpi.campaign.commit import Committer, Refused, Unusable, encode_manifest
+from symcc_mpi.campaign.corpus import RUN_ID_ENV, CampaignDir, StopRequest
+from symcc_mpi.config import CampaignConfig
+from symcc_mpi.coverage.pruning import PruningLedger
+from symcc_mpi.dispatch.coordinator import DispatchCoordinator
+from symcc_mpi.dispatch.tables import CommitStart, ResultClass
+from symcc_mpi.dispatch.watchdog import WatchdogConfig
+from symcc_mpi.durable.clock import SYSTEM_CLOCK
+from symcc_mpi.durable.storage import (
+    STOP_ADVICE,
+    STORAGE_EXIT,
+    describe,
+    storage_failing,
+    storage_refused,
+)
+from symcc_mpi.executors import Outcome
+from symcc_mpi.roles.faults import Faults, die, stop_self
+from symcc_mpi.scheduling.splitting import TRACE, WorkSource, parse_work_id
+from symcc_mpi.ulfm.runtime import describe_endpoint
+from symcc_mpi.wire.doorbell import Doorbell
+from symcc_mpi.wire.protocol import (
     INTERRUPTED,
     INVALID_INPUT,
     PHASES,
+    SHUTDOWN_GRACE,
     STORAGE_REFUSED,
     ConfigVerdict,
     Fatal,
@@ -48,18 +59,13 @@ from ..protocol import (
     Tag,
     Work,
 )
-from ..pruning import PruningLedger
-from ..splitting import TRACE, WorkSource, parse_work_id
-from ..storage import STOP_ADVICE, STORAGE_EXIT, describe, storage_failing, storage_refused
-from ..transport import Channel, Naps, RankFailure
-from ..ulfm.runtime import describe_endpoint
+from symcc_mpi.wire.transport import Channel, Naps, RankFailure
 
 log = logging.getLogger("symcc_mpi.master")
 
 REPORT_INTERVAL = 1.0
 SWEEP_INTERVAL = 0.02
 STOP_FILE_CHECK_INTERVAL = 0.25
-SHUTDOWN_GRACE = 10.0
 ABORT_SILENT = 70  # MPI_Abort's status when workers stay silent past STOP (F317 W10)
 FAILURE_POLL = 0.1  # under ULFM: seconds between asking MPI for dead ranks (Get_failed)
 
@@ -339,7 +345,7 @@ class Master:
         with self._stopping_if_storage_refuses():
             federation.round(self, now)
         if federation.conflict:
-            from ..federation import CONFLICT_EXIT
+            from symcc_mpi.federation.masters import CONFLICT_EXIT
 
             log.error("the masters disagree on the end of the campaign (%s); ending the job",
                       federation.conflict)

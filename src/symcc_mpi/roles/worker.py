@@ -15,14 +15,19 @@ from pathlib import Path
 
 import msgspec
 
-from ..config import CampaignConfig, UsageError
-from ..corpus import sha256_bytes
-from ..dispatch.objects import OBJECT_CACHE_CAPACITY
-from ..durable.clock import SYSTEM_CLOCK
-from ..executors import ExecutorError
-from ..faults import HOSTILE_MARK, Faults, die, stop_self
-from ..host import MACHINE, Host
-from ..protocol import (
+from symcc_mpi.campaign.corpus import sha256_bytes
+from symcc_mpi.config import CampaignConfig, UsageError
+from symcc_mpi.coverage.pruning import MalformedDelta, WorkerMap
+from symcc_mpi.coverage.triage import FileCoverage
+from symcc_mpi.dispatch.objects import OBJECT_CACHE_CAPACITY
+from symcc_mpi.durable.clock import SYSTEM_CLOCK
+from symcc_mpi.durable.storage import describe, storage_refused
+from symcc_mpi.executors import ExecutorError
+from symcc_mpi.executors.witness import Witness, make_witness
+from symcc_mpi.processes.scratch import make_scratch
+from symcc_mpi.roles.faults import HOSTILE_MARK, Faults, die, stop_self
+from symcc_mpi.roles.host import MACHINE, Host
+from symcc_mpi.wire.protocol import (
     INTERRUPTED,
     INVALID_INPUT,
     PHASES,
@@ -40,13 +45,8 @@ from ..protocol import (
     TaskPhases,
     Work,
 )
-from ..pruning import MalformedDelta, WorkerMap
-from ..scratch import make_scratch
-from ..staging import Pack, Staged, read_child, write_entries, write_pack
-from ..storage import describe, storage_refused
-from ..transport import Channel, RankFailure
-from ..triage import FileCoverage
-from ..witness import Witness, make_witness
+from symcc_mpi.wire.staging import Pack, Staged, read_child, write_entries, write_pack
+from symcc_mpi.wire.transport import Channel, RankFailure
 
 log = logging.getLogger("symcc_mpi.worker")
 MASTER = 0
@@ -431,7 +431,7 @@ def _describe(staged: list[Staged], pack: Path, probe) -> list[StagedFile]:
 def _make_probe(config: CampaignConfig, scratch: Path):
     if not config.afl_target:
         return None
-    from ..forkserver import ForkserverProbe
+    from symcc_mpi.coverage.forkserver import ForkserverProbe
 
     return ForkserverProbe(list(config.afl_target), timeout=config.timeout,
                            memory_limit_mb=config.memory_limit_mb, scratch_dir=scratch)

@@ -21,9 +21,9 @@ import socket
 from dataclasses import dataclass
 from typing import Any
 
-from ..durable.clock import SYSTEM_CLOCK
-from ..durable.generations import GenerationLog, GenerationLogError, digest_of
-from ..transport import RankFailure, failures_raised
+from symcc_mpi.durable.clock import SYSTEM_CLOCK
+from symcc_mpi.ulfm.generations import GenerationLog, GenerationLogError, digest_of
+from symcc_mpi.wire.transport import RankFailure, failures_raised
 
 log = logging.getLogger("symcc_mpi.ulfm")
 

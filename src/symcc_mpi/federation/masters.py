@@ -1,0 +1,458 @@
+"""Several masters, one campaign (`--masters M`, F320): what a master does about the others.
+
+The job's ranks form M groups (`groups`), each a master and its workers, and all share one OUT.
+A master analyses an input only if it owns it (rendezvous hashing, ownership.py) and wins its
+claim in the job's shared lease table (durable/leases.py); a result counts only if its lease
+is still current when its commit begins. Masters learn of each other's children from the
+publication logs (durable/hints.py) and of stalled work from expired leases; the campaign ends
+when all of them agree it is over (quiescence.py), never because one of them is idle.
+
+The first master (index 0, root) is also the campaign's AFL face: the others hand it what they
+keep and the crashes they find (`Finding`), and their figures (`Figures`), over the masters'
+communicator; it alone names queue/, crashes/, hangs/ entries (AFL's sync skips an id that
+appears after a higher one) and writes stats.json, fuzzer_stats and plot_data.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+from collections.abc import Iterable
+from dataclasses import asdict, replace
+from pathlib import Path
+
+from symcc_mpi.campaign.corpus import LEASE_DIRECTORY_PREFIX
+from symcc_mpi.campaign.report import CampaignSnapshot
+from symcc_mpi.config import UsageError
+from symcc_mpi.durable.clock import SYSTEM_CLOCK
+from symcc_mpi.federation.hints import HintReader, PublicationLog
+from symcc_mpi.federation.leases import FencedWorkLeaseTable, LeaseConfig
+from symcc_mpi.federation.master_leases import WorkLeases
+from symcc_mpi.federation.ownership import lease_directory, owner
+from symcc_mpi.federation.quiescence import Coordinator, Outcome, Participant
+from symcc_mpi.federation.target_claims import TargetClaims
+from symcc_mpi.wire.control import Abort, Ack, Commit, Prepare, Status, Vote
+from symcc_mpi.wire.protocol import SHA256_PATTERN, SHUTDOWN_GRACE, Figures, Finding, Stop, Tag
+from symcc_mpi.wire.transport import RankFailure
+
+log = logging.getLogger("symcc_mpi.federation")
+
+CONFLICT_EXIT = 70  # F320 §2.5 step 6: the control plane contradicted itself after COMMIT
+QUIESCENCE_WINDOW = 1.0  # seconds every master must stay idle before root proposes the end
+STATUS_REFRESH = 0.5  # an unchanged status is sent again this often, so root sees it fresh
+STATUS_STALE = 3.0  # root counts a status older than this as unknown
+ANSWER_WITHIN = 120.0  # root waits this long for votes (then aborts) and ACKs (then Abort 70)
+DISCOVERY_INTERVAL = 0.1  # seconds between two reads of the others' publication logs
+RECOVERY_LIMIT = 16  # expired leases one scan takes over at most
+FINAL_FIGURES_WAIT = 60.0  # root waits this long for the others' final figures
+
+
+def groups(size: int, masters: int) -> list[range]:
+    """The world ranks of each master's group: contiguous blocks whose sizes differ by at most
+    one, the first rank of each its master. UsageError if a master would have no worker."""
+    if size < 2 * masters:
+        raise UsageError(f"--masters {masters} needs at least {2 * masters} MPI ranks (a "
+                         f"master and a worker each), not {size}")
+    base, extra = divmod(size, masters)
+    blocks, start = [], 0
+    for index in range(masters):
+        end = start + base + (index < extra)
+        blocks.append(range(start, end))
+        start = end
+    return blocks
+
+
+class Federation:
+    """One master's side of a campaign of several: admission, discovery, the end, the AFL face.
+
+    `channel` is a transport.Channel over the masters' communicator (rank = master index).
+    The master loop calls `round` once per loop round; the dispatch coordinator calls `admit`,
+    `begin_commit` and `complete` around each dispatch (dispatch/coordinator.py)."""
+
+    def __init__(self, channel, *, index: int, masters: int, out: Path, epoch: bytes,
+                 world_ranks: list[range], execution_timeout: float):
+        self.channel = channel
+        self.index = index
+        self.masters = masters
+        self.indices = tuple(range(masters))
+        self.world_ranks = world_ranks  # per master index, its group's ranks in COMM_WORLD
+        self.directory = lease_directory(out, epoch)
+        self.owner_name = f"{epoch.hex()[:16]}-master-{index}"
+        self.execution_timeout = execution_timeout
+        self.leases: WorkLeases | None = None  # once OUT is open (`open`)
+        self.targets: TargetClaims | None = None  # F311's shared target groups, likewise
+        self.publications: PublicationLog | None = None
+        self.held: dict[str, str] = {}  # digest -> token of the lease this master holds
+        self.hints = HintReader(self.directory, [m for m in self.indices if m != index])
+        self.participant = Participant(refresh=STATUS_REFRESH)
+        self.coordinator = Coordinator(masters, window=QUIESCENCE_WINDOW,
+                                       stale_after=STATUS_STALE,
+                                       answer_within=ANSWER_WITHIN) if index == 0 else None
+        self.active_since_status = False  # work admitted or committed since the last status
+        self.next_discovery = 0.0
+        self.stop_reason = ""  # root's STOP, relayed to this master
+        self.lost = False  # a rank of the job died (ULFM): the campaign ends unfinished
+        self.dead: set[int] = set()  # masters known dead
+        self.conflict = ""
+        self.figures: dict[int, dict] = {}  # root: each other master's latest snapshot
+        self.final: set[int] = set()  # root: the masters whose final figures arrived
+        self.findings = 0  # root: findings named for the others
+        self.not_owned = 0  # inputs dropped from this master's queue: another master's
+        self.stale_results = 0  # results whose lease another master had taken over
+
+    def open(self) -> None:
+        """The job's lease table and this master's publication log, in OUT: once the first
+        master has checked and created OUT (nothing may be written there before)."""
+        config = LeaseConfig.from_env(execution_timeout=self.execution_timeout,
+                                      shutdown_grace=SHUTDOWN_GRACE)
+        for rejected in config.rejected:
+            log.warning("ignored %s: not a valid value", rejected)
+        if self.root:  # the campaign lock is root's: no other job uses OUT
+            for stale in self.directory.parent.glob(LEASE_DIRECTORY_PREFIX + "*"):
+                if stale != self.directory:  # of a job that ended without its last barrier
+                    shutil.rmtree(stale, ignore_errors=True)
+        self.leases = WorkLeases(FencedWorkLeaseTable(self.directory / "leases",
+                                                      self.owner_name, **config.options()))
+        self.targets = TargetClaims(self.directory / "targets", owner=self.owner_name,
+                                    work_ttl=config.ttl)
+        self.publications = PublicationLog(self.directory, self.index)
+
+    @property
+    def root(self) -> bool:
+        return self.index == 0
+
+    @property
+    def done(self) -> bool:
+        """Every master agreed the campaign is over (F320 §2.5)."""
+        return self.participant.done and (self.coordinator is None
+                                          or self.coordinator.outcome is Outcome.COMMITTED)
+
+    def owns(self, digest: str) -> bool:
+        return owner(digest, self.indices) == self.index
+
+    # -- admission (dispatch/coordinator.py) ------------------------------------------------
+
+    def claim_ahead(self, digests: Iterable[str]) -> None:
+        """Claim, in one group, the owned inputs about to be dispatched (the head of the
+        frontier): a claim per input costs one lock of its shard, a group one per shard."""
+        wanted = [d for d in digests if d not in self.held and self.owns(d)]
+        if wanted:
+            self.held.update(self.leases.claim(wanted))
+
+    def admit(self, digest: str) -> bool:
+        """May this master dispatch `digest`: it holds the lease, or owns it and wins it."""
+        if digest not in self.held:
+            if not self.owns(digest):
+                self.not_owned += 1
+                return False
+            self.held.update(self.leases.claim([digest]))
+        if digest in self.held:
+            self.active_since_status = True
+            return True
+        return False
+
+    def begin_commit(self, digest: str) -> bool:
+        """The fence before any side effect of a result: False, the lease is no longer this
+        master's (it expired and another master took it): the result is stale."""
+        token = self.held.pop(digest, None)
+        if token is not None and self.leases.begin_commit(digest, token):
+            self.held[digest] = token  # until `complete`
+            return True
+        self.stale_results += 1  # its lease lost at a heartbeat already, or now
+        return False
+
+    def mine(self, digest: str) -> bool:
+        """Whether this master analyses `digest`: it holds its lease, or owns it."""
+        return digest in self.held or self.owns(digest)
+
+    def holds(self, digest: str) -> bool:
+        """Whether this master still holds `digest`'s lease (a part of a split input commits
+        under it; the input's last part moves it to `committing`, `begin_commit`)."""
+        return digest in self.held
+
+    def complete(self, digest: str) -> None:
+        token = self.held.pop(digest, None)
+        if token is not None:
+            self.leases.complete(digest, token)
+        self.active_since_status = True
+
+    def abandon(self, digest: str) -> None:
+        """Its corpus file is missing: give the lease up at once (F320 §2.3)."""
+        token = self.held.pop(digest, None)
+        if token is not None:
+            self.leases.abandon(digest, token)
+
+    def published(self, digests: list[str]) -> None:
+        """Children this master just promoted into corpus/: a hint for the others."""
+        if digests:
+            self.publications.append(digests)
+
+    # -- the round --------------------------------------------------------------------------
+
+    def round(self, master, now: float) -> None:
+        """Once per master loop round: messages from the other masters, heartbeats, discovery,
+        this master's status and (root) the quiescence decisions."""
+        try:
+            while (incoming := self.channel.poll()) is not None:
+                self._on_message(master, incoming, now)
+        except RankFailure:
+            self._masters_died()
+        for digest in self.leases.heartbeat(self.held):
+            self.held.pop(digest, None)  # taken over after it expired: no longer ours
+        self.targets.round(now)
+        if not self.participant.frozen and now >= self.next_discovery:
+            self.next_discovery = now + DISCOVERY_INTERVAL
+            self.discover(master)
+        idle = master.dispatch.exhausted and not self.active_since_status
+        self.active_since_status = False
+        if (status := self.participant.status(idle, now)) is not None:
+            self._send_control(0, status, master, now)
+        if self.coordinator is not None:
+            for destination, message in self.coordinator.tick(now):
+                self._send_control(destination, message, master, now)
+            if self.coordinator.outcome is Outcome.CONFLICT:
+                self.conflict = self.coordinator.conflict or "quiescence conflict"
+
+    def discover(self, master) -> int:
+        """New work: the others' publications and the expired leases this master took over.
+        Returns how many inputs joined the frontier."""
+        found = 0
+        for digest in self.hints.poll():
+            found += master.frontier.add(digest)
+        recovered = self.leases.recover_expired(limit=RECOVERY_LIMIT)
+        return found + self._take_recovered(master.frontier, recovered, master.campaign.corpus)
+
+    def rescan(self, master) -> bool:
+        """F320 §2.5 step 3, before a vote: everything published or expired is looked at once
+        more, the whole corpus listed. True if the master is still idle."""
+        for digest in self.hints.poll():
+            master.frontier.add(digest)
+        with os.scandir(master.campaign.corpus) as entries:  # misnamed files: root's to move
+            for entry in entries:
+                if SHA256_PATTERN.match(entry.name):
+                    master.frontier.add(entry.name)
+        self._take_recovered(master.frontier,
+                             self.leases.recover_expired(limit=RECOVERY_LIMIT, rescan=True),
+                             master.campaign.corpus)
+        # Others' inputs in the frontier are no work of this master's (dropped at dispatch).
+        owned = [d for d in master.frontier.pending if d in self.held or self.owns(d)]
+        return not owned and not master.split.waiting and not master.dispatch.in_flight \
+            and not self.active_since_status
+
+    def _take_recovered(self, frontier, recovered: dict[str, str], corpus: Path) -> int:
+        taken = 0
+        for digest, token in recovered.items():
+            self.held[digest] = token
+            if not (corpus / digest).exists():  # nothing to run: not held for ever (F320 §2.3)
+                log.warning("the expired lease of %s names no corpus file: abandoned",
+                            digest[:12])
+                self.abandon(digest)
+                continue
+            log.warning("took over the expired lease of %s", digest[:12])
+            frontier.add(digest)
+            frontier.requeue(digest)
+            taken += 1
+        return taken
+
+    # -- the control plane ------------------------------------------------------------------
+
+    def _send_control(self, destination: int, message, master, now: float) -> None:
+        if destination == self.index:  # root's own participant: no MPI message
+            self._on_control(master, self.index, message, now)
+        else:
+            self._send(destination, Tag.QUIESCENCE, message)
+
+    def _send(self, destination: int, tag: Tag, message) -> None:
+        """To another master; one that died gets nothing (ULFM reports its death)."""
+        if destination in self.dead:
+            return
+        try:
+            self.channel.send(destination, tag, message)
+        except RankFailure:
+            self._masters_died()
+
+    def _masters_died(self) -> None:
+        """Masters died (ULFM): the campaign cannot end exhausted any more. What the others
+        have in flight is committed, and the job ends for `--resume` to continue."""
+        dead = self.channel.failed_ranks() - self.dead
+        self.dead |= dead
+        self.lost = True
+        for index in sorted(dead):
+            log.error("master %d (world rank %d) died", index, self.world_ranks[index].start)
+            if not self.stop_reason:
+                self.stop_reason = (f"{'the first master' if index == 0 else f'master {index}'}"
+                                    " died: continue with --resume")
+
+    def _on_message(self, master, incoming, now: float) -> None:
+        source, tag = incoming.source, incoming.tag
+        if incoming.message is None:
+            master.stats.malformed_messages += 1
+            log.warning("malformed message from master %d: %s", source, incoming.error)
+        elif tag == Tag.QUIESCENCE:
+            self._on_control(master, source, incoming.message, now)
+        elif tag == Tag.FINDING and self.root:
+            self._name_finding(master, incoming.message)
+        elif tag == Tag.FIGURES and self.root:
+            self.figures[incoming.message.master] = incoming.message.snapshot
+            if incoming.message.final:
+                self.final.add(incoming.message.master)
+        elif tag == Tag.STOP and (self.root or source == 0):
+            self.lost |= incoming.message.failure
+            self.stop_reason = self.stop_reason or (
+                incoming.message.reason if source == 0
+                else f"master {source} stopped: {incoming.message.reason}")
+        else:
+            log.warning("unexpected %s from master %d", Tag(tag).name, source)
+
+    def _on_control(self, master, source: int, message, now: float) -> None:
+        coordinator, participant = self.coordinator, self.participant
+        reply = None
+        if isinstance(message, Status) and coordinator is not None:
+            coordinator.on_status(source, message, now)
+        elif isinstance(message, Vote) and coordinator is not None:
+            coordinator.on_vote(source, message)
+        elif isinstance(message, Ack) and coordinator is not None:
+            coordinator.on_ack(source, message)
+        elif isinstance(message, Prepare):
+            reply = participant.on_prepare(source, message, self.rescan(master))
+        elif isinstance(message, Abort):
+            participant.on_abort(source, message)
+        elif isinstance(message, Commit):
+            reply = participant.on_commit(source, message)
+        else:
+            log.warning("master %d: %s is not for master %d", source,
+                        type(message).__name__, self.index)
+        if reply is not None:
+            self._send_control(0, reply, master, now)
+
+    # -- root: the AFL face and the figures -------------------------------------------------
+
+    def _name_finding(self, master, finding: Finding) -> None:
+        campaign = master.campaign
+        if finding.kind == "queue":
+            named = campaign.queue_finding(finding.sha256, finding.parent)
+        else:
+            named = campaign.save_finding(finding.kind, finding.sha256, finding.parent or None,
+                                          finding.signal, data=finding.data or None)
+        self.findings += named
+
+    def forward(self, finding: Finding) -> None:
+        """Hand a finding to root (CampaignDir.forward_finding, masters other than root). If
+        root is dead, the next run's root names it: from corpus/, or from this master's
+        state (a crash's or hang's bytes, kept there first)."""
+        self._send(0, Tag.FINDING, finding)
+
+    def stopping(self, reason: str, *, failure: bool = False) -> None:
+        """This master stops before the campaign's end was agreed: root tells every other
+        master why (a stop request, the budget: what only root watches); another master
+        tells root, which stops everyone (a campaign missing a master cannot be exhausted).
+        `failure`: because a rank died."""
+        self.lost |= failure
+        if self.root:
+            for destination in self.indices[1:]:
+                self._send(destination, Tag.STOP, Stop(reason, self.lost))
+        elif not self.stop_reason:  # not root's own STOP coming back
+            self._send(0, Tag.STOP, Stop(reason, self.lost))
+
+    def report(self, snapshot, final: bool) -> None:
+        """A master other than root: its figures go to root, which writes the reports."""
+        self._send(0, Tag.FIGURES, Figures(self.index, _plain(asdict(snapshot)), final))
+
+    def wait_for_final_figures(self, master) -> None:
+        """Root, before its final report: every other master's final figures, bounded."""
+        deadline = SYSTEM_CLOCK.monotonic() + FINAL_FIGURES_WAIT
+        missing = set(self.indices[1:]) - self.final - self.dead
+        while missing and SYSTEM_CLOCK.monotonic() < deadline:
+            try:
+                incoming = self.channel.wait(deadline)
+            except RankFailure:
+                self._masters_died()
+                incoming = None
+            if incoming is not None:
+                self._on_message(master, incoming, SYSTEM_CLOCK.monotonic())
+            missing = set(self.indices[1:]) - self.final - self.dead
+        if missing:
+            log.warning("no final figures from master(s) %s within %g s: the summary counts "
+                        "their last report", ", ".join(map(str, sorted(missing))),
+                        FINAL_FIGURES_WAIT)
+
+    def statistics(self) -> dict:
+        figures = asdict(self.leases.statistics())
+        figures.update(not_owned=self.not_owned, stale_results=self.stale_results,
+                       targets=self.targets.statistics() if self.targets else {},
+                       hints=asdict(self.hints.statistics()),
+                       quiescence=asdict(self.participant.statistics()))
+        if self.coordinator is not None:
+            coordinator = asdict(self.coordinator.statistics())
+            coordinator["outcome"] = self.coordinator.outcome.value
+            figures["quiescence_root"] = coordinator
+            figures["findings_named"] = self.findings
+        return figures
+
+    def remove_lease_directory(self) -> None:
+        """Root, after the final barrier: the job's table is nobody's any more."""
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
+SUMMED = ("executions", "generated", "unique", "interesting", "pending", "crashes", "hangs",
+          "crashing_runs", "hanging_runs", "executor_time", "solver_time", "workers")
+LATEST = ("max_depth", "last_find", "last_crash", "last_hang")
+
+
+def combine(own: CampaignSnapshot, others: dict[int, dict],
+            world_ranks: list[range]) -> CampaignSnapshot:
+    """Root's snapshot of the whole campaign: its own figures and the latest of each other
+    master's, summed (the latest events: the latest of all); workers named by world rank,
+    and a breakdown by master in `extra["per_master"]`."""
+    masters = {0: asdict(own), **others}
+    combined = {name: sum(m.get(name) or 0 for m in masters.values()) for name in SUMMED}
+    for name in LATEST:
+        values = [m[name] for m in masters.values() if m.get(name) is not None]
+        combined[name] = max(values) if values else getattr(own, name)
+    per_worker = {}
+    per_master = {}
+    for index, figures in sorted(masters.items()):
+        start = world_ranks[index].start
+        for rank, worker in figures.get("per_worker", {}).items():
+            per_worker[start + int(rank)] = worker
+        extra = figures.get("extra", {})
+        federation = extra.get("federation", {})
+        per_master[str(index)] = {
+            "world_rank": start, "workers": figures.get("workers", 0),
+            "executions": figures.get("executions", 0),
+            "interesting": figures.get("interesting", 0),
+            "crashes": figures.get("crashes", 0), "pending": figures.get("pending", 0),
+            "in_flight": extra.get("in_flight", 0), "phase": extra.get("phase", "?"),
+            **{name: federation.get(name, 0) for name in (
+                "claims", "steals", "expiries", "stale_results", "refused", "not_owned",
+                "writes", "lock_wait_seconds")},
+            "splitting": extra.get("splitting", {}),
+            "target_claims": federation.get("targets", {})}
+    extra = dict(own.extra, per_master=per_master,
+                 executor_errors=sum(m.get("extra", {}).get("executor_errors") or 0
+                                     for m in masters.values()),
+                 executor_failures=_failures([m.get("extra", {}).get("executor_failures")
+                                              for m in masters.values()]))
+    return replace(own, per_worker=per_worker, extra=extra, **combined)
+
+
+def _failures(per_master: list[list[dict] | None]) -> list[dict]:
+    """The masters' executor failures (progress.py), one group per reason, most first."""
+    groups: dict[str, dict] = {}
+    for figures in per_master:
+        for group in figures or ():
+            if group["reason"] in groups:
+                groups[group["reason"]]["count"] += group["count"]
+            else:
+                groups[group["reason"]] = dict(group)
+    return sorted(groups.values(), key=lambda group: -group["count"])
+
+
+def _plain(value):
+    """A snapshot as msgpack carries it: dict keys as strings, tuples as lists."""
+    if isinstance(value, dict):
+        return {str(key): _plain(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(item) for item in value]
+    return value

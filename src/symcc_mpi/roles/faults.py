@@ -1,0 +1,219 @@
+"""Fault injection by configuration, for the real-mpiexec tests.
+
+`SYMCC_MPI_FAULTS` is a comma-separated list of `RANK:KIND@N` (or `RANK:KIND@N=SECONDS` for
+`stop`, `RANK:hostile@N=FIELD` for `hostile`). N counts dispatches as the faulty side sees
+them, from 1. Worker kinds:
+
+- `foreign-result`: before the real RESULT of its N-th dispatch, send a RESULT with a token
+  it was never given, carrying a real staged file;
+- `stale-result`: before the real RESULT of its N-th dispatch, send one with the token of its
+  previous dispatch (already answered), carrying a new staged file;
+- `malformed-result`: send garbage instead of the RESULT of its N-th dispatch (its next READY
+  then echoes the token);
+- `stop`: after running its N-th dispatch, stop itself (SIGSTOP) until SECONDS (default 5)
+  after that dispatch's WORK arrived, then send its RESULT as if nothing happened. The hold
+  is counted from the arrival, not from the end of the execution, so a test knows when the
+  RESULT comes however slowly the execution ran (a busy machine); if the execution alone
+  took longer, there is no stop. A worker killed while stopped leaves no helper behind;
+- `hostile`: instead of the RESULT of its N-th dispatch, send one whose FIELD is made hostile,
+  around a file it plants in its staging directory (the bytes start with HOSTILE_MARK and
+  must never reach the corpus). FIELD is a `protocol.ResultField` value: `outcome`, `status`
+  (values outside the wire's closed sets: raw msgpack, the Struct would not encode them),
+  `coverage` (a summary past the campaign's map), `manifest-length` (more entries than
+  `generated`), `size` (negative), `name` (upper-case hex), `duplicate` (one file listed
+  twice), `missing-file`, `not-regular` (a FIFO), `staged-bytes` (bytes not those named),
+  `figures` (a negative wall time), `input-hash` (other bytes than sent), `pruning` (garbage
+  map bits), `generation` (the next one), `targets` (branch targets that are not positive).
+
+Any rank, under ULFM (ulfm/); RANK is the rank in MPI_COMM_WORLD, and a worker that takes
+over as master fires the master's points:
+
+- `die@N`: SIGKILL itself; a worker during its N-th execution, the master right after its
+  N-th WORK send;
+- `die@N=after-recovery` (master): SIGKILL itself right after its N-th WORK send since the
+  first recovery it went through, kept or taking over (a second failure that must come
+  after the first, however fast each rank runs);
+- `die@N=recovery`: SIGKILL itself inside its N-th recovery, after the durable prepare and
+  before the shrink (a failure during the recovery itself);
+- `die@N=after-manifest`, `die@N=after-publish` (master): SIGKILL itself inside its N-th
+  commit, after the manifest is written and before anything is published, or after the
+  publication and before the done record;
+- `die@1=closing` (master): SIGKILL itself when it closes the campaign, after every worker
+  acknowledged STOP and before the last group commit and the RELEASE.
+
+Master kinds, counting WORK sends (rank 0, and with --masters the first rank of each group):
+
+- `send-fail`: the N-th WORK send raises instead of sending;
+- `send-ambiguous`: the N-th WORK send delivers, then raises (F313 §4: the master cannot
+  tell, undoes the dispatch as unsent, and the worker's RESULT must then be refused);
+- `object-send-fail`: the N-th WORK that carries object content raises instead of sending;
+- `pause@N=SECONDS`: right after the N-th WORK send, stop itself (SIGSTOP) for SECONDS
+  (default 5): a master paused past its leases' TTL (--masters, F320 §2.3).
+
+With --masters, `mK:KIND@N` plans a master kind for master K, whatever its rank.
+
+Master kinds (rank 0), counting the group commits of the done journal that carry records
+(`CampaignDir.sync_done`); each `kill-*` SIGKILLs the master itself at its step of the N-th:
+
+- `kill-before-children-sync`: before the files published since the last commit are fsynced;
+- `kill-before-done-append`: after they (and their directories) are durable, before the done
+  records are appended;
+- `kill-after-done-fsync`: right after the journal's fsync;
+- `torn-done-append`: write the N-th commit's records up to the middle of the last, then
+  wait until OUT/.fault-release exists (for at most an hour) before writing the rest: the
+  journal has a torn tail meanwhile, which readers must leave alone.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from symcc_mpi.durable.journal import Writer, write_all
+from symcc_mpi.wire.protocol import ResultField
+
+WORKER_KINDS = ("foreign-result", "stale-result", "malformed-result", "stop", "hostile", "die")
+DIE_POINTS = ("", "recovery", "after-recovery", "after-manifest", "after-publish", "closing")
+# What `malformed-result` already covers (garbage bytes) is not a hostile field.
+HOSTILE_FIELDS = tuple(f.value for f in ResultField if f is not ResultField.UNDECODABLE)
+HOSTILE_MARK = b"hostile result: must never reach the corpus "
+COMMIT_KILL_STEPS = ("before-children-sync", "before-done-append", "after-done-fsync")
+MASTER_KINDS = ("send-fail", "send-ambiguous", "object-send-fail", "torn-done-append", "die",
+                "pause", *(f"kill-{step}" for step in COMMIT_KILL_STEPS))
+DEFAULT_STOP_SECONDS = 5.0
+RELEASE_FILE = ".fault-release"
+RELEASE_WAIT = 3600.0
+
+log = logging.getLogger("symcc_mpi.roles.faults")
+
+
+class Faults:
+    def __init__(self, rank: int, spec: str | None = None, *, master_index: int | None = None):
+        """The plan for world rank `rank`, which is master `master_index` if a master."""
+        spec = os.environ.get("SYMCC_MPI_FAULTS", "") if spec is None else spec
+        self.planned: dict[tuple[str, int], str] = {}
+        for item in filter(None, (part.strip() for part in spec.split(","))):
+            target, _, rest = item.partition(":")
+            kind, _, when = rest.partition("@")
+            number, _, argument = when.partition("=")
+            master = target[1:] if target.startswith("m") else None
+            kinds = MASTER_KINDS if target == "0" or master is not None else WORKER_KINDS
+            if kind not in kinds or not (master or target).isdigit() or not number.isdigit() \
+                    or not _argument_fits(kind, argument):
+                raise ValueError(f"SYMCC_MPI_FAULTS: cannot parse {item!r}")
+            if (int(master) == master_index) if master is not None else int(target) == rank:
+                self.planned[(kind, int(number))] = argument
+
+    def fire(self, kind: str, number: int) -> bool:
+        """Whether `kind` is planned at `number` (with no argument, for `die`)."""
+        return self.planned.get((kind, number)) == "" if kind == "die" \
+            else (kind, number) in self.planned
+
+    def fire_at(self, kind: str, point: str, number: int) -> bool:
+        """Whether `kind@number=point` is planned."""
+        return self.planned.get((kind, number)) == point
+
+    def stop_seconds(self, number: int, kind: str = "stop") -> float:
+        return float(self.planned.get((kind, number)) or DEFAULT_STOP_SECONDS)
+
+    def hostile_field(self, number: int) -> str | None:
+        """The field to make hostile in the RESULT of dispatch `number`, if any."""
+        return self.planned.get(("hostile", number))
+
+    def commit_probe(self):
+        """What `CampaignDir.commit_probe` calls, or None when no commit kill is planned."""
+        if not any(kind.startswith("kill-") for kind, _ in self.planned):
+            return None
+
+        def probe(step: str, commit_number: int) -> None:
+            if self.fire(f"kill-{step}", commit_number):
+                log.warning("fault: SIGKILL of the master %s of group commit %d", step,
+                            commit_number)
+                sys.stderr.flush()
+                os.kill(os.getpid(), signal.SIGKILL)
+
+        return probe
+
+    def done_writer(self, out: Path) -> Writer | None:
+        """The done journal's write step, or None when no torn append is planned."""
+        torn = [number for kind, number in self.planned if kind == "torn-done-append"]
+        if not torn:
+            return None
+        writes = 0
+
+        def write(fd: int, data: bytes) -> None:
+            nonlocal writes
+            writes += 1
+            if writes not in torn:
+                write_all(fd, data)
+                return
+            # Cut inside the last line: half of several records of equal length would be a
+            # whole number of lines, not a torn one.
+            last_line = data.rfind(b"\n", 0, len(data) - 1) + 1
+            cut = last_line + max(1, (len(data) - last_line) // 2)
+            write_all(fd, data[:cut])
+            deadline = time.monotonic() + RELEASE_WAIT
+            while not (out / RELEASE_FILE).exists() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            write_all(fd, data[cut:])
+
+        return write
+
+
+def die(reason: str) -> None:
+    """SIGKILL this process, as a crash would, after saying why in the log."""
+    log.warning("%s", reason)
+    sys.stderr.flush()
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _argument_fits(kind: str, argument: str) -> bool:
+    if kind == "pause":
+        return not argument or _is_seconds(argument)
+    if kind == "hostile":
+        return argument in HOSTILE_FIELDS
+    if kind == "die":  # any rank: a worker may become the master (ulfm/)
+        return argument in DIE_POINTS
+    return not argument or (kind == "stop" and _is_seconds(argument))
+
+
+def _is_seconds(text: str) -> bool:
+    try:
+        return 0 < float(text) < 3600
+    except ValueError:
+        return False
+
+
+# Runs in a process of its own: continues the stopped rank at `until` (the system-wide
+# monotonic clock), once it is really stopped, and gives up if the rank is gone first, so
+# that a rank killed while stopped leaves nothing behind.
+_CONTINUE_AT = """
+import os, signal, sys, time
+pid, until = int(sys.argv[1]), float(sys.argv[2])
+def state():
+    with open(f"/proc/{pid}/stat") as stat:
+        return stat.read().rsplit(")", 1)[1].split()[0]
+try:
+    while (now := time.monotonic()) < until or state() != "T":
+        if state() == "Z":
+            sys.exit()
+        time.sleep(min(0.5, max(0.01, until - now)))
+    os.kill(pid, signal.SIGCONT)
+except (ProcessLookupError, FileNotFoundError):
+    pass
+"""
+
+
+def stop_self(until: float) -> None:
+    """Hang, as a rank stuck in a syscall would, until `until` (time.monotonic()): the
+    hold ends at a time the test chose, however long the work before it took."""
+    if until <= time.monotonic():
+        return
+    subprocess.Popen([sys.executable, "-c", _CONTINUE_AT, str(os.getpid()), repr(until)],
+                     start_new_session=True)
+    os.kill(os.getpid(), signal.SIGSTOP)

@@ -1,0 +1,222 @@
+"""The campaign's generation log: which communicator generation is current, who is in it,
+and the plan and receipt of every recovery (F443 §2 "recovery state", §5's ordinal rule).
+
+`OUT/state/generations.jsonl`, a checksummed journal (journal.encode_line), written by
+several processes: every survivor of a failure takes part in the recovery and writes or
+confirms its records. A writer holds an exclusive flock on the file, re-reads it, decides,
+appends one record and fsyncs it before letting go; readers (`verify`, `status`) read without
+the lock and never write.
+
+Records, each with the next `ordinal` (0, 1, 2, ... with no gap):
+
+    {"kind": "start",   "generation": g, "members": [...], ...}   a run's first generation
+    {"kind": "prepare", "generation": g, "plan": {...}}           recovery of generation g
+    {"kind": "commit",  "generation": g+1, "receipt": {...}}      generation g+1 begins
+    {"kind": "end",     "generation": g, "status": ..., ...}      the master ended the job
+                                                                  (MPI_Abort): no survivor
+                                                                  recovers from it
+
+The rules (F443 §5): a request whose record exists already - same kind, same generation - is
+answered from that record when its digest is the same (an idempotent retry: a second survivor
+confirming the first one's plan, or a writer that never learned its append succeeded) and
+refused as a fork when it differs. A commit must name the digest of the prepared plan of the
+generation before it, and advances the generation by exactly one.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from symcc_mpi.durable.atomic import SYSTEM_DISK, write_durable
+from symcc_mpi.durable.journal import LineError, decode_line, encode_line, write_all
+
+GENERATIONS_JOURNAL = "generations.jsonl"
+
+
+class GenerationLogError(Exception):
+    """The log cannot be trusted or refuses a request: recovery must stop (fail closed)."""
+
+
+class ForkRefused(GenerationLogError):
+    """A request contradicts a record already in the log (same ordinal key, other digest)."""
+
+
+def digest_of(document: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(document, sort_keys=True).encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class Record:
+    ordinal: int
+    kind: str
+    generation: int
+    body: dict[str, Any]  # "members" of a start, "plan" of a prepare, "receipt" of a commit
+    digest: str
+
+
+class GenerationLog:
+    def __init__(self, path: Path, *, quarantine_dir: Path | None = None,
+                 writer: Callable[[int, bytes], None] = write_all):
+        self.path = Path(path)
+        self.quarantine_dir = quarantine_dir or self.path.parent / "quarantine"
+        self.writer = writer
+
+    # -- reading -------------------------------------------------------------------------
+
+    def records(self) -> list[Record]:
+        """Every record, checked: ordinals contiguous, each line whole and checksummed. A torn
+        last line (a writer killed inside its append) is not a record."""
+        try:
+            raw = self.path.read_bytes()
+        except FileNotFoundError:
+            return []
+        records = []
+        lines = raw.split(b"\n")
+        for number, line in enumerate(lines[:-1], start=1):  # the part after the last \n is
+            try:                                             # empty, or a torn append
+                record = _record(decode_line(line))
+            except (LineError, ValueError, KeyError, TypeError) as error:
+                raise GenerationLogError(f"{self.path}, line {number}: {error}") from None
+            if record.ordinal != len(records):
+                raise GenerationLogError(f"{self.path}, line {number}: ordinal "
+                                         f"{record.ordinal} where {len(records)} was due")
+            records.append(record)
+        return records
+
+    def current(self) -> Record | None:
+        """The record that began the current generation (a start or a commit)."""
+        begun = [r for r in self.records() if r.kind in ("start", "commit")]
+        return begun[-1] if begun else None
+
+    def first_of_run(self, generation: int) -> Record | None:
+        """The start record of the run that `generation` belongs to."""
+        starts = [r for r in self.records() if r.kind == "start" and r.generation <= generation]
+        return starts[-1] if starts else None
+
+    def find(self, kind: str, generation: int) -> Record | None:
+        return next((r for r in self.records() if r.kind == kind and r.generation == generation),
+                    None)
+
+    # -- writing -------------------------------------------------------------------------
+
+    def start(self, members: list[str], extra: dict[str, Any]) -> Record:
+        """A run's first generation: one past the last one this campaign had."""
+        with self._locked() as (records, fd):
+            last = max((r.generation for r in records), default=-1)
+            body = {"members": members, **extra}
+            return self._append(fd, records, "start", last + 1, body)
+
+    def end(self, generation: int, status: int, reason: str) -> Record:
+        """The master ends the job on purpose (MPI_Abort): survivors must not take over."""
+        with self._locked() as (records, fd):
+            return self._append(fd, records, "end", generation,
+                                {"status": status, "reason": reason})
+
+    def ended(self, generation: int) -> Record | None:
+        """The end record of `generation`, if its master ended the job on purpose."""
+        return self.find("end", generation)
+
+    def prepare(self, plan: dict[str, Any]) -> Record:
+        generation = plan["generation"]
+        with self._locked() as (records, fd):
+            existing = _find(records, "prepare", generation)
+            if existing is not None:
+                return _confirmed(fd, existing, plan)
+            current = _current(records)
+            if current != generation:
+                raise GenerationLogError(f"{self.path}: a recovery of generation {generation} "
+                                         f"was asked, the current one is "
+                                         f"{'none' if current is None else current}")
+            return self._append(fd, records, "prepare", generation, plan)
+
+    def commit(self, receipt: dict[str, Any]) -> Record:
+        generation = receipt["generation"]
+        with self._locked() as (records, fd):
+            existing = _find(records, "commit", generation)
+            if existing is not None:
+                return _confirmed(fd, existing, receipt)
+            prepared = _find(records, "prepare", generation - 1)
+            if prepared is None or prepared.digest != receipt.get("plan"):
+                raise ForkRefused(f"{self.path}: the receipt of generation {generation} names "
+                                  "no plan prepared for the generation before it")
+            if _current(records) != generation - 1:
+                # A later run began meanwhile (its start took this number): too late.
+                raise ForkRefused(f"{self.path}: the receipt of generation {generation} comes "
+                                  f"after generation {_current(records)} began")
+            return self._append(fd, records, "commit", generation, receipt)
+
+    @contextmanager
+    def _locked(self) -> Iterator[tuple[list[Record], int]]:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            # We hold the lock: a torn tail is no append in progress but a writer's death.
+            _cut_torn_tail(fd, self.path, self.quarantine_dir)
+            yield self.records(), fd
+        finally:
+            os.close(fd)  # drops the flock
+
+    def _append(self, fd: int, records: list[Record], kind: str, generation: int,
+                body: dict[str, Any]) -> Record:
+        record = Record(len(records), kind, generation, body, digest_of(body))
+        line = encode_line({"ordinal": record.ordinal, "kind": kind, "generation": generation,
+                            "body": body, "digest": record.digest})
+        self.writer(fd, line)
+        SYSTEM_DISK.fsync(fd)
+        return record
+
+
+def _record(raw: dict[str, Any]) -> Record:
+    record = Record(int(raw["ordinal"]), str(raw["kind"]), int(raw["generation"]),
+                    dict(raw["body"]), str(raw["digest"]))
+    if record.kind not in ("start", "prepare", "commit", "end"):
+        raise ValueError(f"unknown record kind {record.kind!r}")
+    if digest_of(record.body) != record.digest:
+        raise ValueError("the record's digest is not that of its body")
+    return record
+
+
+def _find(records: list[Record], kind: str, generation: int) -> Record | None:
+    return next((r for r in records if r.kind == kind and r.generation == generation), None)
+
+
+def _current(records: list[Record]) -> int | None:
+    begun = [r for r in records if r.kind in ("start", "commit")]
+    return begun[-1].generation if begun else None
+
+
+def _confirmed(fd: int, existing: Record, body: dict[str, Any]) -> Record:
+    """The answer to a retry, or to a second survivor: the record when `body` is its body,
+    once the record is durable (its writer may have died, or raised, between its write and
+    its fsync); a fork otherwise."""
+    if existing.digest != digest_of(body):
+        raise ForkRefused(f"{existing.kind} of generation {existing.generation} is already "
+                          f"recorded (ordinal {existing.ordinal}) with another digest")
+    SYSTEM_DISK.fsync(fd)
+    return existing
+
+
+def _cut_torn_tail(fd: int, path: Path, quarantine_dir: Path) -> None:
+    """Cut an interrupted append off the log, its bytes kept in quarantine first."""
+    size = os.fstat(fd).st_size
+    tail_start = max(0, size - (1 << 20))
+    data = os.pread(fd, size - tail_start, tail_start)
+    if not data or data.endswith(b"\n"):
+        return
+    keep = tail_start + data.rfind(b"\n") + 1
+    quarantine_dir.mkdir(parents=True, exist_ok=True)
+    kept = quarantine_dir / f"{path.name}.torn-at-{keep}"
+    write_durable(kept, data[keep - tail_start:])
+    with open(quarantine_dir / "REASONS", "a") as reasons:
+        reasons.write(f"{kept.name}: interrupted append cut from {path} at byte {keep}\n")
+    os.ftruncate(fd, keep)
+    SYSTEM_DISK.fsync(fd)
