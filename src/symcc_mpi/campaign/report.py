@@ -20,6 +20,7 @@ from typing import Any
 import msgspec
 
 from symcc_mpi.durable.atomic import write_durable
+from symcc_mpi.durable.journal import LineLog
 
 __all__ = [
     "CampaignSnapshot",
@@ -343,8 +344,11 @@ class ReportWriter:
         row = format_plot_row(snap, self._rate)
         if row == self._last_row:
             return
-        with open(self.plot_path, "a", encoding="ascii") as f:
-            f.write(row)
+        plot = LineLog(self.plot_path, fsync=False, encode=str.encode)  # rows are ASCII
+        try:
+            plot.append(row)
+        finally:
+            plot.close()
         self._last_row = row
         self._last_plot_at = snap.now
 

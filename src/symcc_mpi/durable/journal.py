@@ -13,7 +13,7 @@ a real record: JSON alone would accept a line cut exactly at a closing brace.
 
 Filesystem semantics relied on:
 - one writer at a time: a `LineLog` is written only by its owner (the holder of the campaign
-  lock, corpus.py), through an O_APPEND descriptor, one `write` per record or group; nobody
+  lock, campaign/corpus.py), through an O_APPEND descriptor, one `write` per record or group; nobody
   else appends, so records never interleave. A reader that is not the owner uses `inspect`,
   which never writes, so an append in progress is never cut;
 - fsync: an append is durable once `os.fsync` of the file returns; a new file's name is made
