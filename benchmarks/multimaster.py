@@ -29,7 +29,8 @@ from pathlib import Path
 
 from _campaign import ROOT, print_table, run_campaign
 
-from symcc_mpi.campaign.corpus import CampaignDir, done_journals
+from symcc_mpi.campaign.corpus import CampaignDir
+from symcc_mpi.campaign.layout import done_journals
 
 EXAMPLES = ROOT / "examples"
 

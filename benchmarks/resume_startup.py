@@ -37,8 +37,8 @@ from pathlib import Path
 
 from _campaign import keep_stdout, print_table, run_campaign
 
+from symcc_mpi.campaign.afl_names import afl_queue_name
 from symcc_mpi.campaign.corpus import CampaignDir
-from symcc_mpi.campaign.report import afl_queue_name
 from symcc_mpi.campaign.snapshot import covers_journal
 from symcc_mpi.durable.journal import encode_line
 

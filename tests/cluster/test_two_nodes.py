@@ -30,7 +30,7 @@ from pathlib import Path
 import pytest
 from harness import ROOT, assert_oracles, crash_files, crashes_natively, stats, verify
 
-from symcc_mpi.campaign.corpus import STOP_REQUEST
+from symcc_mpi.campaign.stop import STOP_REQUEST
 from symcc_mpi.ulfm.generations import (
     GENERATIONS_JOURNAL,
     GenerationLog,

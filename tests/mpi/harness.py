@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from symcc_mpi.campaign.corpus import CampaignDir, done_journals
+from symcc_mpi.campaign.corpus import CampaignDir
+from symcc_mpi.campaign.layout import done_journals
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"

@@ -8,7 +8,7 @@ import os
 import pytest
 from harness import assert_oracles, done_hashes, explore, stats, verify
 
-from symcc_mpi.campaign.corpus import LEASE_DIRECTORY_PREFIX, sha256_bytes
+from symcc_mpi.campaign.layout import LEASE_DIRECTORY_PREFIX, sha256_bytes
 from symcc_mpi.federation.ownership import owner
 
 pytestmark = [pytest.mark.mpi, pytest.mark.timeout(600)]

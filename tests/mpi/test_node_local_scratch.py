@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from harness import ROOT, _explore_command, assert_oracles, explore, stats
 
-from symcc_mpi.campaign.corpus import MARKER
+from symcc_mpi.campaign.layout import MARKER
 from symcc_mpi.durable.atomic import is_temporary
 
 pytestmark = [pytest.mark.mpi, pytest.mark.timeout(600)]

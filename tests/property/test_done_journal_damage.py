@@ -14,7 +14,8 @@ from pathlib import Path
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from symcc_mpi.campaign.corpus import CampaignDir, CampaignError
+from symcc_mpi.campaign.corpus import CampaignDir
+from symcc_mpi.campaign.layout import CampaignError
 from symcc_mpi.durable.journal import encode_line
 
 SETTINGS = settings(max_examples=150, deadline=None,

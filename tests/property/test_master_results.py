@@ -19,7 +19,8 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from symcc_mpi.campaign.corpus import CampaignDir, check_out_dir, sha256_bytes
+from symcc_mpi.campaign.corpus import CampaignDir
+from symcc_mpi.campaign.layout import check_out_dir, sha256_bytes
 from symcc_mpi.config import CampaignConfig
 from symcc_mpi.coverage.triage import CoverageMap, FileCoverage, Status
 from symcc_mpi.dispatch.watchdog import WatchdogConfig

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import msgspec
 
-from symcc_mpi.campaign.corpus import CampaignDir, done_journals
+from symcc_mpi.campaign.corpus import CampaignDir
+from symcc_mpi.campaign.layout import done_journals
 from symcc_mpi.campaign.verify import _read_deferred, verify_campaign
 from symcc_mpi.dispatch.tables import Table
 from symcc_mpi.durable.journal import DEFERRED_JOURNAL_NAME

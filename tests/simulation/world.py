@@ -29,7 +29,7 @@ import greenlet
 import msgspec
 from mpi4py import MPI
 
-from symcc_mpi.campaign.corpus import LEASE_DIRECTORY_PREFIX
+from symcc_mpi.campaign.layout import LEASE_DIRECTORY_PREFIX
 from symcc_mpi.executors.base import ExecutionResult, Outcome
 from symcc_mpi.roles.host import Host
 from symcc_mpi.ulfm.capability import Decision

@@ -20,7 +20,8 @@ from symcc_mpi.campaign.afl_sync import (
     helper_rank,
     load_cursors,
 )
-from symcc_mpi.campaign.corpus import CampaignDir, sha256_bytes
+from symcc_mpi.campaign.corpus import CampaignDir
+from symcc_mpi.campaign.layout import sha256_bytes
 from symcc_mpi.scheduling.frontier import Frontier
 
 

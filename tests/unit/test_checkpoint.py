@@ -27,7 +27,8 @@ from symcc_mpi.campaign.checkpoint import (
     load_pruning,
     load_triage,
 )
-from symcc_mpi.campaign.corpus import CampaignDir, CampaignError
+from symcc_mpi.campaign.corpus import CampaignDir
+from symcc_mpi.campaign.layout import CampaignError
 from symcc_mpi.coverage.pruning import MAP_SIZE, SHARED_SCOPE, Delta, PruningLedger, PruningMode
 from symcc_mpi.coverage.triage import CoverageMap, FileCoverage, Status
 

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from symcc_mpi.campaign.corpus import CampaignDir, check_out_dir, sha256_bytes
+from symcc_mpi.campaign.corpus import CampaignDir
+from symcc_mpi.campaign.layout import check_out_dir, sha256_bytes
 from symcc_mpi.config import CampaignConfig
 from symcc_mpi.dispatch.watchdog import WatchdogConfig
 from symcc_mpi.durable.journal import DeferredWorkJournal

@@ -5,13 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from symcc_mpi.campaign.corpus import (
-    CampaignDir,
-    CampaignError,
-    CorruptInput,
-    check_out_dir,
-    sha256_bytes,
-)
+from symcc_mpi.campaign.corpus import CampaignDir, CorruptInput
+from symcc_mpi.campaign.layout import CampaignError, check_out_dir, sha256_bytes
 from symcc_mpi.wire.staging import PackRejected, write_entries
 
 TOKEN = "ab" * 16

@@ -9,7 +9,8 @@ import os
 
 import pytest
 
-from symcc_mpi.campaign.corpus import CampaignDir, CampaignError, check_out_dir
+from symcc_mpi.campaign.corpus import CampaignDir
+from symcc_mpi.campaign.layout import CampaignError, check_out_dir
 from symcc_mpi.durable.journal import (
     DamageKind,
     JournalCorrupt,

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from symcc_mpi.campaign.corpus import sha256_bytes
+from symcc_mpi.campaign.layout import sha256_bytes
 from symcc_mpi.campaign.report import CampaignSnapshot
 from symcc_mpi.config import UsageError
 from symcc_mpi.federation.masters import Federation, combine, groups

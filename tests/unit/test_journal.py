@@ -9,6 +9,7 @@ import zlib
 
 import pytest
 
+from symcc_mpi.campaign.corpus import CampaignDir
 from symcc_mpi.durable.clock import ManualClock
 from symcc_mpi.durable.journal import (
     DEFERRED_JOURNAL_NAME,
@@ -204,7 +205,10 @@ def test_interrupted_repair_temporary_is_swept(tmp_path, clock):
 
 
 def test_defer_persists_and_repeats(tmp_path, clock):
-    d = DeferredWorkJournal.in_campaign(tmp_path, clock=clock, fsync=False)
+    # Where the master keeps it (job/session.py): its state directory, beside done.jsonl.
+    campaign = CampaignDir(tmp_path)
+    d = DeferredWorkJournal(campaign.state / DEFERRED_JOURNAL_NAME, clock=clock, fsync=False,
+                            quarantine_dir=campaign.quarantine)
     assert d.path.name == DEFERRED_JOURNAL_NAME
     assert d.defer("w1", source="watchdog-timeout", attempts=3,
                    payload={"seed": "abc"}) is Deferral.PERSISTED

@@ -15,18 +15,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 from rich.console import Console
 
+from symcc_mpi.campaign.afl_names import AFL_SYNC_MAX_ID, afl_queue_name, parse_afl_queue_id
 from symcc_mpi.campaign.report import (
-    AFL_SYNC_MAX_ID,
     PLOT_HEADER,
     CampaignSnapshot,
     ReportWriter,
-    afl_queue_name,
     format_fuzzer_stats,
     format_plot_row,
-    parse_afl_queue_id,
-    render_live,
-    summary_table,
 )
+from symcc_mpi.job.live import render_live, summary_table
 
 AFL_FUZZ = shutil.which("afl-fuzz")
 WHATSUP = shutil.which("afl-whatsup")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from symcc_mpi.campaign.corpus import sha256_bytes
+from symcc_mpi.campaign.layout import sha256_bytes
 from symcc_mpi.campaign.result_check import InvalidResult, check_fields
 from symcc_mpi.coverage.triage import FileCoverage, Status
 from symcc_mpi.wire.protocol import (

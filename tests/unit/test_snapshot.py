@@ -1,5 +1,5 @@
 """What a clean close leaves for the next run (snapshot.py), and the journal kept bounded
-(corpus.CampaignDir.compact_if_due): real campaign directories, no MPI."""
+(done_log.DoneLog.compact_if_due): real campaign directories, no MPI."""
 
 from __future__ import annotations
 
@@ -8,10 +8,11 @@ import os
 
 import pytest
 
-from symcc_mpi.campaign import corpus as corpus_module
-from symcc_mpi.campaign import snapshot
-from symcc_mpi.campaign.corpus import CampaignDir, CampaignError, check_out_dir, settled_work_lines
+from symcc_mpi.campaign import done_log, snapshot, wal
+from symcc_mpi.campaign.corpus import CampaignDir
+from symcc_mpi.campaign.layout import CampaignError, check_out_dir
 from symcc_mpi.campaign.verify import _check_work
+from symcc_mpi.campaign.wal import settled_work_lines
 
 TOKEN = "ab" * 16
 
@@ -38,7 +39,7 @@ def a_campaign(out, inputs: int = 20) -> list[str]:
     for number, seed in enumerate(seeds):
         campaign.inputs.add(seed)
         if number % 2:
-            campaign.record_work("dispatch", sha256=seed, token=TOKEN, generation=0, rank=1)
+            campaign.record_work(wal.Dispatch(sha256=seed, token=TOKEN, generation=0, rank=1))
             campaign.record_done(seed, TOKEN, "ok")
             campaign.inputs.mark_done(seed)
     campaign.save_finding("crashes", seeds[3], seeds[2], 11)
@@ -72,9 +73,8 @@ def test_a_snapshot_of_another_journal_is_not_used(tmp_path):
     seeds = a_campaign(out)
     campaign = opened(out)
     campaign.open_journal()  # a run that did not close cleanly: it appended and died
-    campaign.record_work("dispatch", sha256=seeds[0], token=TOKEN, generation=0, rank=1)
-    campaign._done_log.close()
-    campaign._done_log = None
+    campaign.record_work(wal.Dispatch(sha256=seeds[0], token=TOKEN, generation=0, rank=1))
+    campaign.journal.close()
     assert not snapshot.covers_journal(campaign)
     assert snapshot.take(campaign) is None
     assert not (campaign.state / snapshot.SNAPSHOT_FILE).exists()  # and it is gone
@@ -159,16 +159,16 @@ def test_only_the_records_of_work_that_went_cleanly_are_settled():
 
 
 def test_the_journal_is_compacted_once_it_doubles_and_reads_back_whole(tmp_path, monkeypatch):
-    monkeypatch.setattr(corpus_module, "COMPACT_FLOOR", 4096)
+    monkeypatch.setattr(done_log, "COMPACT_FLOOR", 4096)
     out = tmp_path / "out"
     campaign = opened(out, create=True)
     campaign.open_journal()
     inputs = [digest(b"%d" % n) for n in range(60)]
     dropped = 0
     for item in inputs:
-        campaign.record_work("dispatch", sha256=item, token=TOKEN, generation=0, rank=1)
-        campaign.record_work("commit", sha256=item, token=TOKEN, generation=0, rank=1,
-                             outcome="ok", exit_status=0, publish=[])
+        campaign.record_work(wal.Dispatch(sha256=item, token=TOKEN, generation=0, rank=1))
+        campaign.record_work(wal.Commit(sha256=item, token=TOKEN, generation=0, rank=1,
+                                        outcome="ok", exit_status=0, publish=[]))
         campaign.record_done(item, TOKEN, "ok")
         campaign.sync_done()
         dropped += campaign.compact_if_due()

@@ -10,7 +10,9 @@ from collections import deque
 
 import pytest
 
-from symcc_mpi.campaign.corpus import CampaignDir, StopRequest, check_out_dir, stop_request_verdict
+from symcc_mpi.campaign.corpus import CampaignDir
+from symcc_mpi.campaign.layout import check_out_dir
+from symcc_mpi.campaign.stop import StopRequest, stop_request_verdict
 from symcc_mpi.config import CampaignConfig
 from symcc_mpi.dispatch.watchdog import WatchdogConfig
 from symcc_mpi.durable.journal import DEFERRED_JOURNAL_NAME, DeferredWorkJournal

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from symcc_mpi.campaign.commit import Accepted, Child, decode_manifest, encode_manifest
-from symcc_mpi.campaign.corpus import outstanding
 from symcc_mpi.campaign.verify import _check_work
+from symcc_mpi.campaign.wal import outstanding
 from symcc_mpi.durable.storage import STORAGE_EXIT
 from symcc_mpi.ulfm import capability
 from symcc_mpi.wire.protocol import MalformedMessage, Result, StagedFile

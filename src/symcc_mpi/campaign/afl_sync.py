@@ -26,8 +26,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from symcc_mpi.campaign.corpus import CampaignDir, sha256_bytes
-from symcc_mpi.campaign.report import parse_afl_queue_id
+from symcc_mpi.campaign.afl_names import parse_afl_queue_id
+from symcc_mpi.campaign.corpus import CampaignDir
+from symcc_mpi.campaign.layout import sha256_bytes
 from symcc_mpi.coverage.triage import TriageError
 from symcc_mpi.durable.atomic import write_durable
 from symcc_mpi.scheduling.frontier import Frontier

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import msgspec
 
-from symcc_mpi.campaign.corpus import CampaignDir, CampaignError
+from symcc_mpi.campaign.corpus import CampaignDir
+from symcc_mpi.campaign.layout import CampaignError
 from symcc_mpi.coverage.pruning import MalformedDelta, PruningLedger, load_maps, save_maps
 from symcc_mpi.durable.atomic import write_durable
 from symcc_mpi.durable.clock import SYSTEM_CLOCK

@@ -6,16 +6,15 @@ import json
 from collections import Counter
 from pathlib import Path
 
-from symcc_mpi.campaign.corpus import (
+from symcc_mpi.campaign.corpus import CampaignDir
+from symcc_mpi.campaign.layout import (
     LEASE_DIRECTORY_PREFIX,
     MARKER,
-    CampaignDir,
     CampaignError,
     done_journals,
-    outstanding,
     sha256_file,
-    work_of,
 )
+from symcc_mpi.campaign.wal import Kind, is_done, kind_of, outstanding, work_of
 from symcc_mpi.durable.journal import DEFERRED_JOURNAL_NAME, inspect
 from symcc_mpi.durable.storage import STORAGE_EXIT
 from symcc_mpi.scheduling.splitting import SPLIT_ANEW
@@ -44,11 +43,11 @@ def verify_campaign(out: Path) -> tuple[list[str], dict]:
     # One done journal per master that ever ran (--masters): together, the analysed set.
     journals = {path: campaign.inspect_journal(path) for path in done_journals(out)}
     journal, torn = journals.pop(campaign.done_journal, ([], None))
-    records = [r for r in journal if "kind" not in r]
+    records = [r for r in journal if is_done(r)]
     per_master = [len(records)]
     for other, _ in journals.values():
-        per_master.append(sum(1 for r in other if "kind" not in r))
-        records += [r for r in other if "kind" not in r]
+        per_master.append(sum(1 for r in other if is_done(r)))
+        records += [r for r in other if is_done(r)]
     torn_elsewhere = [f"{path.parent.name}: line {damage.line}"
                       for path, (_, damage) in journals.items() if damage is not None]
     # Once per epoch (tiers/): each epoch analyses the corpus again, under a fresh map.
@@ -120,7 +119,7 @@ def verify_campaign(out: Path) -> tuple[list[str], dict]:
 
 
 def _check_work(journal: list[dict], corpus: set[str], extra: dict) -> tuple[list[str], dict]:
-    """The work records of a fault-tolerant campaign (corpus.py): every dispatch of an input
+    """The work records of a fault-tolerant campaign (wal.py): every dispatch of an input
     after its first follows a declared take-back of the one before (a recovery, a protocol
     recovery, a shutdown); no child a done record published is missing from corpus/; at a
     clean end (not a stop for a filesystem that refused writes) nothing is still out."""
@@ -131,17 +130,17 @@ def _check_work(journal: list[dict], corpus: set[str], extra: dict) -> tuple[lis
     split_anew = 0
     missing_children: set[str] = set()
     for record in journal:
-        kind = record.get("kind")
+        kind = kind_of(record)
         epoch = record.get("epoch", 0)  # an epoch dispatches its corpus anew (tiers/)
-        if kind == "dispatch":
+        if kind is Kind.DISPATCH:
             dispatches[epoch, work_of(record)] += 1
-        elif kind == "requeue":
+        elif kind is Kind.REQUEUE:
             declared[epoch, work_of(record)] += 1
             split_anew += record.get("reason") == SPLIT_ANEW
-        elif kind == "recovered":
+        elif kind is Kind.RECOVERED:
             in_flight_at_failures += len(record["requeued"])
             declared.update((epoch, work) for work in record["requeued"])
-        elif kind in (None, "part"):
+        elif kind in (Kind.DONE, Kind.PART):
             missing_children.update(set(record.get("published", ())) - corpus)
     if not dispatches:
         return problems, {}
@@ -181,7 +180,7 @@ def _check_generations(out: Path, journal: list[dict]) -> tuple[list[str], dict]
     if not records:
         return [], {}
     receipts = {r.generation for r in records if r.kind == "commit"}
-    recovered = Counter(r["generation"] for r in journal if r.get("kind") == "recovered")
+    recovered = Counter(r["generation"] for r in journal if kind_of(r) is Kind.RECOVERED)
     problems = [f"generation {g} is recorded as recovered {n} times" for g, n in
                 sorted(recovered.items()) if n > 1]
     unreceipted = sorted(set(recovered) - receipts)

@@ -1,7 +1,9 @@
 """Whole-file durable writes: temp file in the same directory, fsync, rename, directory fsync.
 
 The package's one atomic-write helper (the campaign marker, corpus and queue files, the
-triage checkpoint, pruning maps, journal repairs and quarantine copies). A reader sees the
+triage checkpoint, pruning maps, journal repairs, quarantine copies, the stop request and the
+AFL report files); `publish_link` is its variant for a name that is a hard link to another
+file (AFL's queue/), and `fsync_once` the group commit's deferred fsync. A reader sees the
 old bytes or the new bytes, never a mix; after `write_durable` returns the new bytes survive
 a crash of the machine. A process killed mid-write leaves at most a dot-named temporary file,
 which `is_temporary` recognises so scans can skip and sweep it.
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import shutil
 from pathlib import Path
 
 TEMPORARY_PREFIX = ".tmp-"
@@ -88,6 +91,43 @@ def write_durable(path: Path, data: bytes, *, fsync: bool = True,
     if fsync:
         fsync_directory(path.parent)
     return True
+
+
+def publish_link(source: str | Path, target: str | Path) -> None:
+    """Make `target` appear whole with the bytes of `source`: a hard link, or where the
+    filesystem refuses one, a copy under a temporary name renamed onto `target` (AFL's sync
+    reads any id: name it sees). Not fsynced: the caller's group commit does that."""
+    try:
+        os.link(source, target)
+        return
+    except OSError:
+        pass
+    temporary = temporary_for(Path(target))
+    try:
+        shutil.copyfile(source, temporary)
+        os.replace(temporary, target)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
+
+
+def fsync_once(path: str, synced: set[tuple[int, int]]) -> None:
+    """Make a file's data durable unless its inode is in `synced` (a hard link's other name
+    was synced already); a file gone since is skipped: nothing is left to vouch for."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return
+    try:
+        info = os.fstat(fd)
+        if (info.st_dev, info.st_ino) not in synced:
+            SYSTEM_DISK.fsync(fd)
+            synced.add((info.st_dev, info.st_ino))
+    except OSError as error:
+        error.filename = path  # fsync names no file: the stop line must say which
+        raise
+    finally:
+        os.close(fd)
 
 
 def is_temporary(path: Path) -> bool:

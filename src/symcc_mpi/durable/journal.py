@@ -1,16 +1,19 @@
 """Checksummed append-only JSONL journals: the one journal implementation of the package.
 
-`LineLog` is the campaign's done journal and F443 work WAL (`OUT/state/done.jsonl`, owned by
-corpus.py) and the deferred-work journal (F317 §4.2, below); the generation log
-(generations.py) writes the same line format through its own locked append.
+`LineLog` is under every append-only log of the campaign: the done journal and F443 work WAL
+(`OUT/state/done.jsonl`, campaign/wal.py and campaign/done_log.py), the deferred-work journal
+(F317 §4.2, below), the generation log (ulfm/generations.py, appended under a flock by several
+processes in turn: `cut_torn_tail` before each append), the masters' publication hints
+(federation/hints.py, bare digest lines: `encode`), and quarantine/REASONS (`note_reason`).
 
-Every line is `<crc32 of the JSON, 8 hex> <JSON object>\n`, ASCII only. The checksum is what
-tells a torn append (a process killed inside `write`) or a flipped byte from a real record:
-JSON alone would accept a line cut exactly at a closing brace.
+Every line is `<crc32 of the JSON, 8 hex> <JSON object>\n`, ASCII only (a log given its own
+`encode` writes its own lines: the hints and REASONS, which are read by other means). The
+checksum is what tells a torn append (a process killed inside `write`) or a flipped byte from
+a real record: JSON alone would accept a line cut exactly at a closing brace.
 
 Filesystem semantics relied on:
 - one writer at a time: a `LineLog` is written only by its owner (the holder of the campaign
-  lock, corpus.py), through an O_APPEND descriptor, one `write` per record or group; nobody
+  lock, campaign/corpus.py), through an O_APPEND descriptor, one `write` per record or group; nobody
   else appends, so records never interleave. A reader that is not the owner uses `inspect`,
   which never writes, so an append in progress is never cut;
 - fsync: an append is durable once `os.fsync` of the file returns; a new file's name is made
@@ -66,6 +69,8 @@ log = logging.getLogger(__name__)
 
 Writer = Callable[[int, bytes], None]
 """Write all of `data` to the file descriptor; raise OSError on failure."""
+
+REASONS = "REASONS"  # in a quarantine directory: one line per file set aside there, and why
 
 DEFERRED_JOURNAL_NAME = ".dispatch_protocol_deferred.jsonl"
 MAX_ID_LENGTH = 256
@@ -247,11 +252,17 @@ class LineLog:
 
     def __init__(self, path: Path, *, clock: Clock = SYSTEM_CLOCK, fsync: bool = True,
                  writer: Writer | None = None, quarantine_dir: Path | None = None,
-                 strict: bool = False):
+                 strict: bool = False, encode: Callable[[Any], bytes] = encode_line,
+                 cut_back: bool = True):
         self.path = Path(path)
         self.clock = clock
         self.fsync = fsync
         self.writer = writer or write_all
+        self.encode = encode  # a record to its line, newline included
+        # False: a failed append is left as it is and the log takes no more appends (its
+        # writers take turns under a lock and answer a retry from a record that landed:
+        # the generation log; the next writer's `cut_torn_tail` removes a torn one).
+        self.cut_back = cut_back
         self.quarantine_dir = quarantine_dir or self.path.parent / "quarantine"
         self.strict = strict  # a corrupt record is refused, never dropped
         self.lines = 0
@@ -341,10 +352,38 @@ class LineLog:
         # Durable before the live file is repaired: the bad bytes must outlive the repair.
         write_durable(target, bad.data, fsync=self.fsync)
         damage = Damage(self.path, bad.number, _kind(bad), bad.reason, target)
-        with open(self.quarantine_dir / "REASONS", "a") as reasons:
-            reasons.write(f"{target.name}: {self.path}, line {bad.number}: "
-                          f"{damage.kind.value}: {bad.reason}\n")
+        note_reason(self.quarantine_dir, target.name,
+                    f"{self.path}, line {bad.number}: {damage.kind.value}: {bad.reason}")
         return damage
+
+    def cut_torn_tail(self) -> Damage | None:
+        """Cut the bytes after the last newline (an append its writer died inside) off the
+        file, kept in quarantine first as `<name>.torn-at-<offset>`. Only for a log whose
+        writers take turns under a lock (the generation log): the caller holds it, so those
+        bytes are no append in progress. Reads at most the last MiB; None if nothing was torn."""
+        try:
+            fd = os.open(self.path, os.O_RDWR)
+        except FileNotFoundError:
+            return None
+        try:
+            size = os.fstat(fd).st_size
+            tail_start = max(0, size - (1 << 20))
+            data = os.pread(fd, size - tail_start, tail_start)
+            if not data or data.endswith(b"\n"):
+                return None
+            keep = tail_start + data.rfind(b"\n") + 1
+            kept = self.quarantine_dir / f"{self.path.name}.torn-at-{keep}"
+            self.quarantine_dir.mkdir(parents=True, exist_ok=True)
+            write_durable(kept, data[keep - tail_start:], fsync=self.fsync)
+            note_reason(self.quarantine_dir, kept.name,
+                        f"interrupted append cut from {self.path} at byte {keep}")
+            os.ftruncate(fd, keep)
+            if self.fsync:
+                SYSTEM_DISK.fsync(fd)
+        finally:
+            os.close(fd)
+        return Damage(self.path, 0, DamageKind.TORN_TAIL, "interrupted append (no newline)",
+                      kept)
 
     def _truncate(self, keep: int) -> None:
         with open(self.path, "r+b") as handle:
@@ -381,20 +420,31 @@ class LineLog:
         if self._fd is None:
             self.open_for_append()  # an earlier open failed (F317: retry on the next write)
         assert self._fd is not None
-        lines = [encode_line(record) for record in records]
+        lines = [self.encode(record) for record in records]
         data = b"".join(lines)
         try:
             self.writer(self._fd, data)
             if self.fsync and sync:
                 SYSTEM_DISK.fsync(self._fd)
         except OSError as error:
-            self._cut_back()
+            if self.cut_back:
+                self._cut_back()
+            else:
+                self.broken = error
             if error.filename is None:  # os.write/fsync name no file: say which (one line)
                 error.filename = str(self.path)
             raise
         self.size += len(data)
         self.lines += len(lines)
         self._content.update(data)
+
+    def sync(self) -> None:
+        """Make every append so far durable (one that was made, and maybe not synced, by a
+        writer that died: the generation log's confirmation of another's record)."""
+        self._check_writable()
+        if self._fd is None:
+            self.open_for_append()
+        SYSTEM_DISK.fsync(self._fd)
 
     def replace_contents(self, data: bytes) -> None:
         """Rewrite the whole file as `data`, whole lines of it (its owner's compaction):
@@ -460,6 +510,21 @@ class LineLog:
         self._closed = True
 
 
+def text_line(text: str) -> bytes:
+    """A line of text as REASONS holds it (encode of a LineLog of text)."""
+    return text.encode("utf-8", "surrogateescape") + b"\n"
+
+
+def note_reason(quarantine_dir: Path, name: str, reason: str) -> None:
+    """Say in `quarantine_dir`/REASONS why `name` was set aside there (one line, appended;
+    not fsynced: the set-aside file itself is what must survive)."""
+    reasons = LineLog(Path(quarantine_dir) / REASONS, fsync=False, encode=text_line)
+    try:
+        reasons.append(f"{name}: {reason}")
+    finally:
+        reasons.close()
+
+
 # -- DeferredWorkJournal (F317 §4.2) ---------------------------------------------------------
 
 
@@ -510,10 +575,6 @@ class DeferredWorkJournal:
         except OSError as error:
             # Unwritable directory or full disk: deferring still works, in memory, and says so.
             self._fail(error)
-
-    @classmethod
-    def in_campaign(cls, out: Path, **options: Any) -> DeferredWorkJournal:
-        return cls(Path(out) / DEFERRED_JOURNAL_NAME, **options)
 
     @property
     def path(self) -> Path:

@@ -1,6 +1,12 @@
-"""Bounded lock-directory locks on a shared POSIX directory: a monotonic deadline, no age breaks.
+"""The package's locks: `flock`s on a file (held for a life, or around one append) and bounded
+lock-directory locks on a shared POSIX directory (a monotonic deadline, no age breaks).
 
-Why it looks the way it does (F320 §2.6, F321, F311 §4 step 2):
+Two `flock`s, two scopes: `FileLock` is the campaign lock (`OUT/state/master.lock`, held for
+a master's whole life: one writer of done.jsonl; `wait` rides out an NFS server that frees a
+dead client's lock only when its lease expires), and `flocked` is held around one
+read-decide-append of the generation log, which several survivors of a failure write in turn.
+
+Lock directories, why they look the way they do (F320 §2.6, F321, F311 §4 step 2):
 
 * The lock is a directory, because `mkdir`/`rename` of a directory is atomic on every POSIX
   filesystem a campaign shares (NFS included), where `flock` alone may be local to one host.
@@ -38,11 +44,93 @@ import json
 import os
 import secrets
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from symcc_mpi.durable.clock import SYSTEM_CLOCK, Clock
+
+_BUSY = (errno.EWOULDBLOCK, errno.EACCES)  # what flock says of a lock another holds
+
+
+class FlockHeld(OSError):
+    """Another process holds the flock."""
+
+
+class FileLock:
+    """An exclusive flock on `path`, held until `release`; the holder's pid is written into
+    the file (for a person looking). Not re-entrant."""
+
+    def __init__(self, path: Path, *, clock: Clock = SYSTEM_CLOCK):
+        self.path = Path(path)
+        self.clock = clock
+        self._handle = None
+
+    def acquire(self, *, wait: float = 0.0) -> None:
+        """Take the lock, waiting up to `wait` seconds for a holder to lose it; FlockHeld if
+        it still holds it then."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        handle = open(self.path, "a+")
+        deadline = self.clock.monotonic() + wait
+        while True:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError as error:
+                if error.errno in _BUSY and self.clock.monotonic() < deadline:
+                    self.clock.sleep(0.2)
+                    continue
+                handle.close()
+                if error.errno in _BUSY:
+                    raise FlockHeld(error.errno, "held by another process", str(self.path)) \
+                        from None
+                raise
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"{os.getpid()}\n")
+        handle.flush()
+        self._handle = handle
+
+    @property
+    def held(self) -> bool:
+        return self._handle is not None
+
+    def release(self) -> None:
+        """Drop the lock; a no-op when not held."""
+        handle, self._handle = self._handle, None
+        if handle is not None:
+            handle.close()
+
+
+def check_unlocked(path: Path) -> None:
+    """FlockHeld if a process holds the flock on `path` now (taken and dropped at once;
+    nothing is written). A file that does not exist was never locked."""
+    try:
+        handle = open(path, "rb")
+    except FileNotFoundError:
+        return
+    with handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as error:
+            if error.errno in _BUSY:
+                raise FlockHeld(error.errno, "held by another process", str(path)) from None
+            raise
+
+
+@contextlib.contextmanager
+def flocked(path: Path) -> Iterator[None]:
+    """Hold an exclusive flock on `path` (created if need be) for the block, waiting for it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # drops the flock
+
+
+# -- lock directories ----------------------------------------------------------------------
 
 HOLDER_FILE = "holder"
 _ACQUIRING = ".tmp-lock"

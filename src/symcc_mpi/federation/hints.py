@@ -2,8 +2,9 @@
 
 Each master appends the digests it promotes into the shared corpus to its own log,
 `<lease directory>/published/master-<k>.log`, one lowercase hex digest and a newline per line,
-with O_APPEND and by that master only. Every other master tails each log from where it last
-stopped, so learning of new work costs O(new bytes) per tick instead of listing the corpus.
+with O_APPEND (durable/journal.py's LineLog, writing bare lines) and by that master only.
+Every other master tails each log from where it last stopped, so learning of new work costs
+O(new bytes) per tick instead of listing the corpus.
 
 A hint is only a hint: the lease table decides who analyses what, and the full corpus rescan
 each master makes at start and at PREPARE catches anything a hint missed. So the logs are not
@@ -20,6 +21,8 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from symcc_mpi.durable.journal import LineLog
 
 PUBLISHED = "published"
 DIGEST_LENGTH = 64
@@ -45,16 +48,16 @@ class PublicationLog:
         for digest in digests:
             if not isinstance(digest, str) or not _DIGEST.fullmatch(digest.encode()):
                 raise ValueError(f"a digest is a lowercase hex SHA-256 (got {digest!r})")
-            lines.append(digest + "\n")
+            lines.append(digest + "\n")  # LineLog writes them in one write
         if not lines:
             return
-        data = "".join(lines).encode()
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        # Opened for each append, not held: the lease directory is removed at the job's end,
+        # and on NFS a file held open there would keep it (a silly-renamed .nfs file).
+        log = LineLog(self.path, fsync=False, encode=str.encode)
         try:
-            while data:  # a short write is continued: O_APPEND puts the rest after it
-                data = data[os.write(fd, data):]
+            log.extend(lines)
         finally:
-            os.close(fd)
+            log.close()
 
 
 @dataclass(frozen=True)

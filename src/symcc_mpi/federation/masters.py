@@ -22,7 +22,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from symcc_mpi.campaign.corpus import LEASE_DIRECTORY_PREFIX
+from symcc_mpi.campaign.layout import LEASE_DIRECTORY_PREFIX
 from symcc_mpi.campaign.report import CampaignSnapshot
 from symcc_mpi.config import UsageError
 from symcc_mpi.durable.clock import SYSTEM_CLOCK

@@ -15,7 +15,7 @@ import secrets
 from collections.abc import Sequence
 from pathlib import Path
 
-from symcc_mpi.campaign.corpus import LEASE_DIRECTORY_PREFIX
+from symcc_mpi.campaign.layout import LEASE_DIRECTORY_PREFIX
 
 OWNER_DOMAIN = b"symcc-work-owner-v1"
 EPOCH_BYTES = 32

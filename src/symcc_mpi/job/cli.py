@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from symcc_mpi.campaign.corpus import CampaignError
+from symcc_mpi.campaign.layout import CampaignError
 from symcc_mpi.config import (
     EXECUTORS,
     FAULT_TOLERANCE_MODES,

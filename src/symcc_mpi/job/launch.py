@@ -21,7 +21,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from symcc_mpi.campaign.corpus import RUN_ID_ENV, CampaignDir
+from symcc_mpi.campaign.corpus import CampaignDir
+from symcc_mpi.campaign.layout import RUN_ID_ENV
 from symcc_mpi.config import CampaignConfig, UsageError
 from symcc_mpi.durable.storage import STORAGE_EXIT, describe
 

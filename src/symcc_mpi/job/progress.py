@@ -12,16 +12,11 @@ from pathlib import Path
 from rich.console import Console
 from rich.live import Live
 
-from symcc_mpi.campaign.corpus import MARKER, CampaignError
-from symcc_mpi.campaign.report import (
-    CampaignSnapshot,
-    ReportWriter,
-    render_live,
-    snapshot_from_stats,
-    summary_table,
-)
+from symcc_mpi.campaign.layout import MARKER, CampaignError
+from symcc_mpi.campaign.report import CampaignSnapshot, ReportWriter, snapshot_from_stats
 from symcc_mpi.config import CampaignConfig
 from symcc_mpi.durable.clock import SYSTEM_CLOCK
+from symcc_mpi.job.live import render_live, summary_table
 
 STATS_FILE = "stats.json"
 

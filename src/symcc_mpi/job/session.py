@@ -7,15 +7,10 @@ import logging
 import signal
 from dataclasses import replace
 
-from symcc_mpi.campaign import snapshot
-from symcc_mpi.campaign.corpus import (
-    CampaignDir,
-    CampaignError,
-    check_out_dir,
-    outstanding,
-    replay_epochs,
-    work_of,
-)
+from symcc_mpi.campaign import snapshot, wal
+from symcc_mpi.campaign.corpus import CampaignDir
+from symcc_mpi.campaign.layout import CampaignError, check_out_dir
+from symcc_mpi.campaign.wal import outstanding, replay_epochs, work_of
 from symcc_mpi.config import CampaignConfig, UsageError, check_numbers, check_seeds
 from symcc_mpi.durable.clock import SYSTEM_CLOCK
 from symcc_mpi.durable.storage import (
@@ -625,12 +620,12 @@ def _load_state(master, config: CampaignConfig, campaign: CampaignDir,
                    and r["sha256"] not in done} - set(master.in_flight_at_takeover)
     for work in sorted(split_again):
         digest, part = parse_work_id(work)
-        campaign.record_work("requeue", sha256=digest, part=part, reason=SPLIT_ANEW)
+        campaign.record_work(wal.Requeue(sha256=digest, part=part, reason=SPLIT_ANEW))
     if not taking_over:  # a resumed run: the last run's master died, or was stopped so
         for work in master.in_flight_at_takeover:
             digest, part = parse_work_id(work)
-            campaign.record_work("requeue", sha256=digest, reason="the last run ended",
-                                 **({} if part is None else {"part": part}))
+            campaign.record_work(wal.Requeue(sha256=digest, reason="the last run ended",
+                                             part=part))
     campaign.clear_staging()  # nothing is in flight before we start
     log.info("campaign %s: %d inputs, %d already analysed, %d in the frontier%s",
              config.out, len(master.frontier.known), master.stats.resumed_done,

@@ -23,7 +23,7 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
-from symcc_mpi.campaign.corpus import MARKER
+from symcc_mpi.campaign.layout import MARKER
 
 LAUNCHERS = ("self", "srun", "mpirun")
 

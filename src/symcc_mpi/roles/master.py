@@ -21,9 +21,12 @@ from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from symcc_mpi.campaign import wal
 from symcc_mpi.campaign.checkpoint import Checkpointer
 from symcc_mpi.campaign.commit import Committer, Refused, Unusable, encode_manifest
-from symcc_mpi.campaign.corpus import RUN_ID_ENV, CampaignDir, StopRequest
+from symcc_mpi.campaign.corpus import CampaignDir
+from symcc_mpi.campaign.layout import RUN_ID_ENV
+from symcc_mpi.campaign.stop import StopRequest
 from symcc_mpi.config import CampaignConfig
 from symcc_mpi.coverage.pruning import PruningLedger
 from symcc_mpi.dispatch.coordinator import DispatchCoordinator
@@ -395,8 +398,7 @@ class Master:
         if self.fault_tolerant:  # every dispatch after an input's first is declared
             digest, part = parse_work_id(work)
             with self._stopping_if_storage_refuses():
-                self.campaign.record_work("requeue", sha256=digest, reason=why,
-                                          **({} if part is None else {"part": part}))
+                self.campaign.record_work(wal.Requeue(sha256=digest, reason=why, part=part))
 
     def _claim_targets(self, work_id: str, targets: tuple[int, ...], worker: int) -> bool:
         return self.federation.targets.claim(work_id, targets, worker)
@@ -432,9 +434,9 @@ class Master:
         if self.fault_tolerant:  # F443 §3 step 3: the dispatch is on record before it leaves
             part = parse_work_id(self.dispatch.work_of(rank, preparing=True))[1]
             try:
-                self.campaign.record_work("dispatch", sha256=work.input_hash,
-                                          token=work.token, generation=self.generation,
-                                          rank=rank, **({} if part is None else {"part": part}))
+                self.campaign.record_work(wal.Dispatch(
+                    sha256=work.input_hash, token=work.token, generation=self.generation,
+                    rank=rank, part=part))
             except OSError as error:
                 if storage_failing(error):
                     raise DispatchNotRecorded(error) from error  # not the worker's failure
@@ -535,11 +537,10 @@ class Master:
                     is CommitStart.COMMITTING:
                 try:
                     if self.fault_tolerant:  # F443 §3 step 6: the manifest, then publication
-                        self.campaign.record_work(
-                            "commit", sha256=result.input_hash, token=result.token,
-                            generation=self.generation, rank=rank,
-                            **encode_manifest(result, accepted),
-                            **({} if part is None else {"part": part}))
+                        self.campaign.record_work(wal.Commit(
+                            sha256=result.input_hash, token=result.token,
+                            generation=self.generation, rank=rank, part=part,
+                            **encode_manifest(result, accepted)))
                         self._fault_in_commit("after-manifest")
                     tier = self.frontier.tier_of(result.input_hash)
                     found = self.committer.commit(rank, result, accepted, part=part,
@@ -692,9 +693,9 @@ class Master:
                       master: str = "kept") -> None:
         """Record a recovery in the journal and the figures, and say it in one line."""
         with self._stopping_if_storage_refuses():
-            self.campaign.record_work("recovered", generation=generation, failed=failed,
-                                      requeued=requeued, master=master,
-                                      seconds=round(seconds, 3))
+            self.campaign.record_work(wal.Recovered(generation=generation, failed=failed,
+                                                    requeued=requeued, master=master,
+                                                    seconds=round(seconds, 3)))
         self.stats.failures.append({
             "generation": generation, "failed": failed, "requeued": len(requeued),
             "master": master, "shrinks": shrinks, "recovery_seconds": round(seconds, 3),

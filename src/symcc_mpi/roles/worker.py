@@ -15,7 +15,7 @@ from pathlib import Path
 
 import msgspec
 
-from symcc_mpi.campaign.corpus import sha256_bytes
+from symcc_mpi.campaign.layout import sha256_bytes
 from symcc_mpi.config import CampaignConfig, UsageError
 from symcc_mpi.coverage.pruning import MalformedDelta, WorkerMap
 from symcc_mpi.coverage.triage import FileCoverage

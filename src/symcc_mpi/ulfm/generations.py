@@ -1,11 +1,11 @@
 """The campaign's generation log: which communicator generation is current, who is in it,
 and the plan and receipt of every recovery (F443 §2 "recovery state", §5's ordinal rule).
 
-`OUT/state/generations.jsonl`, a checksummed journal (journal.encode_line), written by
-several processes: every survivor of a failure takes part in the recovery and writes or
-confirms its records. A writer holds an exclusive flock on the file, re-reads it, decides,
-appends one record and fsyncs it before letting go; readers (`verify`, `status`) read without
-the lock and never write.
+`OUT/state/generations.jsonl`, a checksummed journal (durable/journal.py's LineLog), written
+by several processes: every survivor of a failure takes part in the recovery and writes or
+confirms its records. A writer holds an exclusive flock on the file (durable/locks.py), cuts
+a torn tail, re-reads it, decides, appends one record and fsyncs it before letting go;
+readers (`verify`, `status`) read without the lock and never write.
 
 Records, each with the next `ordinal` (0, 1, 2, ... with no gap):
 
@@ -25,18 +25,16 @@ generation before it, and advances the generation by exactly one.
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
-import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from symcc_mpi.durable.atomic import SYSTEM_DISK, write_durable
-from symcc_mpi.durable.journal import LineError, decode_line, encode_line, write_all
+from symcc_mpi.durable.journal import LineError, LineLog, decode_line, write_all
+from symcc_mpi.durable.locks import flocked
 
 GENERATIONS_JOURNAL = "generations.jsonl"
 
@@ -109,15 +107,15 @@ class GenerationLog:
 
     def start(self, members: list[str], extra: dict[str, Any]) -> Record:
         """A run's first generation: one past the last one this campaign had."""
-        with self._locked() as (records, fd):
+        with self._locked() as (records, log):
             last = max((r.generation for r in records), default=-1)
             body = {"members": members, **extra}
-            return self._append(fd, records, "start", last + 1, body)
+            return self._append(log, records, "start", last + 1, body)
 
     def end(self, generation: int, status: int, reason: str) -> Record:
         """The master ends the job on purpose (MPI_Abort): survivors must not take over."""
-        with self._locked() as (records, fd):
-            return self._append(fd, records, "end", generation,
+        with self._locked() as (records, log):
+            return self._append(log, records, "end", generation,
                                 {"status": status, "reason": reason})
 
     def ended(self, generation: int) -> Record | None:
@@ -126,23 +124,23 @@ class GenerationLog:
 
     def prepare(self, plan: dict[str, Any]) -> Record:
         generation = plan["generation"]
-        with self._locked() as (records, fd):
+        with self._locked() as (records, log):
             existing = _find(records, "prepare", generation)
             if existing is not None:
-                return _confirmed(fd, existing, plan)
+                return _confirmed(log, existing, plan)
             current = _current(records)
             if current != generation:
                 raise GenerationLogError(f"{self.path}: a recovery of generation {generation} "
                                          f"was asked, the current one is "
                                          f"{'none' if current is None else current}")
-            return self._append(fd, records, "prepare", generation, plan)
+            return self._append(log, records, "prepare", generation, plan)
 
     def commit(self, receipt: dict[str, Any]) -> Record:
         generation = receipt["generation"]
-        with self._locked() as (records, fd):
+        with self._locked() as (records, log):
             existing = _find(records, "commit", generation)
             if existing is not None:
-                return _confirmed(fd, existing, receipt)
+                return _confirmed(log, existing, receipt)
             prepared = _find(records, "prepare", generation - 1)
             if prepared is None or prepared.digest != receipt.get("plan"):
                 raise ForkRefused(f"{self.path}: the receipt of generation {generation} names "
@@ -151,27 +149,29 @@ class GenerationLog:
                 # A later run began meanwhile (its start took this number): too late.
                 raise ForkRefused(f"{self.path}: the receipt of generation {generation} comes "
                                   f"after generation {_current(records)} began")
-            return self._append(fd, records, "commit", generation, receipt)
+            return self._append(log, records, "commit", generation, receipt)
 
     @contextmanager
-    def _locked(self) -> Iterator[tuple[list[Record], int]]:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            # We hold the lock: a torn tail is no append in progress but a writer's death.
-            _cut_torn_tail(fd, self.path, self.quarantine_dir)
-            yield self.records(), fd
-        finally:
-            os.close(fd)  # drops the flock
+    def _locked(self) -> Iterator[tuple[list[Record], LineLog]]:
+        with flocked(self.path):
+            # No cut-back: a writer that raised may have landed its record, which a retry
+            # is then answered from (F443 §5: a lost acknowledgement).
+            log = LineLog(self.path, quarantine_dir=self.quarantine_dir, writer=self.writer,
+                          cut_back=False)
+            try:
+                # We hold the lock: a torn tail is no append in progress but a writer's death.
+                log.cut_torn_tail()
+                records = self.records()
+                log.open_for_append()
+                yield records, log
+            finally:
+                log.close()
 
-    def _append(self, fd: int, records: list[Record], kind: str, generation: int,
+    def _append(self, log: LineLog, records: list[Record], kind: str, generation: int,
                 body: dict[str, Any]) -> Record:
         record = Record(len(records), kind, generation, body, digest_of(body))
-        line = encode_line({"ordinal": record.ordinal, "kind": kind, "generation": generation,
-                            "body": body, "digest": record.digest})
-        self.writer(fd, line)
-        SYSTEM_DISK.fsync(fd)
+        log.append({"ordinal": record.ordinal, "kind": kind, "generation": generation,
+                    "body": body, "digest": record.digest})
         return record
 
 
@@ -194,29 +194,12 @@ def _current(records: list[Record]) -> int | None:
     return begun[-1].generation if begun else None
 
 
-def _confirmed(fd: int, existing: Record, body: dict[str, Any]) -> Record:
+def _confirmed(log: LineLog, existing: Record, body: dict[str, Any]) -> Record:
     """The answer to a retry, or to a second survivor: the record when `body` is its body,
     once the record is durable (its writer may have died, or raised, between its write and
     its fsync); a fork otherwise."""
     if existing.digest != digest_of(body):
         raise ForkRefused(f"{existing.kind} of generation {existing.generation} is already "
                           f"recorded (ordinal {existing.ordinal}) with another digest")
-    SYSTEM_DISK.fsync(fd)
+    log.sync()
     return existing
-
-
-def _cut_torn_tail(fd: int, path: Path, quarantine_dir: Path) -> None:
-    """Cut an interrupted append off the log, its bytes kept in quarantine first."""
-    size = os.fstat(fd).st_size
-    tail_start = max(0, size - (1 << 20))
-    data = os.pread(fd, size - tail_start, tail_start)
-    if not data or data.endswith(b"\n"):
-        return
-    keep = tail_start + data.rfind(b"\n") + 1
-    quarantine_dir.mkdir(parents=True, exist_ok=True)
-    kept = quarantine_dir / f"{path.name}.torn-at-{keep}"
-    write_durable(kept, data[keep - tail_start:])
-    with open(quarantine_dir / "REASONS", "a") as reasons:
-        reasons.write(f"{kept.name}: interrupted append cut from {path} at byte {keep}\n")
-    os.ftruncate(fd, keep)
-    SYSTEM_DISK.fsync(fd)

@@ -1,0 +1,167 @@
+"""The AFL face of the corpus: queue/, crashes/, hangs/ and the ids that name their entries.
+
+Every entry is a hard link to its corpus/ file where the filesystem allows one (a copy
+otherwise), named as afl-fuzz names its own (`id:NNNNNN,src:...,op:symcc`, afl_names.py), ids
+dense from 0 and taken only once the entry is published: AFL's sync (`-F`, `-M`/`-S`) reads
+any `id:` name it sees, and finds its place by the highest id. A master other than the first
+names nothing here: it hands each finding to the first master (federation/), which keeps the
+ids in order.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+from symcc_mpi.campaign.afl_names import afl_queue_name, parse_afl_queue_id
+from symcc_mpi.campaign.layout import FINDINGS, MASTER_STATE, sha256_file
+from symcc_mpi.durable.atomic import publish_link, write_durable
+from symcc_mpi.scheduling.frontier import Frontier
+from symcc_mpi.wire.protocol import SHA256_PATTERN, Finding
+
+
+class AflQueues:
+    """The AFL-named entries of a campaign directory, as its master (corpus.CampaignDir)
+    publishes them; the entry for an input is a link to `corpus/<digest>`."""
+
+    def __init__(self, out: Path, inputs: Frontier, state: Path):
+        self.out = out
+        self.inputs = inputs  # the frontier: it holds each input's queue id
+        self.state = state
+        self.corpus = out / "corpus"
+        self.queue = out / "queue"
+        self.crashes = out / "crashes"
+        self.hangs = out / "hangs"
+        # Strings, not Paths, on the master's per-result path: a Path join costs ~25 µs.
+        self._corpus, self._queue = str(self.corpus), str(self.queue)
+        self.crash_hashes: set[str] = set()
+        self.hang_hashes: set[str] = set()
+        self._next_ids = {"queue": 0, "crashes": 0, "hangs": 0}
+        # Each queue/ entry's name by digest, kept when asked for (a hybrid campaign ranks
+        # its frontier by them, afl_sync.helper_rank); set before `read_queues`.
+        self.keep_queue_names = False
+        self.queue_names: dict[str, str] = {}
+        # A master other than the first names nothing in queue/, crashes/, hangs/: it hands
+        # each finding to the first master (federation.py), which keeps AFL's ids in order.
+        self.forward_finding: Callable[[Finding], None] | None = None
+
+    def _published(self, path: str) -> None:
+        """A file just appeared under its final name (the master's group commit syncs it)."""
+        raise NotImplementedError
+
+    def read_queues(self) -> None:
+        """Rebuild hash -> AFL id maps and next ids from queue/, crashes/, hangs/.
+
+        AFL entries are hard links to corpus/ files (or to staged files promoted there), so
+        an inode names its digest without reading the bytes; only a copy is hashed.
+        """
+        by_inode = {}
+        with os.scandir(self.corpus) as entries:
+            for entry in entries:
+                if SHA256_PATTERN.match(entry.name):
+                    by_inode[entry.inode()] = entry.name
+        for kind, directory in (("queue", self.queue), ("crashes", self.crashes),
+                                ("hangs", self.hangs)):
+            with os.scandir(directory) as entries:
+                named = [(entry, parse_afl_queue_id(entry.name)) for entry in entries]
+            for entry, entry_id in named:
+                if entry_id is None:
+                    continue
+                self._next_ids[kind] = max(self._next_ids[kind], entry_id + 1)
+                digest = by_inode.get(entry.inode()) or sha256_file(Path(entry.path))
+                if kind == "queue":
+                    if self.inputs.queue_id(digest) is None:
+                        self.inputs.set_queue_id(digest, entry_id)
+                        if self.keep_queue_names:
+                            self.queue_names[digest] = entry.name
+                elif kind == "crashes":
+                    self.crash_hashes.add(digest)
+                else:
+                    self.hang_hashes.add(digest)
+
+    def add_to_queue(self, digest: str, parent: str) -> None:
+        if self.forward_finding is not None:
+            self.forward_finding(Finding("queue", digest, parent))
+            return
+        self._add_to_queue(digest, sources=self._source_ids(parent))
+
+    def queue_finding(self, digest: str, parent: str) -> bool:
+        """Another master kept corpus/<digest>: its queue/ entry, once (the first master)."""
+        if self.inputs.queue_id(digest) is not None \
+                or not os.path.exists(os.path.join(self._corpus, digest)):
+            return False
+        self._add_to_queue(digest, sources=self._source_ids(parent))
+        return True
+
+    def _add_to_queue(self, digest: str, *, sources: tuple[int, ...] = (),
+                      orig: str | None = None, op: str | None = "symcc",
+                      sync: str | None = None, new_coverage: bool = False) -> None:
+        entry_id = self._next_ids["queue"]
+        name = afl_queue_name(entry_id, sources, op, orig=orig, sync=sync, new_cov=new_coverage)
+        target = os.path.join(self._queue, name)
+        publish_link(os.path.join(self._corpus, digest), target)
+        self._take_id("queue")  # only once published: a failed link leaves no gap in the ids
+        self._published(target)
+        self.inputs.set_queue_id(digest, entry_id)
+        if self.keep_queue_names:
+            self.queue_names[digest] = name
+
+    def save_finding(self, kind: str, digest: str, parent: str | None,
+                     signal: int | None = None, *, data: bytes | None = None) -> bool:
+        """Record a crashing or hanging input once; False if it is known already. `data`: the
+        verified bytes of a child that is not in corpus/; without it, corpus/<digest>."""
+        known = self.crash_hashes if kind == "crashes" else self.hang_hashes
+        if digest in known:
+            return False
+        if self.forward_finding is not None:
+            if data is not None:  # durable here first: the message may die with its receiver
+                kept = self.state / FINDINGS / kind / digest
+                kept.parent.mkdir(parents=True, exist_ok=True)
+                write_durable(kept, data, fsync=False)  # synced at the group commit
+                self._published(str(kept))
+            self.forward_finding(Finding(kind, digest, parent or "", signal, data or b""))
+            known.add(digest)
+            return True
+        name = afl_queue_name(self._next_ids[kind], self._source_ids(parent), sig=signal)
+        directory = self.crashes if kind == "crashes" else self.hangs
+        target = os.path.join(directory, name)
+        if data is None:
+            publish_link(os.path.join(self._corpus, digest), target)
+        else:
+            write_durable(Path(target), data, fsync=False)  # synced at the group commit
+        self._take_id(kind)
+        self._published(target)
+        known.add(digest)
+        return True
+
+    def adopt_findings(self) -> int:
+        """The crashes and hangs other masters kept in their state and the first master did
+        not name before the job ended (its message lost with it): named now, without their
+        parent. Returns how many."""
+        adopted = 0
+        for kind in ("crashes", "hangs"):
+            for path in sorted(self.out.glob(f"state/{MASTER_STATE.format('*')}/{FINDINGS}/"
+                                             f"{kind}/*")):
+                if SHA256_PATTERN.match(path.name) and path.is_file():
+                    adopted += self.save_finding(kind, path.name, None,
+                                                 data=path.read_bytes())
+        return adopted
+
+    def _source_ids(self, parent: str | None) -> tuple[int, ...]:
+        source = self.inputs.queue_id(parent) if parent else None
+        return () if source is None else (source,)
+
+    @property
+    def next_ids(self) -> dict[str, int]:
+        return dict(self._next_ids)
+
+    @property
+    def queue_entries(self) -> int:
+        """queue/ ids run from 0 to this, dense (AFL's sync needs them so)."""
+        return self._next_ids["queue"]
+
+    def _take_id(self, kind: str) -> int:
+        entry_id = self._next_ids[kind]
+        self._next_ids[kind] = entry_id + 1
+        return entry_id
