@@ -24,7 +24,7 @@ from harness import (
     verify,
 )
 
-from symcc_mpi.durable.journal import DEFERRED_JOURNAL_NAME
+from symcc_mpi.durable.deferred import DEFERRED_JOURNAL_NAME
 from symcc_mpi.durable.storage import STOP_ADVICE, STORAGE_EXIT
 
 sys.path.insert(0, str(ROOT / "tests" / "symcc"))

@@ -15,7 +15,7 @@ from symcc_mpi.campaign.corpus import CampaignDir
 from symcc_mpi.campaign.layout import check_out_dir, sha256_bytes
 from symcc_mpi.config import CampaignConfig
 from symcc_mpi.dispatch.watchdog import WatchdogConfig
-from symcc_mpi.durable.journal import DeferredWorkJournal
+from symcc_mpi.durable.deferred import DeferredWorkJournal
 from symcc_mpi.roles.master import Master
 from symcc_mpi.wire.protocol import Ready, Result, StagedFile, Tag, Work
 from symcc_mpi.wire.staging import write_entries

@@ -24,7 +24,7 @@ from symcc_mpi.dispatch.watchdog import (
     WatchdogConfig,
 )
 from symcc_mpi.durable.clock import ManualClock
-from symcc_mpi.durable.journal import DeferredWorkJournal
+from symcc_mpi.durable.deferred import DeferredWorkJournal
 from symcc_mpi.scheduling.frontier import Frontier
 from symcc_mpi.wire.protocol import Work
 

@@ -11,12 +11,10 @@ import pytest
 
 from symcc_mpi.campaign.corpus import CampaignDir
 from symcc_mpi.durable.clock import ManualClock
+from symcc_mpi.durable.deferred import DEFERRED_JOURNAL_NAME, Deferral, DeferredWorkJournal
 from symcc_mpi.durable.journal import (
-    DEFERRED_JOURNAL_NAME,
     Damage,
     DamageKind,
-    Deferral,
-    DeferredWorkJournal,
     JournalBroken,
     LineError,
     LineLog,

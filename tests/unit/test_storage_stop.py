@@ -15,7 +15,7 @@ from symcc_mpi.campaign.layout import check_out_dir
 from symcc_mpi.campaign.stop import StopRequest, stop_request_verdict
 from symcc_mpi.config import CampaignConfig
 from symcc_mpi.dispatch.watchdog import WatchdogConfig
-from symcc_mpi.durable.journal import DEFERRED_JOURNAL_NAME, DeferredWorkJournal
+from symcc_mpi.durable.deferred import DEFERRED_JOURNAL_NAME, DeferredWorkJournal
 from symcc_mpi.durable.storage import STOP_ADVICE, STORAGE_EXIT, describe, storage_refused
 from symcc_mpi.roles.master import Master, Phase
 from symcc_mpi.wire.protocol import STORAGE_REFUSED, Result, StopAck, Tag

@@ -15,7 +15,8 @@ from symcc_mpi.campaign.layout import (
     sha256_file,
 )
 from symcc_mpi.campaign.wal import Kind, is_done, kind_of, outstanding, work_of
-from symcc_mpi.durable.journal import DEFERRED_JOURNAL_NAME, inspect
+from symcc_mpi.durable.deferred import DEFERRED_JOURNAL_NAME
+from symcc_mpi.durable.journal import inspect
 from symcc_mpi.durable.storage import STORAGE_EXIT
 from symcc_mpi.scheduling.splitting import SPLIT_ANEW
 from symcc_mpi.ulfm.generations import GENERATIONS_JOURNAL, GenerationLog, GenerationLogError

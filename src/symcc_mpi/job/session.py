@@ -455,7 +455,7 @@ def open_master(channel, config: CampaignConfig, *, fault_tolerant: bool = False
     (`federation`), the first opens OUT as a lone master does and the others join it: their
     own state under state/master-k/, the seeds and queue/ left to the first."""
     from symcc_mpi.dispatch.watchdog import WatchdogConfig
-    from symcc_mpi.durable.journal import DEFERRED_JOURNAL_NAME, DeferredWorkJournal
+    from symcc_mpi.durable.deferred import DEFERRED_JOURNAL_NAME, DeferredWorkJournal
     from symcc_mpi.job.progress import CampaignReporter, master_snapshot
     from symcc_mpi.roles.master import Master
 
