@@ -1,5 +1,5 @@
-"""Injected clocks: dispatch deadlines, journal timestamps, work leases and lock waits read time
-only through a Clock, so tests move it.
+"""The one clock: nothing in src/ reads time but through this module. Dispatch deadlines,
+journal timestamps, work leases and lock waits take an injected Clock, so tests move it.
 
 SYSTEM_CLOCK is the process's clock, which every loop reads and naps on: the system's, unless
 the deterministic simulation (tests/simulation) points its `source` at virtual time."""
@@ -30,6 +30,17 @@ class SystemClock:
 
     def sleep(self, seconds: float) -> None:
         self.source.sleep(seconds)
+
+    @staticmethod
+    def time_ns() -> int:
+        """Wall-clock Unix nanoseconds of the host, never simulated: for names that must not
+        repeat within a host."""
+        return time.time_ns()
+
+    @staticmethod
+    def process_time() -> float:
+        """CPU seconds this process has used: measured, never simulated."""
+        return time.process_time()
 
 
 class ManualClock:

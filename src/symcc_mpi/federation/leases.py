@@ -47,7 +47,6 @@ import math
 import os
 import re
 import secrets
-import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -248,7 +247,7 @@ def _check_seconds(what: str, value: float) -> float:
 
 def _new_token(owner: str) -> str:
     # owner:pid:time_ns plus randomness: unique even if two claims read the same clock.
-    return f"{owner}:{os.getpid()}:{time.time_ns()}:{secrets.token_hex(8)}"
+    return f"{owner}:{os.getpid()}:{SYSTEM_CLOCK.time_ns()}:{secrets.token_hex(8)}"
 
 
 Writer = Callable[[Path, bytes], None]
@@ -553,7 +552,7 @@ class FencedWorkLeaseTable:
 
     def _quarantine(self, path: Path, reason: str) -> CorruptRecord:
         destination: Path | None = (self.root / "quarantine"
-                                    / f"{path.parent.name}-{path.name}.{time.time_ns()}")
+                                    / f"{path.parent.name}-{path.name}.{SYSTEM_CLOCK.time_ns()}")
         try:
             os.rename(path, destination)
         except OSError:

@@ -22,7 +22,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -88,7 +87,7 @@ class TargetClaims:
             return False
         self.figures.claims += 1
         self.held[work_id] = (token, targets)
-        log.debug("target group claimed t=%.6f work=%s token=%s targets=%s", time.time(),
+        log.debug("target group claimed t=%.6f work=%s token=%s targets=%s", SYSTEM_CLOCK.time(),
                   work_id, token, ",".join(map(str, targets)))
         return True
 
@@ -99,7 +98,8 @@ class TargetClaims:
         if held is None:
             return
         token, targets = held
-        log.debug("target group released t=%.6f work=%s token=%s", time.time(), work_id, token)
+        log.debug("target group released t=%.6f work=%s token=%s", SYSTEM_CLOCK.time(),
+                  work_id, token)
         try:
             deleted = self.table.release(token, targets)
             self.figures.releases += 1

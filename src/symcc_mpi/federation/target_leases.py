@@ -52,7 +52,6 @@ import math
 import os
 import re
 import threading
-import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -162,7 +161,7 @@ def _new_token(owner: str, worker: int) -> str:
     # that read the same clock tick still get different tokens (the pid separates processes).
     global _last_token_ns
     with _token_lock:
-        _last_token_ns = max(time.time_ns(), _last_token_ns + 1)
+        _last_token_ns = max(SYSTEM_CLOCK.time_ns(), _last_token_ns + 1)
         return f"{owner}:{worker}:{os.getpid()}:{_last_token_ns}"
 
 
@@ -455,7 +454,7 @@ class FencedTargetLeaseTable:
 
     def _quarantine(self, path: Path, reason: str) -> CorruptRecord:
         destination: Path | None = (self.root / "quarantine"
-                                    / f"{path.parent.name}-{path.name}.{time.time_ns()}")
+                                    / f"{path.parent.name}-{path.name}.{SYSTEM_CLOCK.time_ns()}")
         try:
             os.rename(path, destination)
         except OSError:

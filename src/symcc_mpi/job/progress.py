@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-import time
 from dataclasses import asdict
 from pathlib import Path
 
@@ -90,7 +89,7 @@ def _own_snapshot(master) -> CampaignSnapshot:
             "pruning": asdict(master.pruning.statistics()) if master.pruning else None,
             "master_task_time": master.task_time_summary(),
             "master_loop_seconds": SYSTEM_CLOCK.monotonic() - master.loop_started,
-            "master_loop_cpu_seconds": time.process_time() - master.loop_cpu_start,
+            "master_loop_cpu_seconds": SYSTEM_CLOCK.process_time() - master.loop_cpu_start,
             "worker_phases": _phases(stats),
             "tiers": _tiers(master),
             "master_wakeups": master.wakeups,

@@ -71,9 +71,9 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
+from symcc_mpi.durable.clock import SYSTEM_CLOCK
 from symcc_mpi.durable.journal import Writer, write_all
 from symcc_mpi.wire.protocol import ResultField
 
@@ -157,9 +157,9 @@ class Faults:
             last_line = data.rfind(b"\n", 0, len(data) - 1) + 1
             cut = last_line + max(1, (len(data) - last_line) // 2)
             write_all(fd, data[:cut])
-            deadline = time.monotonic() + RELEASE_WAIT
-            while not (out / RELEASE_FILE).exists() and time.monotonic() < deadline:
-                time.sleep(0.05)
+            deadline = SYSTEM_CLOCK.monotonic() + RELEASE_WAIT
+            while not (out / RELEASE_FILE).exists() and SYSTEM_CLOCK.monotonic() < deadline:
+                SYSTEM_CLOCK.sleep(0.05)
             write_all(fd, data[cut:])
 
         return write
@@ -210,9 +210,9 @@ except (ProcessLookupError, FileNotFoundError):
 
 
 def stop_self(until: float) -> None:
-    """Hang, as a rank stuck in a syscall would, until `until` (time.monotonic()): the
+    """Hang, as a rank stuck in a syscall would, until `until` (SYSTEM_CLOCK.monotonic()): the
     hold ends at a time the test chose, however long the work before it took."""
-    if until <= time.monotonic():
+    if until <= SYSTEM_CLOCK.monotonic():
         return
     subprocess.Popen([sys.executable, "-c", _CONTINUE_AT, str(os.getpid()), repr(until)],
                      start_new_session=True)
