@@ -20,9 +20,7 @@ import logging
 import os
 import re
 import stat
-import time
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,6 +29,7 @@ from symcc_mpi.campaign.corpus import CampaignDir
 from symcc_mpi.campaign.layout import sha256_bytes
 from symcc_mpi.coverage.triage import TriageError
 from symcc_mpi.durable.atomic import write_durable
+from symcc_mpi.durable.clock import SYSTEM_CLOCK, Clock
 from symcc_mpi.scheduling.frontier import Frontier
 
 log = logging.getLogger("symcc_mpi.campaign.afl_sync")
@@ -78,7 +77,7 @@ class FleetQueues:
     since it was last read to its end."""
 
     def __init__(self, sync_dir: Path, own_name: str, cursors: dict[str, int], *,
-                 clock: Callable[[], float] = time.time, min_age: float = MIN_AGE):
+                 clock: Clock = SYSTEM_CLOCK, min_age: float = MIN_AGE):
         self.sync_dir = sync_dir
         self.own_name = own_name
         self.cursors = dict(cursors)
@@ -101,7 +100,7 @@ class FleetQueues:
     def scan(self, limit: int) -> list[QueueEntry]:
         """Up to `limit` entries not read yet, per instance in AFL id order."""
         found: list[QueueEntry] = []
-        now = self.clock()
+        now = self.clock.time()
         for instance in self.instances():
             if len(found) >= limit:
                 break
@@ -193,7 +192,7 @@ class Importer:
     round (the scan itself is paced). `priority` is the frontier's ranking."""
 
     def __init__(self, campaign: CampaignDir, frontier: Frontier, fleet: FleetQueues, *,
-                 probe=None, triage=None, clock: Callable[[], float] = time.monotonic):
+                 probe=None, triage=None, clock: Clock = SYSTEM_CLOCK):
         self.campaign = campaign
         self.frontier = frontier
         self.fleet = fleet
@@ -218,7 +217,7 @@ class Importer:
     def round(self, now: float | None = None) -> int:
         """Import what the fuzzers added since the last scan; returns how many inputs are
         new to the campaign."""
-        now = self.clock() if now is None else now
+        now = self.clock.monotonic() if now is None else now
         if now < self.next_scan:
             return 0
         entries = self.fleet.scan(IMPORT_BATCH)
@@ -268,7 +267,7 @@ class Importer:
     def figures(self, *, fresh: bool = False) -> dict:
         """The import figures; what the fuzzers took from the campaign is counted from their
         queue/ listings, at most every IMPORTED_BY_INTERVAL unless `fresh`."""
-        now = self.clock()
+        now = self.clock.monotonic()
         if fresh or now >= self.next_imported_by:
             self.next_imported_by = now + IMPORTED_BY_INTERVAL
             self.imported_by = self.fleet.imported_by(self.fleet.own_name)
