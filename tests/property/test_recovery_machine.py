@@ -41,7 +41,7 @@ from hypothesis.stateful import (
 from mpi4py import MPI
 
 from symcc_mpi.durable.journal import write_all
-from symcc_mpi.ulfm.generations import ForkRefused, GenerationLog, digest_of
+from symcc_mpi.ulfm.generations import ForkRefused, GenerationLog, RecordKind, digest_of
 from symcc_mpi.ulfm.runtime import Generation, recover
 
 STUCK_FOR = 120.0  # a wait this long is a hang of the fake's bookkeeping, not a slow machine
@@ -416,7 +416,7 @@ class RecoveryMachine(RuleBasedStateMachine):
         if self.forked:
             assert all(isinstance(error, ForkRefused) for error in raised), outcomes
             assert not kinds["returned"], outcomes
-            assert self.log.find("commit", number + 1) is None
+            assert self.log.find(RecordKind.COMMIT, number + 1) is None
             event("fork refused")
         else:
             assert not raised, outcomes
@@ -425,7 +425,7 @@ class RecoveryMachine(RuleBasedStateMachine):
         self.world.dead.update(me for me, outcome in outcomes.items() if outcome[0] == "died")
         if not returned:
             self.generations = {}  # the job is over: all dead, or aborted
-            commit = self.log.find("commit", number + 1)
+            commit = self.log.find(RecordKind.COMMIT, number + 1)
             if commit is not None:  # its writer died after the append, and everyone else
                 event("committed, no survivor left")
                 self.committed += 1
@@ -442,7 +442,7 @@ class RecoveryMachine(RuleBasedStateMachine):
         assert all(g.rank == next_members.index(me) for me, (g, _) in returned.items())
         if next_members[0] != members[0]:
             event("a new master")
-        commit = self.log.find("commit", next_number)
+        commit = self.log.find(RecordKind.COMMIT, next_number)
         assert commit is not None and commit.body["members"] == list(next_members)
         self.committed += 1
         self.number, self.members = next_number, next_members
@@ -457,10 +457,10 @@ class RecoveryMachine(RuleBasedStateMachine):
         assert [r.ordinal for r in records] == list(range(len(records)))
         keys = Counter((r.kind, r.generation) for r in records)
         assert max(keys.values(), default=0) <= 1, keys
-        commits = [r for r in records if r.kind == "commit"]
+        commits = [r for r in records if r.kind is RecordKind.COMMIT]
         assert len(commits) == self.committed
-        prepared = {r.generation: r for r in records if r.kind == "prepare"}
-        starts = [r.generation for r in records if r.kind == "start"]
+        prepared = {r.generation: r for r in records if r.kind is RecordKind.PREPARE}
+        starts = [r.generation for r in records if r.kind is RecordKind.START]
         for commit in commits:
             plan = prepared[commit.generation - 1]
             assert commit.body["plan"] == digest_of(plan.body)

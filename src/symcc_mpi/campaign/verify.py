@@ -19,7 +19,12 @@ from symcc_mpi.durable.deferred import DEFERRED_JOURNAL_NAME
 from symcc_mpi.durable.journal import inspect
 from symcc_mpi.durable.storage import STORAGE_EXIT
 from symcc_mpi.scheduling.splitting import SPLIT_ANEW
-from symcc_mpi.ulfm.generations import GENERATIONS_JOURNAL, GenerationLog, GenerationLogError
+from symcc_mpi.ulfm.generations import (
+    GENERATIONS_JOURNAL,
+    GenerationLog,
+    GenerationLogError,
+    RecordKind,
+)
 
 
 def verify_campaign(out: Path) -> tuple[list[str], dict]:
@@ -180,7 +185,7 @@ def _check_generations(out: Path, journal: list[dict]) -> tuple[list[str], dict]
         return [str(error)], {}
     if not records:
         return [], {}
-    receipts = {r.generation for r in records if r.kind == "commit"}
+    receipts = {r.generation for r in records if r.kind is RecordKind.COMMIT}
     recovered = Counter(r["generation"] for r in journal if kind_of(r) is Kind.RECOVERED)
     problems = [f"generation {g} is recorded as recovered {n} times" for g, n in
                 sorted(recovered.items()) if n > 1]
@@ -188,7 +193,7 @@ def _check_generations(out: Path, journal: list[dict]) -> tuple[list[str], dict]
     if unreceipted:
         problems.append(f"recoveries to generations {unreceipted} have no receipt in "
                         f"{log.path}")
-    runs = sum(record.kind == "start" for record in records)
+    runs = sum(record.kind is RecordKind.START for record in records)
     return problems, {
         "generations": f"{records[-1].generation + 1} over {runs} runs",
         "recoveries (receipts)": len(receipts),

@@ -25,6 +25,7 @@ generation before it, and advances the generation by exactly one.
 
 from __future__ import annotations
 
+import enum
 import hashlib
 import json
 from collections.abc import Callable, Iterator
@@ -51,10 +52,20 @@ def digest_of(document: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(document, sort_keys=True).encode()).hexdigest()
 
 
+class RecordKind(str, enum.Enum):
+    START = "start"  # a run's first generation
+    PREPARE = "prepare"  # the durable plan of a recovery
+    COMMIT = "commit"  # the next generation begins, with the recovery's receipt
+    END = "end"  # the master ended the job on purpose
+
+
+BEGINNINGS = (RecordKind.START, RecordKind.COMMIT)
+
+
 @dataclass(frozen=True)
 class Record:
     ordinal: int
-    kind: str
+    kind: RecordKind
     generation: int
     body: dict[str, Any]  # "members" of a start, "plan" of a prepare, "receipt" of a commit
     digest: str
@@ -91,15 +102,16 @@ class GenerationLog:
 
     def current(self) -> Record | None:
         """The record that began the current generation (a start or a commit)."""
-        begun = [r for r in self.records() if r.kind in ("start", "commit")]
+        begun = [r for r in self.records() if r.kind in BEGINNINGS]
         return begun[-1] if begun else None
 
     def first_of_run(self, generation: int) -> Record | None:
         """The start record of the run that `generation` belongs to."""
-        starts = [r for r in self.records() if r.kind == "start" and r.generation <= generation]
+        starts = [r for r in self.records()
+                  if r.kind is RecordKind.START and r.generation <= generation]
         return starts[-1] if starts else None
 
-    def find(self, kind: str, generation: int) -> Record | None:
+    def find(self, kind: RecordKind, generation: int) -> Record | None:
         return next((r for r in self.records() if r.kind == kind and r.generation == generation),
                     None)
 
@@ -110,22 +122,22 @@ class GenerationLog:
         with self._locked() as (records, log):
             last = max((r.generation for r in records), default=-1)
             body = {"members": members, **extra}
-            return self._append(log, records, "start", last + 1, body)
+            return self._append(log, records, RecordKind.START, last + 1, body)
 
     def end(self, generation: int, status: int, reason: str) -> Record:
         """The master ends the job on purpose (MPI_Abort): survivors must not take over."""
         with self._locked() as (records, log):
-            return self._append(log, records, "end", generation,
+            return self._append(log, records, RecordKind.END, generation,
                                 {"status": status, "reason": reason})
 
     def ended(self, generation: int) -> Record | None:
         """The end record of `generation`, if its master ended the job on purpose."""
-        return self.find("end", generation)
+        return self.find(RecordKind.END, generation)
 
     def prepare(self, plan: dict[str, Any]) -> Record:
         generation = plan["generation"]
         with self._locked() as (records, log):
-            existing = _find(records, "prepare", generation)
+            existing = _find(records, RecordKind.PREPARE, generation)
             if existing is not None:
                 return _confirmed(log, existing, plan)
             current = _current(records)
@@ -133,15 +145,15 @@ class GenerationLog:
                 raise GenerationLogError(f"{self.path}: a recovery of generation {generation} "
                                          f"was asked, the current one is "
                                          f"{'none' if current is None else current}")
-            return self._append(log, records, "prepare", generation, plan)
+            return self._append(log, records, RecordKind.PREPARE, generation, plan)
 
     def commit(self, receipt: dict[str, Any]) -> Record:
         generation = receipt["generation"]
         with self._locked() as (records, log):
-            existing = _find(records, "commit", generation)
+            existing = _find(records, RecordKind.COMMIT, generation)
             if existing is not None:
                 return _confirmed(log, existing, receipt)
-            prepared = _find(records, "prepare", generation - 1)
+            prepared = _find(records, RecordKind.PREPARE, generation - 1)
             if prepared is None or prepared.digest != receipt.get("plan"):
                 raise ForkRefused(f"{self.path}: the receipt of generation {generation} names "
                                   "no plan prepared for the generation before it")
@@ -149,7 +161,7 @@ class GenerationLog:
                 # A later run began meanwhile (its start took this number): too late.
                 raise ForkRefused(f"{self.path}: the receipt of generation {generation} comes "
                                   f"after generation {_current(records)} began")
-            return self._append(log, records, "commit", generation, receipt)
+            return self._append(log, records, RecordKind.COMMIT, generation, receipt)
 
     @contextmanager
     def _locked(self) -> Iterator[tuple[list[Record], LineLog]]:
@@ -167,30 +179,32 @@ class GenerationLog:
             finally:
                 log.close()
 
-    def _append(self, log: LineLog, records: list[Record], kind: str, generation: int,
+    def _append(self, log: LineLog, records: list[Record], kind: RecordKind, generation: int,
                 body: dict[str, Any]) -> Record:
         record = Record(len(records), kind, generation, body, digest_of(body))
-        log.append({"ordinal": record.ordinal, "kind": kind, "generation": generation,
+        log.append({"ordinal": record.ordinal, "kind": kind.value, "generation": generation,
                     "body": body, "digest": record.digest})
         return record
 
 
 def _record(raw: dict[str, Any]) -> Record:
-    record = Record(int(raw["ordinal"]), str(raw["kind"]), int(raw["generation"]),
-                    dict(raw["body"]), str(raw["digest"]))
-    if record.kind not in ("start", "prepare", "commit", "end"):
-        raise ValueError(f"unknown record kind {record.kind!r}")
+    try:
+        kind = RecordKind(raw["kind"])
+    except ValueError:
+        raise ValueError(f"unknown record kind {raw['kind']!r}") from None
+    record = Record(int(raw["ordinal"]), kind, int(raw["generation"]), dict(raw["body"]),
+                    str(raw["digest"]))
     if digest_of(record.body) != record.digest:
         raise ValueError("the record's digest is not that of its body")
     return record
 
 
-def _find(records: list[Record], kind: str, generation: int) -> Record | None:
+def _find(records: list[Record], kind: RecordKind, generation: int) -> Record | None:
     return next((r for r in records if r.kind == kind and r.generation == generation), None)
 
 
 def _current(records: list[Record]) -> int | None:
-    begun = [r for r in records if r.kind in ("start", "commit")]
+    begun = [r for r in records if r.kind in BEGINNINGS]
     return begun[-1].generation if begun else None
 
 
@@ -199,7 +213,7 @@ def _confirmed(log: LineLog, existing: Record, body: dict[str, Any]) -> Record:
     once the record is durable (its writer may have died, or raised, between its write and
     its fsync); a fork otherwise."""
     if existing.digest != digest_of(body):
-        raise ForkRefused(f"{existing.kind} of generation {existing.generation} is already "
+        raise ForkRefused(f"{existing.kind.value} of generation {existing.generation} is already "
                           f"recorded (ordinal {existing.ordinal}) with another digest")
     log.sync()
     return existing
