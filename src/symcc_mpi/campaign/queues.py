@@ -18,7 +18,7 @@ from symcc_mpi.campaign.afl_names import afl_queue_name, parse_afl_queue_id
 from symcc_mpi.campaign.layout import FINDINGS, MASTER_STATE, sha256_file
 from symcc_mpi.durable.atomic import publish_link, write_durable
 from symcc_mpi.scheduling.frontier import Frontier
-from symcc_mpi.wire.protocol import SHA256_PATTERN, Finding
+from symcc_mpi.wire.protocol import SHA256_PATTERN, Finding, FindingKind
 
 
 class AflQueues:
@@ -82,7 +82,7 @@ class AflQueues:
 
     def add_to_queue(self, digest: str, parent: str) -> None:
         if self.forward_finding is not None:
-            self.forward_finding(Finding("queue", digest, parent))
+            self.forward_finding(Finding(FindingKind.QUEUE, digest, parent))
             return
         self._add_to_queue(digest, sources=self._source_ids(parent))
 
@@ -107,30 +107,31 @@ class AflQueues:
         if self.keep_queue_names:
             self.queue_names[digest] = name
 
-    def save_finding(self, kind: str, digest: str, parent: str | None,
+    def save_finding(self, kind: FindingKind, digest: str, parent: str | None,
                      signal: int | None = None, *, data: bytes | None = None) -> bool:
         """Record a crashing or hanging input once; False if it is known already. `data`: the
         verified bytes of a child that is not in corpus/; without it, corpus/<digest>."""
-        known = self.crash_hashes if kind == "crashes" else self.hang_hashes
+        kind = FindingKind(kind)
+        known = self.crash_hashes if kind is FindingKind.CRASHES else self.hang_hashes
         if digest in known:
             return False
         if self.forward_finding is not None:
             if data is not None:  # durable here first: the message may die with its receiver
-                kept = self.state / FINDINGS / kind / digest
+                kept = self.state / FINDINGS / kind.value / digest
                 kept.parent.mkdir(parents=True, exist_ok=True)
                 write_durable(kept, data, fsync=False)  # synced at the group commit
                 self._published(str(kept))
             self.forward_finding(Finding(kind, digest, parent or "", signal, data or b""))
             known.add(digest)
             return True
-        name = afl_queue_name(self._next_ids[kind], self._source_ids(parent), sig=signal)
-        directory = self.crashes if kind == "crashes" else self.hangs
+        name = afl_queue_name(self._next_ids[kind.value], self._source_ids(parent), sig=signal)
+        directory = self.crashes if kind is FindingKind.CRASHES else self.hangs
         target = os.path.join(directory, name)
         if data is None:
             publish_link(os.path.join(self._corpus, digest), target)
         else:
             write_durable(Path(target), data, fsync=False)  # synced at the group commit
-        self._take_id(kind)
+        self._take_id(kind.value)
         self._published(target)
         known.add(digest)
         return True
@@ -140,9 +141,9 @@ class AflQueues:
         not name before the job ended (its message lost with it): named now, without their
         parent. Returns how many."""
         adopted = 0
-        for kind in ("crashes", "hangs"):
+        for kind in (FindingKind.CRASHES, FindingKind.HANGS):
             for path in sorted(self.out.glob(f"state/{MASTER_STATE.format('*')}/{FINDINGS}/"
-                                             f"{kind}/*")):
+                                             f"{kind.value}/*")):
                 if SHA256_PATTERN.match(path.name) and path.is_file():
                     adopted += self.save_finding(kind, path.name, None,
                                                  data=path.read_bytes())

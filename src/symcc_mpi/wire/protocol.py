@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import enum
 import re
-from typing import Any, Literal
+from typing import Any
 
 import msgspec
 
@@ -192,12 +192,20 @@ class ConfigVerdict(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     generation: int = 0  # the communicator generation this CONFIG opens (ulfm/)
 
 
+class FindingKind(str, enum.Enum):
+    """Where a finding goes in the AFL face: queue/, crashes/ or hangs/."""
+
+    QUEUE = "queue"
+    CRASHES = "crashes"
+    HANGS = "hangs"
+
+
 class Finding(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     """A master other than the first kept an input (`queue`, corpus/<sha256> is published)
     or found a crash or hang: the first master gives it its AFL name, because AFL's sync
     skips for ever an id that appears after a higher one (federation.py)."""
 
-    kind: Literal["queue", "crashes", "hangs"]
+    kind: FindingKind
     sha256: str
     parent: str = ""  # the input it was generated from; "" for none
     signal: int | None = None  # of a crash
