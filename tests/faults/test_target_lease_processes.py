@@ -71,7 +71,7 @@ def test_no_two_tokens_hold_one_target_at_once(tmp_path):
             assert token != next_token and end < begin, (target, token, next_token)
 
     table = FencedTargetLeaseTable(root, owner="check", ttl=3600)
-    assert table.statistics()["leased"] == table.statistics()["expired"] == 0
+    assert table.statistics().leased == table.statistics().expired == 0
     assert os.listdir(root / "locks") == []
     assert not [name for _, _, names in os.walk(root / "records") for name in names]
 

@@ -3,10 +3,11 @@ setting, heartbeats and the figures it reports."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 from symcc_mpi.durable.clock import ManualClock
-from symcc_mpi.federation.target_claims import ENV_TTL, TargetClaims, target_ttl
+from symcc_mpi.federation.target_claims import ENV_TTL, ClaimStatistics, TargetClaims, target_ttl
 
 
 def masters(tmp_path, clock, ttl="3"):
@@ -30,10 +31,9 @@ def test_overlapping_groups_of_two_masters_are_refused_until_released(tmp_path):
     assert second.claim("b#2", (3, 4))
     first.release("a#1")
     assert second.claim("b#1", (2,))
-    assert first.statistics() | {"ttl": 0} == {
-        "claims": 1, "conflicts": 0, "releases": 1, "expiries": 0, "steals": 0, "errors": 0,
-        "held": 0, "ttl": 0}
-    assert second.statistics()["conflicts"] == 1 and second.statistics()["held"] == 2
+    assert dataclasses.replace(first.statistics(), ttl=0) == ClaimStatistics(
+        claims=1, conflicts=0, releases=1, expiries=0, steals=0, errors=0, held=0, ttl=0)
+    assert second.statistics().conflicts == 1 and second.statistics().held == 2
 
 
 def test_a_paused_holder_loses_its_group_at_the_ttl_and_its_late_release_deletes_nothing(
@@ -44,11 +44,11 @@ def test_a_paused_holder_loses_its_group_at_the_ttl_and_its_late_release_deletes
     clock.advance(2.9)
     assert not other.claim("b#1", (2,))
     clock.advance(0.2)  # past the 3 s TTL: no heartbeat came
-    assert other.claim("b#1", (2,)) and other.statistics()["steals"] == 1
+    assert other.claim("b#1", (2,)) and other.statistics().steals == 1
     with caplog.at_level(logging.WARNING, "symcc_mpi.targets"):
         paused.round(1e9)  # it wakes up: the heartbeat finds the group taken over
         paused.round(2e9)
-    assert paused.statistics()["expiries"] == 1  # counted once
+    assert paused.statistics().expiries == 1  # counted once
     paused.release("a#1")
     assert other.table.read(2).token == other.held["b#1"][0]  # the new owner's, intact
     assert other.table.read(1) is None  # still the paused master's: released
@@ -62,7 +62,7 @@ def test_a_holder_that_commits_before_its_next_heartbeat_finds_the_loss_at_its_r
     clock.advance(3.1)
     assert other.claim("b#1", (2,))
     paused.release("a#1")  # its result came first: no heartbeat ran since the pause
-    assert paused.statistics()["expiries"] == 1 and paused.statistics()["releases"] == 1
+    assert paused.statistics().expiries == 1 and paused.statistics().releases == 1
     assert other.table.read(2).token == other.held["b#1"][0]
 
 
@@ -76,7 +76,7 @@ def test_heartbeats_keep_a_running_group_past_the_ttl(tmp_path):
         holder.round(float(second))
     assert not other.claim("b#1", (5,))
     holder.release_all()
-    assert other.claim("b#1", (5,)) and holder.statistics()["expiries"] == 0
+    assert other.claim("b#1", (5,)) and holder.statistics().expiries == 0
 
 
 def test_a_table_that_cannot_be_written_refuses_the_claim_and_the_group_waits(tmp_path, caplog):
@@ -86,5 +86,5 @@ def test_a_table_that_cannot_be_written_refuses_the_claim_and_the_group_waits(tm
     shard.write_bytes(b"")  # a file where the shard's directory was: every write fails
     with caplog.at_level(logging.WARNING, "symcc_mpi.targets"):
         assert not claims.claim("a#1", (1,))
-    assert claims.statistics()["errors"] == 1 and "not claimed" in caplog.text
+    assert claims.statistics().errors == 1 and "not claimed" in caplog.text
     assert not claims.held

@@ -70,7 +70,7 @@ def test_f311_1_overlapping_groups_conflict_without_partial_records(tmp_path):
     assert b.read(33) is None and not b.path(33).exists()
     assert _records(tmp_path) == before
     assert a.read(11).token == a.read(22).token == token
-    assert b.statistics()["conflicts"] == 1 and b.statistics()["claims"] == 0
+    assert b.statistics().conflicts == 1 and b.statistics().claims == 0
     assert b.claim_group([33], worker=2) is not None  # 33 itself was never held
 
 
@@ -93,7 +93,7 @@ def test_f311_2_heartbeat_extends_then_expired_group_is_taken_over_and_old_token
     assert a.read(88).token == new and a.read(77).token == old
     assert a.release(old, [77, 88]) == 1  # 77 only: nothing of the new owner's
     assert a.read(77) is None and b.read(88).token == new and b.read(99).token == new
-    assert b.statistics()["steals"] == 1 and a.statistics()["releases"] == 1
+    assert b.statistics().steals == 1 and a.statistics().releases == 1
 
 
 def test_f311_3_failed_write_of_second_member_rolls_back_the_first(tmp_path):
@@ -105,8 +105,8 @@ def test_f311_3_failed_write_of_second_member_rolls_back_the_first(tmp_path):
         with pytest.raises(OSError, match="injected"):
             table.claim_group([11, 22], worker=1)
         assert _records(root) == {}
-        assert table.statistics()["write_failures"] == 1
-        assert table.statistics()["claims"] == 0
+        assert table.statistics().write_failures == 1
+        assert table.statistics().claims == 0
         assert os.listdir(root / "locks") == []
         other = _table(root, "m1", clock=clock)
         assert other.claim_group([11, 22], worker=2) is not None
@@ -208,7 +208,7 @@ def test_heartbeat_and_release_need_the_exact_current_token(tmp_path):
     for stale in ("", token + "x", token.replace("m0", "m1"), "m9:0:0:0"):
         assert not a.heartbeat(stale, [1, 2])
         assert a.release(stale, [1, 2]) == 0
-    assert a.read(1).token == token and a.statistics()["heartbeats"] == 0
+    assert a.read(1).token == token and a.statistics().heartbeats == 0
     assert b.heartbeat(token, [1, 2])  # the token is the authority, not the object that claimed
     clock.advance(25)  # expired, but nobody took it over: still the holder's
     assert a.heartbeat(token, [1, 2]) and a.read(2).expires == clock.time() + 10
@@ -222,7 +222,7 @@ def test_heartbeat_of_a_group_partly_taken_over_extends_what_is_still_held(tmp_p
     assert not a.heartbeat(token, [1, 2, 3])
     assert a.read(1).expires == a.read(3).expires == clock.time() + 10
     assert a.read(2).token == newer
-    assert a.statistics()["heartbeats"] == 2
+    assert a.statistics().heartbeats == 2
 
 
 def test_release_deletes_records_and_twice_deletes_nothing(tmp_path):
@@ -234,7 +234,7 @@ def test_release_deletes_records_and_twice_deletes_nothing(tmp_path):
     assert b.claim_group([1, 2, 3], worker=1) is not None  # deleted, not done: claimable again
     assert b.read(1).attempts == 1
     stats = a.statistics()
-    assert (stats["releases"], stats["leased"], stats["expired"]) == (3, 3, 0)
+    assert (stats.releases, stats.leased, stats.expired) == (3, 3, 0)
 
 
 def test_release_of_part_of_a_group_leaves_the_rest_held(tmp_path):
@@ -251,8 +251,8 @@ def test_statistics_count_leased_and_expired_records_on_disk(tmp_path):
     clock.advance(5)
     b.claim_group([3], worker=0)
     clock.advance(6)
-    assert {k: a.statistics()[k] for k in ("leased", "expired", "claims")} == {
-        "leased": 1, "expired": 2, "claims": 1}
+    stats = a.statistics()
+    assert (stats.leased, stats.expired, stats.claims) == (1, 2, 1)
 
 
 # --- corrupt records ----------------------------------------------------------------------------
@@ -275,7 +275,7 @@ def test_a_corrupt_record_is_quarantined_and_read_as_absent(tmp_path, garbage):
     assert not victim.exists()
     (kept,) = (tmp_path / "quarantine").iterdir()
     assert kept.read_bytes() == garbage
-    assert a.statistics()["quarantined"] == 1
+    assert a.statistics().quarantined == 1
     assert b.claim_group([1], worker=1) is not None  # absent, so claimable
     assert b.claim_group([2], worker=1) is None  # the healthy member is untouched
 
@@ -287,7 +287,7 @@ def test_a_corrupt_record_that_cannot_be_moved_aside_refuses_its_group(tmp_path)
     (tmp_path / "quarantine").write_bytes(b"not a directory")
     assert b.claim_group([1, 2], worker=1) is None
     assert b.read(2) is None and a.path(1).read_bytes() == b"{"
-    assert b.statistics()["conflicts"] == 1
+    assert b.statistics().conflicts == 1
 
 
 # --- arguments and the table directory ----------------------------------------------------------
@@ -344,7 +344,7 @@ def test_a_dead_writers_temporary_is_swept_by_statistics(tmp_path):
     table.claim_group([4], worker=0)
     debris = table.path(4).with_name(f".tmp-{table.path(4).name}.999999")
     debris.write_bytes(b"half a rec")
-    assert table.statistics()["leased"] == 1
+    assert table.statistics().leased == 1
     assert not debris.exists() and os.listdir(tmp_path / "locks") == []
 
 
@@ -357,5 +357,5 @@ def test_a_failed_heartbeat_write_keeps_the_old_expiry_and_raises(tmp_path):
     with pytest.raises(OSError, match="injected"):
         beater.heartbeat(token, [1])
     assert claimer.read(1).expires == clock.time() + 6  # restored under the lock
-    assert beater.statistics()["write_failures"] == 1
+    assert beater.statistics().write_failures == 1
     assert beater.heartbeat(token, [1]) and claimer.read(1).expires == clock.time() + 10

@@ -380,7 +380,7 @@ class Federation:
     def statistics(self) -> dict:
         figures = asdict(self.leases.statistics())
         figures.update(not_owned=self.not_owned, stale_results=self.stale_results,
-                       targets=self.targets.statistics() if self.targets else {},
+                       targets=asdict(self.targets.statistics()) if self.targets else {},
                        hints=asdict(self.hints.statistics()),
                        quiescence=asdict(self.participant.statistics()))
         if self.coordinator is not None:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from symcc_mpi.durable.clock import SYSTEM_CLOCK, Clock
@@ -54,6 +54,18 @@ class ClaimFigures:
     releases: int = 0
     expiries: int = 0  # claims found taken over, at a heartbeat or at their release
     errors: int = 0  # claims or releases the table could not make (counted as refusals)
+
+
+@dataclass(frozen=True)
+class ClaimStatistics:
+    claims: int
+    conflicts: int
+    releases: int
+    expiries: int
+    errors: int
+    steals: int  # groups of another master this one took over, expired
+    held: int
+    ttl: float
 
 
 class TargetClaims:
@@ -124,7 +136,7 @@ class TargetClaims:
             table = self.table.statistics()
             log.info("target table: %d groups of this master active (%d lost); %d records "
                      "leased, %d expired on disk", len(self.held), len(self.lost),
-                     table["leased"], table["expired"])
+                     table.leased, table.expired)
         for work_id, (token, targets) in list(self.held.items()):
             try:
                 alive = self.table.heartbeat(token, targets)
@@ -142,13 +154,7 @@ class TargetClaims:
         for work_id in list(self.held):
             self.release(work_id)
 
-    def statistics(self, *, on_disk: bool = False) -> dict:
-        """This master's figures; with `on_disk`, the table's leased and expired records too
-        (a scan of the table: for the final report)."""
-        table = self.table.statistics() if on_disk else self.table.counters()
-        return {"claims": self.figures.claims, "conflicts": self.figures.conflicts,
-                "releases": self.figures.releases, "expiries": self.figures.expiries,
-                "steals": table.get("steals", 0), "errors": self.figures.errors,
-                "held": len(self.held), "ttl": self.ttl,
-                **({"leased_on_disk": table["leased"], "expired_on_disk": table["expired"]}
-                   if on_disk else {})}
+    def statistics(self) -> ClaimStatistics:
+        return ClaimStatistics(**asdict(self.figures),
+                               steals=self.table.statistics(on_disk=False).steals,
+                               held=len(self.held), ttl=self.ttl)

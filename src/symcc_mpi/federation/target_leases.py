@@ -53,6 +53,7 @@ import os
 import re
 import threading
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -207,6 +208,20 @@ def _mkdir(path: Path) -> bool:
 
 
 # --- the table ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TargetTableStatistics:
+    claims: int
+    conflicts: int
+    steals: int
+    releases: int
+    heartbeats: int
+    write_failures: int
+    rollback_failures: int
+    quarantined: int
+    leased: int | None = None  # records on disk (None: not scanned)
+    expired: int | None = None
 
 
 class FencedTargetLeaseTable:
@@ -369,18 +384,17 @@ class FencedTargetLeaseTable:
         name = target_id(target)
         return self._record_dirs[int(name[:8], 16) % self.shards] / f"{name}.json"
 
-    def counters(self) -> dict[str, int]:
-        """This object's counters alone (no disk scan)."""
-        return dict(self._counts)
-
-    def statistics(self) -> dict[str, int]:
-        """Leased and expired records on disk now, plus this object's counters.
+    def statistics(self, *, on_disk: bool = True) -> TargetTableStatistics:
+        """This object's counters, and with `on_disk` the leased and expired records on disk
+        now.
 
         The disk scan reads without locks and skips undecodable records (a later operation on
         them quarantines them); it sweeps temporaries of dead writers on the way.
         """
+        if not on_disk:
+            return TargetTableStatistics(**self._counts)
         now = self.clock.time()
-        on_disk = {"leased": 0, "expired": 0}
+        found = {"leased": 0, "expired": 0}
         for directory in self._record_dirs:
             for name in os.listdir(directory):
                 if name.startswith(TEMPORARY_PREFIX):
@@ -390,8 +404,8 @@ class FencedTargetLeaseTable:
                     record = _decode(name.removesuffix(".json"), (directory / name).read_bytes())
                 except (FileNotFoundError, _Invalid):
                     continue
-                on_disk["expired" if record.expired(now) else "leased"] += 1
-        return on_disk | self._counts
+                found["expired" if record.expired(now) else "leased"] += 1
+        return TargetTableStatistics(**self._counts, **found)
 
     # -- opening
 
