@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from symcc_mpi.durable.regular import NotRegularFile, list_regular, open_regular, read_regular
+from symcc_mpi.durable.regular import NotRegularFile, list_regular, open_regular
 from symcc_mpi.executors.symcc import SymccExecutor
 from symcc_mpi.roles.worker import SkippedEntries
 from symcc_mpi.wire.protocol import ResultField
@@ -102,14 +102,6 @@ def test_open_through_a_directory_descriptor(hostile):
             open_regular("passwd", dir_fd=directory)
     finally:
         os.close(directory)
-
-
-def test_read_checks_the_size_on_the_descriptor(hostile):
-    assert read_regular(hostile / "000000", 16) == b"a real test case"
-    with pytest.raises(ValueError, match="size"):
-        read_regular(hostile / "000000", 15)
-    with pytest.raises(NotRegularFile):
-        read_regular(hostile / "outside", len(SECRET))
 
 
 def test_symcc_executor_collects_regular_files_only(tmp_path, outside):

@@ -14,10 +14,8 @@ from symcc_mpi.durable.clock import ManualClock
 from symcc_mpi.durable.locks import DirectoryLock, LockTimeout
 from symcc_mpi.federation.leases import TableMismatch
 from symcc_mpi.federation.target_leases import (
-    MAX_GROUP,
     FencedTargetLeaseTable,
     heartbeat_interval,
-    target_group,
     target_id,
 )
 
@@ -123,18 +121,6 @@ def test_f311_3_rollback_restores_an_expired_record_taken_over(tmp_path):
         failing.claim_group([22, 11], worker=2)
     assert _records(tmp_path) == before  # the expired records are back, byte for byte
     assert healthy.heartbeat(old, [11, 22])  # and still the old holder's
-
-
-def test_f311_6_group_excludes_skip_and_keeps_primary_first():
-    actions = [(5, "solve"), (9, "skip"), (3, "negate"), (7, "solve"), (3, "solve")]
-    assert target_group(7, actions) == (7, 5, 3)
-    assert target_group(None, actions) == (5, 3, 7)
-    assert target_group(0, [(-4, "solve"), (2, "solve")]) == (2,)
-    assert target_group(9, [(9, "skip")]) == (9,)  # skip removes nothing the primary holds
-    assert target_group(None, [(9, "skip")]) == ()
-    many = [(t, "solve") for t in range(1, 200)]
-    group = target_group(500, many)
-    assert len(group) == MAX_GROUP and group[0] == 500 and group[1:] == tuple(range(1, 64))
 
 
 def test_f311_8_heartbeat_interval_is_a_third_of_the_smaller_ttl_capped_at_30s():

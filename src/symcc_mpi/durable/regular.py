@@ -69,31 +69,6 @@ def open_regular(name: str | Path, *, dir_fd: int | None = None) -> tuple[int, o
     return fd, status
 
 
-def read_regular(name: str | Path, size: int, *, dir_fd: int | None = None) -> bytes:
-    """The bytes of the regular file `name`, which must hold exactly `size` of them.
-
-    Raises NotRegularFile, OSError, or ValueError when its size is not `size` (checked on the
-    descriptor before reading, and by reading one byte past it: the file may grow meanwhile).
-    """
-    fd, status = open_regular(name, dir_fd=dir_fd)
-    try:
-        if status.st_size != size:
-            raise ValueError("size differs from manifest")
-        chunks, remaining = [], size + 1
-        while remaining > 0:
-            chunk = os.read(fd, remaining)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            remaining -= len(chunk)
-    finally:
-        os.close(fd)
-    data = b"".join(chunks)
-    if len(data) != size:
-        raise ValueError("size changed while it was read")
-    return data
-
-
 @dataclass(frozen=True)
 class Listing:
     """The regular files of a directory, and how many entries of each other kind it held."""

@@ -2,7 +2,7 @@
 
 A branch target is a shared resource independent of the seed and the work payload (F311 §1):
 two masters solving target 88 from different seeds meet on target 88's one record and one
-update lock. A claim covers a whole target group (`target_group`) and is all-or-nothing for
+update lock. A claim covers a whole target group and is all-or-nothing for
 cooperating masters: every member's lock is taken, every member is read, and only if none is
 held by an unexpired lease is every member written, under one token (F311 §4).
 
@@ -70,14 +70,13 @@ from symcc_mpi.federation.leases import (
     shard_directories,
 )
 from symcc_mpi.federation.master_leases import LONGEST_HEARTBEAT_INTERVAL
+from symcc_mpi.scheduling.splitting import MAX_GROUP
 
 log = logging.getLogger(__name__)
 
 TABLE_SCHEMA = "symcc-target-lease-table-v1"
 TARGET_SCHEMA = "symcc-target-lease-v1"
 DEFAULT_SHARDS = 64
-MAX_GROUP = 64
-SKIP_ACTION = "skip"
 
 _MAX_NAME = 200
 _TARGET_ID = re.compile(r"[0-9a-f]{64}")
@@ -89,17 +88,6 @@ _TARGET_ID = re.compile(r"[0-9a-f]{64}")
 def target_id(target: int) -> str:
     """F311 §3: hex `SHA-256("target:" || decimal(target))`, the target's name on disk."""
     return hashlib.sha256(b"target:" + str(_check_target(target)).encode()).hexdigest()
-
-
-def target_group(primary: int | None,
-                 actions: Iterable[tuple[int, str]] = ()) -> tuple[int, ...]:
-    """F311 §3: `unique(positive(primary) + targets of actions != "skip")[:64]`, primary first.
-
-    `skip` means "do not solve", so it holds no target. Non-positive targets are dropped.
-    """
-    candidates = [] if primary is None else [primary]
-    candidates += [target for target, action in actions if action != SKIP_ACTION]
-    return _normalize(candidates)
 
 
 def heartbeat_interval(work_ttl: float, target_ttl: float) -> float:
