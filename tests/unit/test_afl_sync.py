@@ -21,15 +21,8 @@ from symcc_mpi.campaign.afl_sync import (
     load_cursors,
 )
 from symcc_mpi.campaign.corpus import CampaignDir, sha256_bytes
+from symcc_mpi.durable.clock import ManualClock
 from symcc_mpi.scheduling.frontier import Frontier
-
-
-class Clock:
-    def __init__(self, now: float):
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def afl_entry(sync_dir, instance: str, name: str, data: bytes, *, age: float = 60.0):
@@ -51,7 +44,7 @@ def campaign_in(sync_dir, name="symcc-mpi") -> CampaignDir:
 
 def importer_for(sync_dir, campaign, cursors=None, clock=None) -> Importer:
     fleet = FleetQueues(sync_dir, campaign.out.name, cursors or {},
-                        clock=clock or Clock(1_000_000.0))
+                        clock=(clock or ManualClock(1_000_000.0)).time)
     importer = Importer(campaign, campaign.inputs, fleet)
     campaign.inputs.rank_by(importer.priority)
     return importer
@@ -91,7 +84,7 @@ def test_scan_reads_every_other_instance_from_its_cursor_in_id_order(tmp_path):
     afl_entry(tmp_path, ".hidden", "id:000000,orig:x", b"x")
     (tmp_path / "main" / "queue" / ".state").mkdir()  # afl-fuzz's own bookkeeping
     (tmp_path / "notes.txt").write_text("not an instance")
-    fleet = FleetQueues(tmp_path, "symcc-mpi", {"main": 1}, clock=Clock(1_000_000.0))
+    fleet = FleetQueues(tmp_path, "symcc-mpi", {"main": 1}, clock=ManualClock(1_000_000.0).time)
     assert fleet.instances() == ["main", "sec"]
     found = fleet.scan(limit=10)
     assert [(e.instance, e.entry_id) for e in found] == [("main", 1), ("main", 2), ("sec", 0)]
@@ -105,19 +98,19 @@ def test_an_entry_too_young_to_be_whole_waits_and_so_do_those_after_it(tmp_path)
     afl_entry(tmp_path, "main", "id:000000,orig:a", b"a")
     afl_entry(tmp_path, "main", "id:000001,src:000000", b"b", age=0.2)
     afl_entry(tmp_path, "main", "id:000002,src:000000", b"c")
-    clock = Clock(1_000_000.0)
-    fleet = FleetQueues(tmp_path, "symcc-mpi", {}, clock=clock)
+    clock = ManualClock(1_000_000.0)
+    fleet = FleetQueues(tmp_path, "symcc-mpi", {}, clock=clock.time)
     first = fleet.scan(limit=10)
     assert [e.entry_id for e in first] == [0]
     fleet.advance(first[0])
-    clock.now += 5  # the queue/ did not change, but the scan stopped short: read it again
+    clock.advance(5)  # the queue/ did not change, but the scan stopped short: read it again
     assert [e.entry_id for e in fleet.scan(limit=10)] == [1, 2]
 
 
 def test_the_limit_leaves_the_rest_for_the_next_scan(tmp_path):
     for entry_id in range(5):
         afl_entry(tmp_path, "main", f"id:{entry_id:06d},src:000000", b"%d" % entry_id)
-    fleet = FleetQueues(tmp_path, "symcc-mpi", {}, clock=Clock(1_000_000.0))
+    fleet = FleetQueues(tmp_path, "symcc-mpi", {}, clock=ManualClock(1_000_000.0).time)
     seen = []
     while batch := fleet.scan(limit=2):
         seen += [e.entry_id for e in batch]
@@ -274,7 +267,7 @@ def test_an_unreadable_fuzzer_directory_is_skipped_with_one_warning(tmp_path, ca
                                                                     monkeypatch):
     afl_entry(tmp_path, "main", "id:000000,orig:a", b"a")
     afl_entry(tmp_path, "sec", "id:000000,orig:b", b"b")
-    fleet = FleetQueues(tmp_path, "symcc-mpi", {}, clock=Clock(1_000_000.0))
+    fleet = FleetQueues(tmp_path, "symcc-mpi", {}, clock=ManualClock(1_000_000.0).time)
     real_scandir = os.scandir
 
     def refusing(path):
@@ -300,7 +293,7 @@ def test_imports_survive_a_failing_coverage_probe(tmp_path, caplog):
 
     campaign = campaign_in(tmp_path)
     afl_entry(tmp_path, "main", "id:000000,orig:a", b"a")
-    fleet = FleetQueues(tmp_path, "symcc-mpi", {}, clock=Clock(1_000_000.0))
+    fleet = FleetQueues(tmp_path, "symcc-mpi", {}, clock=ManualClock(1_000_000.0).time)
     importer = Importer(campaign, campaign.inputs, fleet, probe=FailingProbe(),
                         triage=CoverageMap())
     assert importer.round(now=0.0) == 1
@@ -332,7 +325,7 @@ def test_what_the_fuzzers_hold_is_in_the_triage_map_before_anything_is_kept(tmp_
     campaign = campaign_in(tmp_path)
     afl_entry(tmp_path, "main", "id:000000,src:000000,op:havoc,+cov", b"GT0000abc")
     probe = ForkserverProbe([str(AFL_GATE), "@@"], timeout=5)
-    fleet = FleetQueues(tmp_path, "symcc-mpi", {}, clock=Clock(1_000_000.0))
+    fleet = FleetQueues(tmp_path, "symcc-mpi", {}, clock=ManualClock(1_000_000.0).time)
     importer = Importer(campaign, campaign.inputs, fleet, probe=probe, triage=CoverageMap())
     assert importer.round(now=0.0) == 1
     generated = tmp_path / "generated"
