@@ -19,7 +19,7 @@ SYMCC_HOME ?= $(HOME)/.cache/symcc-mpi/symcc-$(SYMCC_KEY)
 SYMCC_STAMP = $(SYMCC_HOME)/.symcc-mpi-complete
 HAVE_SYMCC_SOURCE := $(if $(SYMCC_KEY),1)
 
-.PHONY: setup system-packages symcc examples demo lint test simulate benchmarks clean
+.PHONY: setup system-packages symcc examples demo lint test test-fast simulate benchmarks clean
 
 setup: $(STAMP)
 
@@ -79,10 +79,19 @@ lint: setup
 
 # pytest exits 5 when it collected nothing: that is a failure here, not a pass. -rs prints
 # why each skipped test was skipped.
-test: lint examples
-	$(if $(HAVE_SYMCC_SOURCE),SYMCC_MPI_REQUIRE_SYMCC=1) $(PYTHON) -m pytest -q -rs -p no:cacheprovider --durations=20 tests; rc=$$?; \
-	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; \
+pytest = $(if $(HAVE_SYMCC_SOURCE),SYMCC_MPI_REQUIRE_SYMCC=1) $(PYTHON) -m pytest -q -rs \
+	-p no:cacheprovider --durations=20 $(1); rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "make $@: pytest collected no tests" >&2; exit 1; fi; \
 	exit $$rc
+
+# Every test.
+test: lint examples
+	$(call pytest,tests)
+
+# The tiers a developer runs between changes (about 2 minutes): every test but the ones that
+# start mpiexec (`mpi`) or take long (`slow`, e.g. the thousand simulated schedules).
+test-fast: lint examples
+	$(call pytest,-m "not mpi and not slow" tests)
 
 # The deterministic simulation (tests/simulation): SEEDS schedules of the real session code
 # under faults, every invariant checked after every turn. SEED=N replays one, with its log.

@@ -187,6 +187,7 @@ def _busy_master(root: Path, round_: int) -> None:
             work.complete(item, lease.token)
 
 
+@pytest.mark.slow
 def test_random_sigkills_leave_recoverable_tables(tmp_path):
     rng = random.Random(7)
     cleared = 0

@@ -32,16 +32,35 @@ def explore(out: Path, *args, env: dict | None = None, timeout: float = 300):
                           timeout=timeout, env=env, cwd=ROOT)
 
 
-def start_explore(out: Path, *args, analysed: int) -> subprocess.Popen:
-    """Launch a campaign in the background; return once `analysed` inputs are done."""
+def start_explore(out: Path, *args, analysed: int, seconds: float = 120) -> subprocess.Popen:
+    """Launch a campaign in the background; return once `analysed` inputs are done. Fail
+    (the job stopped first, with its output) if the campaign ended before or if `seconds`
+    passed: a test that goes on would check a campaign that had not done that work."""
     launcher = subprocess.Popen(_explore_command(out, args), stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True, cwd=ROOT)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
+    what = f"{analysed} inputs analysed in {out}"
+    deadline = time.monotonic() + seconds
+    while True:
+        ended = launcher.poll() is not None  # before the count: an end after it is seen next
         if (out / "state" / "done.jsonl").exists() and len(done_hashes(out)) >= analysed:
-            break
+            return launcher
+        if ended:
+            pytest.fail(f"the campaign ended (exit {launcher.returncode}) before {what}:\n"
+                        f"{launcher.stdout.read()[-3000:]}")
+        if time.monotonic() > deadline:
+            pytest.fail(f"not within {seconds:g} s: {what}:\n{_stopped(launcher)[-3000:]}")
         time.sleep(0.1)
-    return launcher
+
+
+def _stopped(launcher: subprocess.Popen) -> str:
+    """End the campaign (SIGTERM ends the launcher's whole job; SIGKILL if that hangs too),
+    and return its output."""
+    launcher.send_signal(signal.SIGTERM)
+    try:
+        return launcher.communicate(timeout=60)[0]
+    except subprocess.TimeoutExpired:
+        launcher.kill()
+        return launcher.communicate()[0]
 
 
 def rank_pid(out: Path, rank: int) -> int | None:

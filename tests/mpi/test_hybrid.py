@@ -21,7 +21,7 @@ from harness import (
     verify,
 )
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.mpi, pytest.mark.slow, pytest.mark.timeout(600)]
 
 BUILD = EXAMPLES / "build"
 

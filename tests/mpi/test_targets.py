@@ -19,6 +19,8 @@ from harness import EXAMPLES, assert_oracles, explore, stats, verify
 from symcc_mpi.campaign.corpus import CampaignDir
 from symcc_mpi.federation.ownership import owner
 
+pytestmark = pytest.mark.mpi
+
 BUILD = EXAMPLES / "build"
 TTL = 3.0  # seconds, of the target leases in the pause test
 

@@ -511,6 +511,6 @@ class CoordinatorMachine(RuleBasedStateMachine):
 pytestmark = pytest.mark.usefixtures("quiet_dispatch_log")
 
 
-TestCoordinatorMachine = CoordinatorMachine.TestCase
+TestCoordinatorMachine = pytest.mark.slow(CoordinatorMachine.TestCase)
 TestCoordinatorMachine.settings = settings(max_examples=500, stateful_step_count=60,
                                            deadline=None)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import msgspec
 import pytest
+from fakes import LoopbackChannel
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
@@ -30,19 +31,6 @@ from symcc_mpi.wire.staging import write_entries
 from symcc_mpi.wire.transport import Incoming
 
 WORKERS = (1, 2)
-
-
-class FakeChannel:
-    """What the master sends, recorded; nothing is received through it (the test hands
-    messages to `_handle` itself)."""
-
-    size = 1 + len(WORKERS)
-
-    def __init__(self):
-        self.sent: list[tuple[int, Tag, msgspec.Struct]] = []
-
-    def send(self, dest, tag, message):
-        self.sent.append((dest, tag, message))
 
 
 def incoming(rank: int, payload: bytes) -> Incoming:
@@ -92,7 +80,7 @@ class Rig:
         self.campaign.create({"test": True})
         self.campaign.lock()  # the master's: it alone appends to the done journal
         config = CampaignConfig(target=("t", "@@"), seeds=out, out=out, workers=2)
-        self.channel = FakeChannel()
+        self.channel = LoopbackChannel(len(WORKERS))
         self.master = Master(self.channel, config, self.campaign,
                              triage=CoverageMap() if triage else None,
                              watchdog=WatchdogConfig(0, 1))

@@ -27,6 +27,7 @@ import itertools
 import math
 from collections import deque
 
+import pytest
 from hypothesis import event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
@@ -319,7 +320,7 @@ class QuiescenceMachine(RuleBasedStateMachine):
                     self._deliver(*pair)
 
 
-TestQuiescenceMachine = QuiescenceMachine.TestCase
+TestQuiescenceMachine = pytest.mark.slow(QuiescenceMachine.TestCase)
 TestQuiescenceMachine.settings = settings(max_examples=300, stateful_step_count=60,
                                           deadline=None)
 

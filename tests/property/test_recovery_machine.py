@@ -479,7 +479,7 @@ class RecoveryMachine(RuleBasedStateMachine):
                    for g in self.generations.values())
 
 
-TestRecoveryMachine = RecoveryMachine.TestCase
+TestRecoveryMachine = pytest.mark.slow(RecoveryMachine.TestCase)
 TestRecoveryMachine.settings = settings(max_examples=100, stateful_step_count=20, deadline=None)
 
 @pytest.fixture

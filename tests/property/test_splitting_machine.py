@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 from collections import Counter
 
+import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
@@ -134,5 +135,5 @@ class SplittingMachine(RuleBasedStateMachine):
             assert parts == out | waiting, (parts, out, waiting)
 
 
-TestSplitting = SplittingMachine.TestCase
+TestSplitting = pytest.mark.slow(SplittingMachine.TestCase)
 TestSplitting.settings = settings(max_examples=300, stateful_step_count=60, deadline=None)

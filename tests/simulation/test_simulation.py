@@ -31,6 +31,7 @@ CAUGHT_BY = {
 SEARCH = 40
 
 
+@pytest.mark.slow  # about 90 s on an idle 2-core machine
 @pytest.mark.timeout(1200)
 def test_a_thousand_schedules_keep_every_invariant():
     summary = run_many(range(SCHEDULES), processes=max(2, os.cpu_count() or 1))
@@ -43,6 +44,7 @@ def test_a_thousand_schedules_keep_every_invariant():
     assert len(kinds) >= 12, f"only {sorted(kinds)} were injected"
 
 
+@pytest.mark.slow
 def test_a_schedule_replays_bit_for_bit_in_another_process():
     seed = 52  # two masters' worth of faults: a suspend, a slow disk, a killed master
     traces = set()

@@ -196,6 +196,7 @@ def assert_gone_within(pid: int, seconds: float, what: str) -> None:
     assert not _running(pid), what
 
 
+@pytest.mark.slow
 def test_timeout_kills_the_whole_process_group(make, forker, out):
     argv, marks, seed = forker
     started = time.monotonic()
@@ -317,6 +318,7 @@ def test_a_trace_split_round_robin_solves_what_the_whole_run_finds_new(tmp_path,
     assert by_trace_novelty <= solved <= set(path)
 
 
+@pytest.mark.slow
 def test_a_run_killed_by_its_timeout_reports_the_path_it_recorded(tmp_path, preload, forker,
                                                                   out):
     argv, _, seed = forker
@@ -325,6 +327,7 @@ def test_a_run_killed_by_its_timeout_reports_the_path_it_recorded(tmp_path, prel
     assert len(result.path_targets) == 1 and result.solved_targets == result.path_targets
 
 
+@pytest.mark.slow
 def test_forked_runs_generate_what_exec_d_runs_generate(tmp_path, preload):
     """The worker's way: one input path, one output directory emptied between runs, one QSYM
     map that grows. Forked and exec'd runs see the same map at each step, solve the same

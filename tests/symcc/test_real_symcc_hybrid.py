@@ -8,7 +8,7 @@ import subprocess
 import pytest
 from harness import EXAMPLES, crash_files, hybrid_beside_afl, stats, verify
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.mpi, pytest.mark.slow, pytest.mark.timeout(600)]
 
 
 def test_beside_afl_with_real_symcc(symcc_build, tmp_path):

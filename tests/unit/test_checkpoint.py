@@ -31,14 +31,7 @@ from symcc_mpi.campaign.corpus import CampaignDir
 from symcc_mpi.campaign.layout import CampaignError
 from symcc_mpi.coverage.pruning import MAP_SIZE, SHARED_SCOPE, Delta, PruningLedger, PruningMode
 from symcc_mpi.coverage.triage import CoverageMap, FileCoverage, Status
-
-
-class FakeClock:
-    def __init__(self, now: float = 100.0):
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
+from symcc_mpi.durable.clock import ManualClock
 
 
 def delta(*indices: int, bits: int = 1) -> Delta:
@@ -79,42 +72,42 @@ def calls(monkeypatch, campaign):
 
 
 def test_after_round_syncs_done_first_and_saves_maps_when_due_and_dirty(campaign, calls):
-    clock = FakeClock()
+    clock = ManualClock()
     ledger = PruningLedger(PruningMode.SHARED)
-    keeper = Checkpointer(campaign, pruning=ledger, triage=None, clock=clock)
+    keeper = Checkpointer(campaign, pruning=ledger, triage=None, clock=clock.monotonic)
     saved = campaign.state / PRUNING_DIR / f"{SHARED_SCOPE}.map"
 
     keeper.after_round()  # nothing merged: only the journal
     assert calls == ["sync"] and not saved.exists() and keeper.saves == 0
 
     ledger.merge(1, delta(5))
-    clock.now += SAVE_INTERVAL / 4  # not due yet (the empty round above set the interval)
+    clock.advance(SAVE_INTERVAL / 4)  # not due yet (the empty round above set the interval)
     keeper.after_round()
     assert calls == ["sync", "sync"] and not saved.exists() and ledger.dirty
 
-    clock.now += SAVE_INTERVAL
+    clock.advance(SAVE_INTERVAL)
     keeper.after_round()
     assert calls == ["sync", "sync", "sync", "save"]  # the records are durable before the map
     assert keeper.saves == 1 and not ledger.dirty
     assert load_pruning(campaign) == ledger.maps()
 
     ledger.merge(1, delta(6))
-    clock.now += SAVE_INTERVAL / 2
+    clock.advance(SAVE_INTERVAL / 2)
     keeper.after_round()  # due only SAVE_INTERVAL after the last save
     assert keeper.saves == 1 and load_pruning(campaign) != ledger.maps()
-    clock.now += SAVE_INTERVAL
+    clock.advance(SAVE_INTERVAL)
     keeper.after_round()
     assert keeper.saves == 2 and load_pruning(campaign) == ledger.maps()
 
-    clock.now += 10 * SAVE_INTERVAL
+    clock.advance(10 * SAVE_INTERVAL)
     keeper.after_round()  # due but nothing changed
     assert keeper.saves == 2 and calls.count("save") == 2 and calls[-1] == "sync"
 
 
 def test_final_round_saves_regardless_of_the_interval(campaign, calls):
-    clock = FakeClock()
+    clock = ManualClock()
     ledger = PruningLedger(PruningMode.LOCAL)
-    keeper = Checkpointer(campaign, pruning=ledger, triage=None, clock=clock)
+    keeper = Checkpointer(campaign, pruning=ledger, triage=None, clock=clock.monotonic)
     ledger.merge(1, delta(1))
     keeper.after_round()
     assert keeper.saves == 1
@@ -130,7 +123,7 @@ def test_final_round_saves_regardless_of_the_interval(campaign, calls):
 def test_saved_pruning_map_resumes_the_ledger(campaign):
     ledger = PruningLedger(PruningMode.SHARED)
     ledger.merge(3, delta(1, 2, 65536 + 9, bits=4))
-    Checkpointer(campaign, pruning=ledger, triage=None, clock=FakeClock()).after_round()
+    Checkpointer(campaign, pruning=ledger, triage=None, clock=ManualClock().monotonic).after_round()
     resumed = PruningLedger(PruningMode.SHARED, load_pruning(CampaignDir(campaign.out)))
     assert resumed.maps() == ledger.maps()
     assert resumed.plan(1).whole  # a fresh worker gets the resumed map whole
@@ -146,12 +139,12 @@ def test_triage_state_round_trip_with_queue_entries(campaign):
         campaign.add_seed(f"seed {i}\n".encode(), f"seed-{i}")
     triage = CoverageMap()
     assert triage.merge(FileCoverage.from_pairs([(3, 1), (70_000, 16), (12, 128)], Status.OK))
-    clock = FakeClock()
-    keeper = Checkpointer(campaign, pruning=None, triage=triage, clock=clock)
+    clock = ManualClock()
+    keeper = Checkpointer(campaign, pruning=None, triage=triage, clock=clock.monotonic)
     keeper.after_round()
     assert load_triage(campaign) == (None, 0) and keeper.saves == 0  # not dirty: not saved
     keeper.triage_dirty = True
-    clock.now += SAVE_INTERVAL
+    clock.advance(SAVE_INTERVAL)
     keeper.after_round()
     assert keeper.saves == 1 and not keeper.triage_dirty
 
@@ -238,18 +231,18 @@ def test_close_syncs_the_done_records(campaign, fsyncs):
 
 
 def test_the_done_journal_is_synced_at_most_every_sync_interval(campaign, calls):
-    clock = FakeClock()
+    clock = ManualClock()
     ledger = PruningLedger(PruningMode.SHARED)
-    keeper = Checkpointer(campaign, pruning=ledger, triage=None, clock=clock)
+    keeper = Checkpointer(campaign, pruning=ledger, triage=None, clock=clock.monotonic)
     keeper.after_round()
     ledger.merge(1, delta(3))
-    clock.now += SYNC_INTERVAL / 2
+    clock.advance(SYNC_INTERVAL / 2)
     keeper.after_round()  # within the window: neither the journal nor a map is written
     assert calls == ["sync"] and ledger.dirty
-    clock.now += SYNC_INTERVAL
+    clock.advance(SYNC_INTERVAL)
     keeper.after_round()
     assert calls == ["sync", "sync"]  # the map is not due yet (SAVE_INTERVAL)
-    clock.now += SAVE_INTERVAL
+    clock.advance(SAVE_INTERVAL)
     keeper.after_round()
     assert calls == ["sync", "sync", "sync", "save"]  # a map only right after a sync
     keeper.after_round(final=True)  # the end syncs whatever the window

@@ -10,6 +10,7 @@ import os
 from pathlib import Path
 
 import pytest
+from fakes import LoopbackChannel
 
 from symcc_mpi.campaign.corpus import CampaignDir
 from symcc_mpi.campaign.layout import check_out_dir, sha256_bytes
@@ -23,16 +24,6 @@ from symcc_mpi.wire.transport import Incoming
 
 RANK = 1
 CHILDREN = (b"first child", b"second child")
-
-
-class FakeChannel:
-    size = 2
-
-    def __init__(self):
-        self.sent: list[tuple[int, Tag, object]] = []
-
-    def send(self, dest, tag, message):
-        self.sent.append((dest, tag, message))
 
 
 class FailingPromotions:
@@ -58,7 +49,7 @@ def master(tmp_path):
     campaign.lock()  # the master's: it alone appends to the done journal
     config = CampaignConfig(target=("t",), seeds=tmp_path, out=out, executor="noop")
     deferrals = DeferredWorkJournal(out / "state" / "deferred.jsonl", fsync=False)
-    m = Master(FakeChannel(), config, campaign, deferrals=deferrals,
+    m = Master(LoopbackChannel(workers=1), config, campaign, deferrals=deferrals,
                watchdog=WatchdogConfig(seconds=0, protocol_retries=1))
     m.parent = campaign.add_seed(b"the seed", "seed")
     m.frontier.add(m.parent)

@@ -110,7 +110,9 @@ def test_hit_counts_afl_showmap_loses_are_kept_in_afl_fuzz_classes(target, tmp_p
 
 
 def test_crashes_and_hangs_and_the_inputs_after_them(target):
-    with ForkserverProbe([str(target)], timeout=0.3) as probe:
+    # "HANG" spins for ever, so the timeout may be far above what the other runs take on a
+    # busy machine: a run that ends is then never taken for a hang.
+    with ForkserverProbe([str(target)], timeout=2.0) as probe:
         statuses = [probe.probe_bytes(data).status for data in
                     (b"1", b"CRASH", b"2y", b"ABRT", b"HANG", b"3", b"")]
         assert statuses == [Status.OK, Status.CRASH, Status.OK, Status.CRASH, Status.HANG,

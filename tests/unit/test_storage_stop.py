@@ -6,9 +6,9 @@ from __future__ import annotations
 import errno
 import logging
 import os
-from collections import deque
 
 import pytest
+from fakes import LoopbackChannel
 
 from symcc_mpi.campaign.corpus import CampaignDir
 from symcc_mpi.campaign.layout import check_out_dir
@@ -18,28 +18,10 @@ from symcc_mpi.dispatch.watchdog import WatchdogConfig
 from symcc_mpi.durable.deferred import DEFERRED_JOURNAL_NAME, DeferredWorkJournal
 from symcc_mpi.durable.storage import STOP_ADVICE, STORAGE_EXIT, describe, storage_refused
 from symcc_mpi.roles.master import Master, Phase
-from symcc_mpi.wire.protocol import STORAGE_REFUSED, Result, StopAck, Tag
+from symcc_mpi.wire.protocol import STORAGE_REFUSED, Result, Tag
 from symcc_mpi.wire.transport import Incoming
 
 WORKERS = (1, 2)
-
-
-class LoopbackChannel:
-    """Workers that acknowledge STOP at once and send nothing else."""
-
-    size = len(WORKERS) + 1
-
-    def __init__(self):
-        self.sent: list[tuple[int, Tag, object]] = []
-        self.incoming: deque[Incoming] = deque()
-
-    def send(self, rank, tag, message) -> None:
-        self.sent.append((rank, tag, message))
-        if tag == Tag.STOP:
-            self.incoming.append(Incoming(rank, Tag.STOP_ACK, StopAck(0, 0.0)))
-
-    def poll(self):
-        return self.incoming.popleft() if self.incoming else None
 
 
 @pytest.fixture
@@ -53,7 +35,7 @@ def master(tmp_path):
     # No retry at all: an input that a storage failure counted against would be deferred.
     journal = DeferredWorkJournal(campaign.state / DEFERRED_JOURNAL_NAME)
     config = CampaignConfig(target=("t",), seeds=tmp_path, out=out, executor="noop")
-    m = Master(LoopbackChannel(), config, campaign, deferrals=journal,
+    m = Master(LoopbackChannel(len(WORKERS)), config, campaign, deferrals=journal,
                watchdog=WatchdogConfig(0, 0))
     for digest in seeds:
         m.frontier.add(digest)

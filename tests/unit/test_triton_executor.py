@@ -153,6 +153,7 @@ def test_real_crash_is_crash(examples, executors, tmp_path, target, data, signo)
 LOOP_TIMEOUT = 5.0
 
 
+@pytest.mark.slow
 def test_timeout_kills_the_process_group(snippets, executors, tmp_path):
     ex = executors(snippets["loop"], timeout=LOOP_TIMEOUT)
     ex.start()  # the server's start-up (tritondse's import: seconds on a busy machine) is
@@ -173,6 +174,7 @@ def test_timeout_kills_the_process_group(snippets, executors, tmp_path):
     assert ex.server_starts == 1
 
 
+@pytest.mark.slow
 def test_native_crash_survives_an_emulation_timeout(snippets, executors, tmp_path):
     result = executors(snippets["loop"], timeout=LOOP_TIMEOUT).run(
         write(tmp_path, "in", b"CCCC"), outdir(tmp_path)
