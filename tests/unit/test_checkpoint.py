@@ -74,7 +74,7 @@ def calls(monkeypatch, campaign):
 def test_after_round_syncs_done_first_and_saves_maps_when_due_and_dirty(campaign, calls):
     clock = ManualClock()
     ledger = PruningLedger(PruningMode.SHARED)
-    keeper = Checkpointer(campaign, pruning=ledger, triage=None, clock=clock.monotonic)
+    keeper = Checkpointer(campaign, pruning=ledger, triage=None, clock=clock)
     saved = campaign.state / PRUNING_DIR / f"{SHARED_SCOPE}.map"
 
     keeper.after_round()  # nothing merged: only the journal
@@ -107,7 +107,7 @@ def test_after_round_syncs_done_first_and_saves_maps_when_due_and_dirty(campaign
 def test_final_round_saves_regardless_of_the_interval(campaign, calls):
     clock = ManualClock()
     ledger = PruningLedger(PruningMode.LOCAL)
-    keeper = Checkpointer(campaign, pruning=ledger, triage=None, clock=clock.monotonic)
+    keeper = Checkpointer(campaign, pruning=ledger, triage=None, clock=clock)
     ledger.merge(1, delta(1))
     keeper.after_round()
     assert keeper.saves == 1
@@ -123,7 +123,7 @@ def test_final_round_saves_regardless_of_the_interval(campaign, calls):
 def test_saved_pruning_map_resumes_the_ledger(campaign):
     ledger = PruningLedger(PruningMode.SHARED)
     ledger.merge(3, delta(1, 2, 65536 + 9, bits=4))
-    Checkpointer(campaign, pruning=ledger, triage=None, clock=ManualClock().monotonic).after_round()
+    Checkpointer(campaign, pruning=ledger, triage=None, clock=ManualClock()).after_round()
     resumed = PruningLedger(PruningMode.SHARED, load_pruning(CampaignDir(campaign.out)))
     assert resumed.maps() == ledger.maps()
     assert resumed.plan(1).whole  # a fresh worker gets the resumed map whole
@@ -140,7 +140,7 @@ def test_triage_state_round_trip_with_queue_entries(campaign):
     triage = CoverageMap()
     assert triage.merge(FileCoverage.from_pairs([(3, 1), (70_000, 16), (12, 128)], Status.OK))
     clock = ManualClock()
-    keeper = Checkpointer(campaign, pruning=None, triage=triage, clock=clock.monotonic)
+    keeper = Checkpointer(campaign, pruning=None, triage=triage, clock=clock)
     keeper.after_round()
     assert load_triage(campaign) == (None, 0) and keeper.saves == 0  # not dirty: not saved
     keeper.triage_dirty = True
@@ -233,7 +233,7 @@ def test_close_syncs_the_done_records(campaign, fsyncs):
 def test_the_done_journal_is_synced_at_most_every_sync_interval(campaign, calls):
     clock = ManualClock()
     ledger = PruningLedger(PruningMode.SHARED)
-    keeper = Checkpointer(campaign, pruning=ledger, triage=None, clock=clock.monotonic)
+    keeper = Checkpointer(campaign, pruning=ledger, triage=None, clock=clock)
     keeper.after_round()
     ledger.merge(1, delta(3))
     clock.advance(SYNC_INTERVAL / 2)

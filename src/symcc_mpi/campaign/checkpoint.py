@@ -18,7 +18,7 @@ from symcc_mpi.campaign.corpus import CampaignDir
 from symcc_mpi.campaign.layout import CampaignError
 from symcc_mpi.coverage.pruning import MalformedDelta, PruningLedger, load_maps, save_maps
 from symcc_mpi.durable.atomic import write_durable
-from symcc_mpi.durable.clock import SYSTEM_CLOCK
+from symcc_mpi.durable.clock import SYSTEM_CLOCK, Clock
 
 log = logging.getLogger("symcc_mpi.campaign.checkpoint")
 
@@ -42,7 +42,7 @@ class _TriageState(msgspec.Struct, array_like=True):
 
 class Checkpointer:
     def __init__(self, campaign: CampaignDir, *, pruning: PruningLedger | None, triage,
-                 importer=None, pool=None, clock=SYSTEM_CLOCK.monotonic):
+                 importer=None, pool=None, clock: Clock = SYSTEM_CLOCK):
         self.campaign = campaign
         self.pool = pool  # tiers.pool.AsidePool: its spent packs go after the sync
         self.importer = importer  # afl_sync.Importer of a hybrid campaign: its cursors
@@ -56,7 +56,7 @@ class Checkpointer:
 
     def after_round(self, *, final: bool = False) -> None:
         """Make the done records durable when due, then the maps when they are due."""
-        now = self.clock()
+        now = self.clock.monotonic()
         if not final and now < self.next_sync:
             return
         self.campaign.sync_done()
