@@ -35,7 +35,7 @@ def master_snapshot(master) -> CampaignSnapshot:
     snapshot.extra["federation"] = federation.statistics()
     if not federation.root:
         return snapshot
-    from symcc_mpi.federation.masters import combine
+    from symcc_mpi.federation.figures import combine
 
     return combine(snapshot, federation.figures, federation.world_ranks)
 

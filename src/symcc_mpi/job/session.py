@@ -263,7 +263,8 @@ def _run_federated(world, config: CampaignConfig, *, outlive_ranks: bool,
     survivors hold committed, instead of ending the job at once."""
     from mpi4py import MPI
 
-    from symcc_mpi.federation.masters import CONFLICT_EXIT, Federation, groups
+    from symcc_mpi.federation.layout import groups
+    from symcc_mpi.federation.masters import CONFLICT_EXIT, Federation
     from symcc_mpi.federation.ownership import new_epoch
     from symcc_mpi.wire.transport import Channel
 

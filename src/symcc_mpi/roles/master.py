@@ -38,6 +38,7 @@ from symcc_mpi.durable.storage import (
     storage_refused,
 )
 from symcc_mpi.executors import Outcome
+from symcc_mpi.federation.masters import CONFLICT_EXIT, OwnMaster
 from symcc_mpi.roles.faults import Faults, die, stop_self
 from symcc_mpi.scheduling.splitting import TRACE, WorkSource, parse_work_id
 from symcc_mpi.ulfm.runtime import describe_endpoint
@@ -186,6 +187,10 @@ class Master:
         # Called before the master ends the job with MPI_Abort: under ULFM the survivors
         # would otherwise take the campaign over (session.py leaves the end on record).
         self.before_abort: Callable[[int, str], object] | None = None
+        self.own = OwnMaster(
+            self.frontier, campaign, count_malformed=self._count_malformed,
+            exhausted=lambda: self.dispatch.exhausted,
+            busy=lambda: bool(self.split.waiting or self.dispatch.in_flight))
         self.committer = Committer(campaign, self.frontier, self.stats, triage=triage,
                                    pruning=pruning, checkpoint=self.checkpoint,
                                    shared_corpus=federation is not None, pool=pool)
@@ -261,7 +266,7 @@ class Master:
         with self._stopping_if_storage_refuses():
             self.checkpoint.after_round(final=True)
         if self.federation is not None and self.federation.root:
-            self.federation.wait_for_final_figures(self)
+            self.federation.wait_for_final_figures(self.own)
         self.exit_status = self._exit_status()
         with self._stopping_if_storage_refuses():
             self.report(final=True)
@@ -343,15 +348,16 @@ class Master:
     def _federation_round(self, now: float) -> None:
         federation = self.federation
         with self._stopping_if_storage_refuses():
-            federation.round(self, now)
+            federation.round(self.own, now)
         if federation.conflict:
-            from symcc_mpi.federation.masters import CONFLICT_EXIT
-
             log.error("the masters disagree on the end of the campaign (%s); ending the job",
                       federation.conflict)
             for handler in logging.getLogger().handlers:
                 handler.flush()
             self.channel.comm.Abort(CONFLICT_EXIT)  # MPI_Abort ends every rank of the job
+
+    def _count_malformed(self) -> None:
+        self.stats.malformed_messages += 1
 
     def _exit_status(self) -> int:
         if self.storage_problem:
