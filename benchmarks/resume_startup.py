@@ -81,8 +81,8 @@ def build_campaign(out: Path, executions: int) -> None:
 
 
 def analysed(i: int, digests: list[tuple[str, int]]) -> list[dict]:
-    """The dispatch, commit and done records of input i (master.py `_send_work`,
-    `_judge_and_commit`; corpus.py `record_work`, `record_done`)."""
+    """The dispatch, commit and done records of input i (roles/sending.py `WorkSender.send`,
+    roles/results.py `ResultJudge`; corpus.py `record_work`, `record_done`)."""
     digest, token, rank = digests[i][0], os.urandom(16).hex(), 1 + i % 2
     children = digests[2 * i + 1:2 * i + 3]
     work = {"sha256": digest, "token": token, "generation": 0, "rank": rank}

@@ -73,8 +73,8 @@ OBJECT_CAPACITY = 2  # small, so that both sides' windows evict often
 class Worker:
     running: list[str] = field(default_factory=list)  # WORK tokens received, oldest first
     last: str | None = None  # token of the dispatch it finished last
-    # The objects it received and still keeps: the last OBJECT_CAPACITY, as roles.worker's
-    # ObjectStore keeps them (oldest first).
+    # The objects it received and still keeps: the last OBJECT_CAPACITY, as the worker's
+    # ObjectStore (dispatch/objects.py) keeps them (oldest first).
     objects: dict[str, None] = field(default_factory=dict)
 
     def receive(self, object_ids) -> None:
@@ -277,7 +277,7 @@ class CoordinatorMachine(RuleBasedStateMachine):
     @rule(data=st.data(), fails=st.sampled_from([None] * 6 + ["before", "after"]),
           ready=READY_AFTER)
     def worker_returns_result(self, data, fails, ready):
-        """`Master._judge_and_commit`, accepting branch; the commit may raise."""
+        """`ResultJudge` (roles/results.py), accepting branch; the commit may raise."""
         rank = data.draw(st.sampled_from([r for r in RANKS if self.workers[r].running]))
         token = self._finish_oldest(rank)
         if self._classify(rank, token) is ResultClass.CURRENT:

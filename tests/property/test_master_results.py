@@ -95,8 +95,8 @@ class Rig:
         """Round steps 2-4 of `Master.run`: the join (discarding recovered staging), then
         dispatch to idle ranks."""
         for recovery in self.master.dispatch.join().recoveries:
-            self.master._discard_staging(recovery.token)
-        self.master.dispatch.dispatch(self.master._send_work)
+            self.master.campaign.discard_staging(recovery.token)
+        self.master.dispatch.dispatch(self.master.sender.send)
 
     def active(self, rank):
         works = [m for dest, tag, m in self.channel.sent if dest == rank and tag == Tag.WORK]

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from symcc_mpi.dispatch.coordinator import DispatchCoordinator
 from symcc_mpi.dispatch.tables import DispatchTables
 from symcc_mpi.federation.leases import WorkLease
-from symcc_mpi.roles.master import Master
+from symcc_mpi.roles.results import ResultJudge
+from symcc_mpi.roles.stopping import Stopping
 
 
 @dataclass(frozen=True)
@@ -64,15 +65,15 @@ MUTATIONS = {
     "older-generation-accepted": Mutation(
         "F443",
         "a RESULT of an older generation is judged and committed",
-        (Edit(Master, "_judge_and_commit", "if result.generation != self.generation:",
-              "if result.generation > self.generation:"),)),
+        (Edit(ResultJudge, "_current", "if result.generation != self.dispatch.generation:",
+              "if result.generation > self.dispatch.generation:"),)),
     "idle-master-exits": Mutation(
         "F320",
         "a master whose own frontier is exhausted ends the campaign without the COMMIT round",
-        (Edit(Master, "_stop_reason",
+        (Edit(Stopping, "reason",
               "if self.dispatch.exhausted and federation is None and self.importer is None:",
               "if self.dispatch.exhausted and self.importer is None:"),
-         Edit(Master, "_stop_reason",
+         Edit(Stopping, "reason",
               "            if not federation.root:\n                return \"\"\n",
               ""))),
 }

@@ -61,7 +61,7 @@ def run_once(m: Master, last_token: str | None) -> Work:
     """The worker's READY, then the master's dispatch: the WORK it sent."""
     m._handle(Incoming(RANK, Tag.READY, Ready(last_token)))
     m.dispatch.join()
-    m.dispatch.dispatch(m._send_work)
+    m.dispatch.dispatch(m.sender.send)
     dest, tag, work = m.channel.sent[-1]
     assert (dest, tag) == (RANK, Tag.WORK)
     return work

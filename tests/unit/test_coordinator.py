@@ -101,7 +101,7 @@ def first_dispatch(w) -> str:
 
 
 def commit(w, rank: int, token: str) -> CommitStart:
-    """The accepting branch of `Master._judge_and_commit`."""
+    """The accepting branch of `ResultJudge` (roles/results.py)."""
     assert w.coord.classify(rank, token) is ResultClass.CURRENT
     with w.coord.boundary(rank):
         start = w.coord.begin_commit(rank, token)

@@ -3,14 +3,15 @@ root combines, and the fault plans addressed to a master by index."""
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from symcc_mpi.campaign.layout import sha256_bytes
 from symcc_mpi.campaign.report import CampaignSnapshot
 from symcc_mpi.config import UsageError
-from symcc_mpi.federation.masters import Federation, combine, groups
+from symcc_mpi.durable.clock import ManualClock
+from symcc_mpi.federation.figures import combine
+from symcc_mpi.federation.layout import groups
+from symcc_mpi.federation.masters import Federation
 from symcc_mpi.federation.ownership import new_epoch, owner
 from symcc_mpi.roles.faults import Faults
 from symcc_mpi.scheduling.frontier import Frontier
@@ -31,14 +32,16 @@ def test_groups_are_contiguous_blocks_that_differ_by_at_most_one_rank():
         groups(5, 3)
 
 
-def federations(tmp_path, masters=2, **environment):
+def federations(tmp_path, masters=2, clock=None):
+    """`masters` federations of one job, their leases timed by `clock` (ManualClock if None)."""
+    clock = clock or ManualClock()
     epoch = new_epoch()
     made = []
     for index in range(masters):
         federation = Federation(None, index=index, masters=masters, out=tmp_path,
                                 epoch=epoch, world_ranks=groups(2 * masters, masters),
                                 execution_timeout=1.0)
-        federation.open()
+        federation.open(clock)
         made.append(federation)
     return made
 
@@ -56,10 +59,11 @@ def test_a_master_admits_only_what_it_owns_and_wins(tmp_path):
 
 def test_a_commit_goes_through_only_while_the_lease_is_current(tmp_path, monkeypatch):
     monkeypatch.setenv("SYMCC_STANDALONE_WORK_LEASE_TTL", "0.2")
-    first, second = federations(tmp_path)
+    clock = ManualClock()
+    first, second = federations(tmp_path, clock=clock)
     digest = next(d for d in DIGESTS if owner(d, (0, 1)) == 0)
     assert first.admit(digest)
-    time.sleep(0.3)  # past the TTL: the lease may be taken over (it never expires too early)
+    clock.advance(0.3)  # past the TTL: the lease may be taken over (it never expires too early)
     frontier = Frontier()
     (tmp_path / digest).write_bytes(b"input")
     assert second._take_recovered(frontier, second.leases.recover_expired(4, rescan=True),
@@ -123,10 +127,11 @@ def test_a_master_plan_is_addressed_by_index_whatever_its_rank():
 
 def test_an_expired_lease_whose_file_is_missing_is_abandoned_at_once(tmp_path, monkeypatch):
     monkeypatch.setenv("SYMCC_STANDALONE_WORK_LEASE_TTL", "0.2")
-    first, second = federations(tmp_path)
+    clock = ManualClock()
+    first, second = federations(tmp_path, clock=clock)
     digest = next(d for d in DIGESTS if owner(d, (0, 1)) == 0)
     assert first.admit(digest)
-    time.sleep(0.3)
+    clock.advance(0.3)  # past the TTL
     frontier = Frontier()
     assert second._take_recovered(frontier, second.leases.recover_expired(4, rescan=True),
                                   tmp_path) == 0

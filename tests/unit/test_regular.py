@@ -15,7 +15,7 @@ import pytest
 
 from symcc_mpi.durable.regular import NotRegularFile, list_regular, open_regular
 from symcc_mpi.executors.symcc import SymccExecutor
-from symcc_mpi.roles.worker import SkippedEntries
+from symcc_mpi.roles.execute import SkippedEntries
 from symcc_mpi.wire.protocol import ResultField
 from symcc_mpi.wire.staging import Pack, PackRejected, write_entries, write_pack
 

@@ -41,7 +41,7 @@ def master(tmp_path):
         m.frontier.add(digest)
     for rank in WORKERS:
         m.dispatch.ready(rank, None)
-    m.dispatch.dispatch(m._send_work)
+    m.dispatch.dispatch(m.sender.send)
     yield m
     m.close()
 
@@ -99,7 +99,7 @@ def test_a_commit_the_filesystem_refuses_stops_the_campaign_once(master, caplog,
     master._on_result(1, result_for(first))
     master._on_result(2, result_for(second))
     monkeypatch.setattr(master, "report", refused)  # the same fault again: not said twice
-    with master._stopping_if_storage_refuses():
+    with master.guard:
         master.report()
     assert_given_back_and_stopping(master, [first.input_hash, second.input_hash])
     assert storage_errors(caplog) == [

@@ -8,9 +8,9 @@ import signal
 import pytest
 from test_storage_stop import master, result_for, work_of  # noqa: F401 - the fixture
 
+from symcc_mpi.campaign.corpus import sha256_bytes
 from symcc_mpi.config import CampaignConfig
 from symcc_mpi.executors.base import ExecutionResult, Outcome
-from symcc_mpi.roles import worker as worker_module
 from symcc_mpi.roles.master import Phase
 from symcc_mpi.roles.worker import TERMINATING, Worker, note_termination
 from symcc_mpi.wire.protocol import INTERRUPTED, Work
@@ -46,7 +46,7 @@ def run_once(tmp_path, executor: Executor):
     worker = Worker(1, config)
     worker.executor = executor
     data = b"an input"
-    digest = worker_module.sha256_bytes(data)
+    digest = sha256_bytes(data)
     try:
         return worker._run(None, Work(token="ab" * 16, input_hash=digest,
                                       objects={digest: data}), watch=False)

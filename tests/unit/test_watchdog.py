@@ -28,8 +28,6 @@ from symcc_mpi.dispatch.watchdog import (
     RetiredDispatchGate,
     WatchdogConfig,
     default_watchdog_seconds,
-    parse_protocol_retries,
-    parse_watchdog_seconds,
 )
 from symcc_mpi.durable.clock import ManualClock
 
@@ -126,7 +124,8 @@ def test_only_a_dispatched_active_transaction_expires_exactly_at_its_deadline():
     ("-Infinity", 120.0), ("ten", 120.0), ("5s", 120.0), ("-1", 0.0), ("-0.001", 0.0),
 ])
 def test_watchdog_seconds_parse_like_the_note_says(text, expected):  # F317 §5.1
-    assert parse_watchdog_seconds(text, execution_timeout=10.0) == expected
+    env = {} if text is None else {ENV_WATCHDOG: text}
+    assert WatchdogConfig.from_env(env, execution_timeout=10.0).seconds == expected
 
 
 def test_watchdog_default_and_config_notes():  # F317 §4.1, W9
@@ -134,7 +133,7 @@ def test_watchdog_default_and_config_notes():  # F317 §4.1, W9
     assert default_watchdog_seconds(60.0) == 240.0
     assert default_watchdog_seconds(1e6) == MAX_SECONDS
     assert default_watchdog_seconds(math.nan) == 120.0
-    assert parse_watchdog_seconds("nan", execution_timeout=60.0) == 240.0
+    assert WatchdogConfig.from_env({ENV_WATCHDOG: "nan"}, execution_timeout=60.0).seconds == 240.0
     config = WatchdogConfig.from_env({}, execution_timeout=60.0)
     assert config == WatchdogConfig(240.0, 1, ())
     assert config.enabled
@@ -146,7 +145,9 @@ def test_watchdog_default_and_config_notes():  # F317 §4.1, W9
                                      execution_timeout=10.0)
     assert (config.seconds, config.protocol_retries) == (120.0, 1)
     assert len(config.notes) == 2 and "not finite" in config.notes[0]
-    assert parse_protocol_retries("-2") == 0 and parse_protocol_retries(None) == 1
+    assert WatchdogConfig.from_env({ENV_PROTOCOL_RETRIES: "-2"},
+                                   execution_timeout=10.0).protocol_retries == 0
+    assert WatchdogConfig.from_env({}, execution_timeout=10.0).protocol_retries == 1
 
 
 # -- F317 §5.2 parked ranks ----------------------------------------------------------------

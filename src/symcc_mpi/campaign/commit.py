@@ -143,7 +143,7 @@ class Committer:
         self.campaign = campaign  # corpus.CampaignDir
         self.shared_corpus = shared_corpus  # other masters publish into corpus/ too
         self.frontier = frontier
-        self.stats = stats  # roles.master.MasterStats: updated as results commit
+        self.stats = stats  # stats.MasterStats: updated as results commit
         self.triage = triage  # triage.CoverageMap, or None: novelty by content hash alone
         self.pruning = pruning  # pruning.PruningLedger, or None
         self.checkpoint = checkpoint

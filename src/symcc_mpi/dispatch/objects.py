@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import MappingProxyType
 
 from symcc_mpi.dispatch.transaction import DispatchError
@@ -111,3 +112,26 @@ class ObjectTransferCache:
     def statistics(self) -> ObjectCacheStatistics:
         return ObjectCacheStatistics(len(self._held), self._plans, self._confirmed,
                                      self._shipped_objects, self._shipped_bytes, self._hits)
+
+
+class ObjectStore:
+    """The objects this worker received, the last OBJECT_CACHE_CAPACITY of them: the window
+    the master's ObjectTransferCache believes it holds (the cache above)."""
+
+    def __init__(self, directory: Path, capacity: int = OBJECT_CACHE_CAPACITY):
+        self.directory = directory
+        self.capacity = capacity
+        self.held: dict[str, None] = {}  # insertion-ordered: oldest first
+        directory.mkdir()
+
+    def put(self, object_id: str, content: bytes) -> None:
+        (self.directory / object_id).write_bytes(content)
+        self.held.pop(object_id, None)  # received again: as young as the master thinks
+        self.held[object_id] = None
+        while len(self.held) > self.capacity:
+            oldest = next(iter(self.held))
+            del self.held[oldest]
+            (self.directory / oldest).unlink(missing_ok=True)
+
+    def get(self, object_id: str) -> bytes:
+        return (self.directory / object_id).read_bytes()

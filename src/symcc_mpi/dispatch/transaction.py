@@ -128,16 +128,6 @@ class DispatchTransaction:
     def closed(self) -> bool:
         return self._state in CLOSED
 
-    @property
-    def dispatched_at(self) -> float | None:
-        """Monotonic time the send returned, or None before that (F317 §4.1)."""
-        return self._dispatched_at
-
-    @property
-    def resources(self) -> tuple[str, ...]:
-        """Registered resource names, in acquisition order."""
-        return tuple(c.resource for c in self._stack)
-
     def deadline(self, timeout: float) -> float | None:
         if self._dispatched_at is None or not timeout > 0:
             return None

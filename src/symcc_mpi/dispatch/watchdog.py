@@ -78,10 +78,6 @@ def _parse_seconds(text: str | None, default: float) -> tuple[float, str | None]
     return value, None
 
 
-def parse_watchdog_seconds(text: str | None, *, execution_timeout: float) -> float:
-    return _parse_seconds(text, default_watchdog_seconds(execution_timeout))[0]
-
-
 def _parse_retries(text: str | None) -> tuple[int, str | None]:
     if text is None or not text.strip():
         return DEFAULT_PROTOCOL_RETRIES, None
@@ -93,10 +89,6 @@ def _parse_retries(text: str | None) -> tuple[int, str | None]:
     if value < 0:
         return 0, f"{ENV_PROTOCOL_RETRIES}={text!r} is negative: 0 (defer at once)"
     return value, None
-
-
-def parse_protocol_retries(text: str | None) -> int:
-    return _parse_retries(text)[0]
 
 
 @dataclass(frozen=True)
@@ -160,9 +152,6 @@ class RetiredDispatchGate:
 
     def may_dispatch(self, rank: int) -> bool:
         return rank not in self._parked
-
-    def retired_token(self, rank: int) -> str | None:
-        return self._parked.get(rank)
 
     def parked(self) -> dict[int, str]:
         return dict(self._parked)

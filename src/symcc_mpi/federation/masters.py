@@ -1,6 +1,6 @@
 """Several masters, one campaign (`--masters M`, F320): what a master does about the others.
 
-The job's ranks form M groups (`groups`), each a master and its workers, and all share one OUT.
+The job's ranks form M groups (layout.groups), each a master and its workers, and all share one OUT.
 A master analyses an input only if it owns it (rendezvous hashing, ownership.py) and wins its
 claim in the job's shared lease table (durable/leases.py); a result counts only if its lease
 is still current when its commit begins. Masters learn of each other's children from the
@@ -18,20 +18,23 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-from collections.abc import Iterable
-from dataclasses import asdict, replace
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from symcc_mpi.campaign.corpus import CampaignDir
 from symcc_mpi.campaign.layout import LEASE_DIRECTORY_PREFIX
 from symcc_mpi.campaign.report import CampaignSnapshot
 from symcc_mpi.config import UsageError
-from symcc_mpi.durable.clock import SYSTEM_CLOCK
+from symcc_mpi.durable.clock import SYSTEM_CLOCK, Clock
+from symcc_mpi.federation.figures import plain
 from symcc_mpi.federation.hints import HintReader, PublicationLog
 from symcc_mpi.federation.leases import FencedWorkLeaseTable, LeaseConfig
 from symcc_mpi.federation.master_leases import WorkLeases
 from symcc_mpi.federation.ownership import lease_directory, owner
 from symcc_mpi.federation.quiescence import Coordinator, Outcome, Participant
 from symcc_mpi.federation.target_claims import TargetClaims
+from symcc_mpi.scheduling.frontier import Frontier
 from symcc_mpi.wire.control import Abort, Ack, Commit, Prepare, Status, Vote
 from symcc_mpi.wire.protocol import SHA256_PATTERN, SHUTDOWN_GRACE, Figures, Finding, Stop, Tag
 from symcc_mpi.wire.transport import RankFailure
@@ -48,19 +51,15 @@ RECOVERY_LIMIT = 16  # expired leases one scan takes over at most
 FINAL_FIGURES_WAIT = 60.0  # root waits this long for the others' final figures
 
 
-def groups(size: int, masters: int) -> list[range]:
-    """The world ranks of each master's group: contiguous blocks whose sizes differ by at most
-    one, the first rank of each its master. UsageError if a master would have no worker."""
-    if size < 2 * masters:
-        raise UsageError(f"--masters {masters} needs at least {2 * masters} MPI ranks (a "
-                         f"master and a worker each), not {size}")
-    base, extra = divmod(size, masters)
-    blocks, start = [], 0
-    for index in range(masters):
-        end = start + base + (index < extra)
-        blocks.append(range(start, end))
-        start = end
-    return blocks
+@dataclass(frozen=True)
+class OwnMaster:
+    """The parts of its own master a federation reads and feeds, and nothing more."""
+
+    frontier: Frontier  # discovered and recovered inputs join it
+    campaign: CampaignDir  # corpus/ to rescan; root names the others' findings in it
+    count_malformed: Callable[[], object]  # a malformed message from another master
+    exhausted: Callable[[], bool]  # nothing of this master's left to dispatch
+    busy: Callable[[], bool]  # results in flight, or parts of a split input waiting
 
 
 class Federation:
@@ -100,10 +99,13 @@ class Federation:
         self.findings = 0  # root: findings named for the others
         self.not_owned = 0  # inputs dropped from this master's queue: another master's
         self.stale_results = 0  # results whose lease another master had taken over
+        self.clock: Clock = SYSTEM_CLOCK  # set by `open`
 
-    def open(self) -> None:
+    def open(self, clock: Clock = SYSTEM_CLOCK) -> None:
         """The job's lease table and this master's publication log, in OUT: once the first
-        master has checked and created OUT (nothing may be written there before)."""
+        master has checked and created OUT (nothing may be written there before). `clock`
+        times the leases, the target claims and the wait for the final figures."""
+        self.clock = clock
         config = LeaseConfig.from_env(execution_timeout=self.execution_timeout,
                                       shutdown_grace=SHUTDOWN_GRACE)
         for rejected in config.rejected:
@@ -113,9 +115,10 @@ class Federation:
                 if stale != self.directory:  # of a job that ended without its last barrier
                     shutil.rmtree(stale, ignore_errors=True)
         self.leases = WorkLeases(FencedWorkLeaseTable(self.directory / "leases",
-                                                      self.owner_name, **config.options()))
+                                                      self.owner_name, clock=clock,
+                                                      **config.options()))
         self.targets = TargetClaims(self.directory / "targets", owner=self.owner_name,
-                                    work_ttl=config.ttl)
+                                    work_ttl=config.ttl, clock=clock)
         self.publications = PublicationLog(self.directory, self.index)
 
     @property
@@ -190,12 +193,12 @@ class Federation:
 
     # -- the round --------------------------------------------------------------------------
 
-    def round(self, master, now: float) -> None:
+    def round(self, own: OwnMaster, now: float) -> None:
         """Once per master loop round: messages from the other masters, heartbeats, discovery,
         this master's status and (root) the quiescence decisions."""
         try:
             while (incoming := self.channel.poll()) is not None:
-                self._on_message(master, incoming, now)
+                self._on_message(own, incoming, now)
         except RankFailure:
             self._masters_died()
         for digest in self.leases.heartbeat(self.held):
@@ -203,42 +206,41 @@ class Federation:
         self.targets.round(now)
         if not self.participant.frozen and now >= self.next_discovery:
             self.next_discovery = now + DISCOVERY_INTERVAL
-            self.discover(master)
-        idle = master.dispatch.exhausted and not self.active_since_status
+            self.discover(own)
+        idle = own.exhausted() and not self.active_since_status
         self.active_since_status = False
         if (status := self.participant.status(idle, now)) is not None:
-            self._send_control(0, status, master, now)
+            self._send_control(0, status, own, now)
         if self.coordinator is not None:
             for destination, message in self.coordinator.tick(now):
-                self._send_control(destination, message, master, now)
+                self._send_control(destination, message, own, now)
             if self.coordinator.outcome is Outcome.CONFLICT:
                 self.conflict = self.coordinator.conflict or "quiescence conflict"
 
-    def discover(self, master) -> int:
+    def discover(self, own: OwnMaster) -> int:
         """New work: the others' publications and the expired leases this master took over.
         Returns how many inputs joined the frontier."""
         found = 0
         for digest in self.hints.poll():
-            found += master.frontier.add(digest)
+            found += own.frontier.add(digest)
         recovered = self.leases.recover_expired(limit=RECOVERY_LIMIT)
-        return found + self._take_recovered(master.frontier, recovered, master.campaign.corpus)
+        return found + self._take_recovered(own.frontier, recovered, own.campaign.corpus)
 
-    def rescan(self, master) -> bool:
+    def rescan(self, own: OwnMaster) -> bool:
         """F320 §2.5 step 3, before a vote: everything published or expired is looked at once
         more, the whole corpus listed. True if the master is still idle."""
         for digest in self.hints.poll():
-            master.frontier.add(digest)
-        with os.scandir(master.campaign.corpus) as entries:  # misnamed files: root's to move
+            own.frontier.add(digest)
+        with os.scandir(own.campaign.corpus) as entries:  # misnamed files: root's to move
             for entry in entries:
                 if SHA256_PATTERN.match(entry.name):
-                    master.frontier.add(entry.name)
-        self._take_recovered(master.frontier,
+                    own.frontier.add(entry.name)
+        self._take_recovered(own.frontier,
                              self.leases.recover_expired(limit=RECOVERY_LIMIT, rescan=True),
-                             master.campaign.corpus)
+                             own.campaign.corpus)
         # Others' inputs in the frontier are no work of this master's (dropped at dispatch).
-        owned = [d for d in master.frontier.pending if d in self.held or self.owns(d)]
-        return not owned and not master.split.waiting and not master.dispatch.in_flight \
-            and not self.active_since_status
+        owned = [d for d in own.frontier.pending if d in self.held or self.owns(d)]
+        return not owned and not own.busy() and not self.active_since_status
 
     def _take_recovered(self, frontier, recovered: dict[str, str], corpus: Path) -> int:
         taken = 0
@@ -257,9 +259,9 @@ class Federation:
 
     # -- the control plane ------------------------------------------------------------------
 
-    def _send_control(self, destination: int, message, master, now: float) -> None:
+    def _send_control(self, destination: int, message, own: OwnMaster, now: float) -> None:
         if destination == self.index:  # root's own participant: no MPI message
-            self._on_control(master, self.index, message, now)
+            self._on_control(own, self.index, message, now)
         else:
             self._send(destination, Tag.QUIESCENCE, message)
 
@@ -284,15 +286,15 @@ class Federation:
                 self.stop_reason = (f"{'the first master' if index == 0 else f'master {index}'}"
                                     " died: continue with --resume")
 
-    def _on_message(self, master, incoming, now: float) -> None:
+    def _on_message(self, own: OwnMaster, incoming, now: float) -> None:
         source, tag = incoming.source, incoming.tag
         if incoming.message is None:
-            master.stats.malformed_messages += 1
+            own.count_malformed()
             log.warning("malformed message from master %d: %s", source, incoming.error)
         elif tag == Tag.QUIESCENCE:
-            self._on_control(master, source, incoming.message, now)
+            self._on_control(own, source, incoming.message, now)
         elif tag == Tag.FINDING and self.root:
-            self._name_finding(master, incoming.message)
+            self._name_finding(own.campaign, incoming.message)
         elif tag == Tag.FIGURES and self.root:
             self.figures[incoming.message.master] = incoming.message.snapshot
             if incoming.message.final:
@@ -305,7 +307,7 @@ class Federation:
         else:
             log.warning("unexpected %s from master %d", Tag(tag).name, source)
 
-    def _on_control(self, master, source: int, message, now: float) -> None:
+    def _on_control(self, own: OwnMaster, source: int, message, now: float) -> None:
         coordinator, participant = self.coordinator, self.participant
         reply = None
         if isinstance(message, Status) and coordinator is not None:
@@ -315,7 +317,7 @@ class Federation:
         elif isinstance(message, Ack) and coordinator is not None:
             coordinator.on_ack(source, message)
         elif isinstance(message, Prepare):
-            reply = participant.on_prepare(source, message, self.rescan(master))
+            reply = participant.on_prepare(source, message, self.rescan(own))
         elif isinstance(message, Abort):
             participant.on_abort(source, message)
         elif isinstance(message, Commit):
@@ -324,12 +326,11 @@ class Federation:
             log.warning("master %d: %s is not for master %d", source,
                         type(message).__name__, self.index)
         if reply is not None:
-            self._send_control(0, reply, master, now)
+            self._send_control(0, reply, own, now)
 
     # -- root: the AFL face and the figures -------------------------------------------------
 
-    def _name_finding(self, master, finding: Finding) -> None:
-        campaign = master.campaign
+    def _name_finding(self, campaign: CampaignDir, finding: Finding) -> None:
         if finding.kind == "queue":
             named = campaign.queue_finding(finding.sha256, finding.parent)
         else:
@@ -357,20 +358,20 @@ class Federation:
 
     def report(self, snapshot, final: bool) -> None:
         """A master other than root: its figures go to root, which writes the reports."""
-        self._send(0, Tag.FIGURES, Figures(self.index, _plain(asdict(snapshot)), final))
+        self._send(0, Tag.FIGURES, Figures(self.index, plain(asdict(snapshot)), final))
 
-    def wait_for_final_figures(self, master) -> None:
+    def wait_for_final_figures(self, own: OwnMaster) -> None:
         """Root, before its final report: every other master's final figures, bounded."""
-        deadline = SYSTEM_CLOCK.monotonic() + FINAL_FIGURES_WAIT
+        deadline = self.clock.monotonic() + FINAL_FIGURES_WAIT
         missing = set(self.indices[1:]) - self.final - self.dead
-        while missing and SYSTEM_CLOCK.monotonic() < deadline:
+        while missing and self.clock.monotonic() < deadline:
             try:
                 incoming = self.channel.wait(deadline)
             except RankFailure:
                 self._masters_died()
                 incoming = None
             if incoming is not None:
-                self._on_message(master, incoming, SYSTEM_CLOCK.monotonic())
+                self._on_message(own, incoming, self.clock.monotonic())
             missing = set(self.indices[1:]) - self.final - self.dead
         if missing:
             log.warning("no final figures from master(s) %s within %g s: the summary counts "
@@ -393,66 +394,3 @@ class Federation:
     def remove_lease_directory(self) -> None:
         """Root, after the final barrier: the job's table is nobody's any more."""
         shutil.rmtree(self.directory, ignore_errors=True)
-
-
-SUMMED = ("executions", "generated", "unique", "interesting", "pending", "crashes", "hangs",
-          "crashing_runs", "hanging_runs", "executor_time", "solver_time", "workers")
-LATEST = ("max_depth", "last_find", "last_crash", "last_hang")
-
-
-def combine(own: CampaignSnapshot, others: dict[int, dict],
-            world_ranks: list[range]) -> CampaignSnapshot:
-    """Root's snapshot of the whole campaign: its own figures and the latest of each other
-    master's, summed (the latest events: the latest of all); workers named by world rank,
-    and a breakdown by master in `extra["per_master"]`."""
-    masters = {0: asdict(own), **others}
-    combined = {name: sum(m.get(name) or 0 for m in masters.values()) for name in SUMMED}
-    for name in LATEST:
-        values = [m[name] for m in masters.values() if m.get(name) is not None]
-        combined[name] = max(values) if values else getattr(own, name)
-    per_worker = {}
-    per_master = {}
-    for index, figures in sorted(masters.items()):
-        start = world_ranks[index].start
-        for rank, worker in figures.get("per_worker", {}).items():
-            per_worker[start + int(rank)] = worker
-        extra = figures.get("extra", {})
-        federation = extra.get("federation", {})
-        per_master[str(index)] = {
-            "world_rank": start, "workers": figures.get("workers", 0),
-            "executions": figures.get("executions", 0),
-            "interesting": figures.get("interesting", 0),
-            "crashes": figures.get("crashes", 0), "pending": figures.get("pending", 0),
-            "in_flight": extra.get("in_flight", 0), "phase": extra.get("phase", "?"),
-            **{name: federation.get(name, 0) for name in (
-                "claims", "steals", "expiries", "stale_results", "refused", "not_owned",
-                "writes", "lock_wait_seconds")},
-            "splitting": extra.get("splitting", {}),
-            "target_claims": federation.get("targets", {})}
-    extra = dict(own.extra, per_master=per_master,
-                 executor_errors=sum(m.get("extra", {}).get("executor_errors") or 0
-                                     for m in masters.values()),
-                 executor_failures=_failures([m.get("extra", {}).get("executor_failures")
-                                              for m in masters.values()]))
-    return replace(own, per_worker=per_worker, extra=extra, **combined)
-
-
-def _failures(per_master: list[list[dict] | None]) -> list[dict]:
-    """The masters' executor failures (progress.py), one group per reason, most first."""
-    groups: dict[str, dict] = {}
-    for figures in per_master:
-        for group in figures or ():
-            if group["reason"] in groups:
-                groups[group["reason"]]["count"] += group["count"]
-            else:
-                groups[group["reason"]] = dict(group)
-    return sorted(groups.values(), key=lambda group: -group["count"])
-
-
-def _plain(value):
-    """A snapshot as msgpack carries it: dict keys as strings, tuples as lists."""
-    if isinstance(value, dict):
-        return {str(key): _plain(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(item) for item in value]
-    return value

@@ -29,7 +29,7 @@ def master_snapshot(master) -> CampaignSnapshot:
     snapshot.extra["federation"] = federation.statistics()
     if not federation.root:
         return snapshot
-    from symcc_mpi.federation.masters import combine
+    from symcc_mpi.federation.figures import combine
 
     return combine(snapshot, federation.figures, federation.world_ranks)
 
@@ -87,13 +87,13 @@ def _own_snapshot(master) -> CampaignSnapshot:
                 "skipped_known": stats.executions - stats.runs_without_counts > 0,
             },
             "pruning": asdict(master.pruning.statistics()) if master.pruning else None,
-            "master_task_time": master.task_time_summary(),
-            "master_loop_seconds": SYSTEM_CLOCK.monotonic() - master.loop_started,
-            "master_loop_cpu_seconds": SYSTEM_CLOCK.process_time() - master.loop_cpu_start,
+            "master_task_time": master.times.summary(),
+            "master_loop_seconds": SYSTEM_CLOCK.monotonic() - master.times.loop_started,
+            "master_loop_cpu_seconds": SYSTEM_CLOCK.process_time() - master.times.loop_cpu_start,
             "worker_phases": _phases(stats),
             "tiers": _tiers(master),
             "master_wakeups": master.wakeups,
-            "doorbell_workers": len(master.ringing),
+            "doorbell_workers": len(master.ranks.ringing),
             "run_id": master.run_id,
             "exit_status": master.exit_status,
             "fault_tolerance": master.fault_tolerant,

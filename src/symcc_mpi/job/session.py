@@ -37,7 +37,7 @@ TAKEOVER_LOCK_WAIT = 120.0  # NFS keeps a dead client's locks until its lease ex
 
 
 def run_rank(config: CampaignConfig, host: Host = MACHINE) -> int:
-    from symcc_mpi.roles.master import configure_logging
+    from symcc_mpi.job.logs import configure_logging
     from symcc_mpi.roles.worker import note_termination
     from symcc_mpi.wire.transport import Channel
 
@@ -164,7 +164,7 @@ class Generations:
         if master is None:
             return status
         try:
-            record = self.log.start(list(members), {"began": master.budget_start,
+            record = self.log.start(list(members), {"began": master.stopping.budget_start,
                                                     "run": master.run_id})
         except BaseException:
             master.close()
@@ -175,8 +175,8 @@ class Generations:
 
     def _adopt(self, master) -> None:
         """`master` is this rank's role now; it leaves its end on record before it aborts."""
-        master.before_abort = lambda status, reason: self.log.end(master.generation, status,
-                                                                  reason)
+        master.stopping.before_abort = lambda status, reason: self.log.end(
+            master.generation, status, reason)
         self.master = master
 
     def _serve(self) -> int:
@@ -235,7 +235,8 @@ class Generations:
         master.generation, master.members = generation.number, generation.members
         first = self.log.first_of_run(generation.number)
         if first is not None:
-            master.budget_start = first.body.get("began", master.budget_start)
+            master.stopping.budget_start = first.body.get("began",
+                                                          master.stopping.budget_start)
         carry_stats(master, self.config.out)
         previous = self.log.find("commit", repair.previous) or self.log.first_of_run(
             repair.previous)
@@ -246,7 +247,7 @@ class Generations:
                              repair.seconds, detected=detected, shrinks=repair.shrinks,
                              master="new")
         if not master.workers:
-            master._begin_stop("no usable worker: every worker rank died")
+            master.stopping.begin("no usable worker: every worker rank died")
         self._adopt(master)
 
 
@@ -258,7 +259,8 @@ def _run_federated(world, config: CampaignConfig, *, outlive_ranks: bool,
     survivors hold committed, instead of ending the job at once."""
     from mpi4py import MPI
 
-    from symcc_mpi.federation.masters import CONFLICT_EXIT, Federation, groups
+    from symcc_mpi.federation.layout import groups
+    from symcc_mpi.federation.masters import CONFLICT_EXIT, Federation
     from symcc_mpi.federation.ownership import new_epoch
     from symcc_mpi.wire.transport import Channel
 

@@ -1,0 +1,69 @@
+"""Root's figures of a campaign of several masters: its own and the others' latest, combined."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, replace
+
+from symcc_mpi.campaign.report import CampaignSnapshot
+
+SUMMED = ("executions", "generated", "unique", "interesting", "pending", "crashes", "hangs",
+          "crashing_runs", "hanging_runs", "executor_time", "solver_time", "workers")
+LATEST = ("max_depth", "last_find", "last_crash", "last_hang")
+
+
+def combine(own: CampaignSnapshot, others: dict[int, dict],
+            world_ranks: list[range]) -> CampaignSnapshot:
+    """Root's snapshot of the whole campaign: its own figures and the latest of each other
+    master's, summed (the latest events: the latest of all); workers named by world rank,
+    and a breakdown by master in `extra["per_master"]`."""
+    masters = {0: asdict(own), **others}
+    combined = {name: sum(m.get(name) or 0 for m in masters.values()) for name in SUMMED}
+    for name in LATEST:
+        values = [m[name] for m in masters.values() if m.get(name) is not None]
+        combined[name] = max(values) if values else getattr(own, name)
+    per_worker = {}
+    per_master = {}
+    for index, figures in sorted(masters.items()):
+        start = world_ranks[index].start
+        for rank, worker in figures.get("per_worker", {}).items():
+            per_worker[start + int(rank)] = worker
+        extra = figures.get("extra", {})
+        federation = extra.get("federation", {})
+        per_master[str(index)] = {
+            "world_rank": start, "workers": figures.get("workers", 0),
+            "executions": figures.get("executions", 0),
+            "interesting": figures.get("interesting", 0),
+            "crashes": figures.get("crashes", 0), "pending": figures.get("pending", 0),
+            "in_flight": extra.get("in_flight", 0), "phase": extra.get("phase", "?"),
+            **{name: federation.get(name, 0) for name in (
+                "claims", "steals", "expiries", "stale_results", "refused", "not_owned",
+                "writes", "lock_wait_seconds")},
+            "splitting": extra.get("splitting", {}),
+            "target_claims": federation.get("targets", {})}
+    extra = dict(own.extra, per_master=per_master,
+                 executor_errors=sum(m.get("extra", {}).get("executor_errors") or 0
+                                     for m in masters.values()),
+                 executor_failures=_failures([m.get("extra", {}).get("executor_failures")
+                                              for m in masters.values()]))
+    return replace(own, per_worker=per_worker, extra=extra, **combined)
+
+
+def _failures(per_master: list[list[dict] | None]) -> list[dict]:
+    """The masters' executor failures (progress.py), one group per reason, most first."""
+    groups: dict[str, dict] = {}
+    for figures in per_master:
+        for group in figures or ():
+            if group["reason"] in groups:
+                groups[group["reason"]]["count"] += group["count"]
+            else:
+                groups[group["reason"]] = dict(group)
+    return sorted(groups.values(), key=lambda group: -group["count"])
+
+
+def plain(value):
+    """A snapshot as msgpack carries it: dict keys as strings, tuples as lists."""
+    if isinstance(value, dict):
+        return {str(key): plain(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(item) for item in value]
+    return value
