@@ -16,7 +16,8 @@ from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, invar
 
 from symcc_mpi.durable.atomic import write_durable
 from symcc_mpi.durable.clock import ManualClock
-from symcc_mpi.federation.target_leases import FencedTargetLeaseTable, target_group
+from symcc_mpi.federation.target_leases import FencedTargetLeaseTable
+from symcc_mpi.scheduling.splitting import MAX_GROUP
 
 TARGETS = [1, 2, 3, 4, 5, 6]
 TTLS = [10.0, 10.0, 4.0]  # masters may disagree on TTL: each record carries its own expiry
@@ -24,6 +25,12 @@ GROUPS = st.lists(st.sampled_from(TARGETS + [0, -3]), min_size=1, max_size=4).fi
     lambda targets: any(t > 0 for t in targets))
 NEVER_ISSUED = "m9:0:0:0"
 
+
+
+def group_of(members) -> tuple[int, ...]:
+    """The group a claim of `members` covers: positive targets, first occurrence, at most
+    MAX_GROUP."""
+    return tuple(dict.fromkeys(t for t in members if t > 0))[:MAX_GROUP]
 
 class ArmedWrite:
     """A table's `write`: when armed, the `fail_at`-th write from then on fails, before or
@@ -104,7 +111,7 @@ class TargetLeaseMachine(RuleBasedStateMachine):
 
     @rule(target=tokens, m=st.integers(0, 2), members=GROUPS, worker=st.integers(0, 3))
     def claim(self, m, members, worker):
-        group = target_group(None, [(t, "solve") for t in members])
+        group = group_of(members)
         expect, before = self._claimable(group), self._disk()
         token = self.tables[m].claim_group(members, worker=worker)
         assert (token is not None) == expect
@@ -118,7 +125,7 @@ class TargetLeaseMachine(RuleBasedStateMachine):
           fail_at=st.integers(1, 4), after_replace=st.booleans())
     def claim_with_a_failing_write(self, m, members, worker, fail_at, after_replace):
         """F311 §4 step 5: a failed member write leaves every member as it was."""
-        group = target_group(None, [(t, "solve") for t in members])
+        group = group_of(members)
         expect, before = self._claimable(group), self._disk()
         self.writes[m].arm(fail_at, after_replace)
         try:
@@ -139,7 +146,7 @@ class TargetLeaseMachine(RuleBasedStateMachine):
 
     @rule(m=st.integers(0, 2), token=tokens, members=GROUPS)
     def heartbeat(self, m, token, members):
-        group = target_group(None, [(t, "solve") for t in members])
+        group = group_of(members)
         mine = [t for t in group if t in self.model and self.model[t].token == token]
         assert self.tables[m].heartbeat(token, members) == (len(mine) == len(group))
         for t in mine:
@@ -147,7 +154,7 @@ class TargetLeaseMachine(RuleBasedStateMachine):
 
     @rule(m=st.integers(0, 2), token=tokens, members=GROUPS)
     def release(self, m, token, members):
-        group = target_group(None, [(t, "solve") for t in members])
+        group = group_of(members)
         mine = [t for t in group if t in self.model and self.model[t].token == token]
         before = self._disk()
         assert self.tables[m].release(token, members) == len(mine)

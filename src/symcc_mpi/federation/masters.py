@@ -24,8 +24,6 @@ from pathlib import Path
 
 from symcc_mpi.campaign.corpus import CampaignDir
 from symcc_mpi.campaign.layout import LEASE_DIRECTORY_PREFIX
-from symcc_mpi.campaign.report import CampaignSnapshot
-from symcc_mpi.config import UsageError
 from symcc_mpi.durable.clock import SYSTEM_CLOCK, Clock
 from symcc_mpi.federation.figures import plain
 from symcc_mpi.federation.hints import HintReader, PublicationLog

@@ -11,8 +11,10 @@ import secrets
 from collections.abc import Callable
 
 from symcc_mpi.campaign.checkpoint import Checkpointer
-from symcc_mpi.campaign.corpus import RUN_ID_ENV, CampaignDir, StopRequest
+from symcc_mpi.campaign.corpus import CampaignDir
+from symcc_mpi.campaign.layout import RUN_ID_ENV
 from symcc_mpi.campaign.stats import MasterStats
+from symcc_mpi.campaign.stop import StopRequest
 from symcc_mpi.config import CampaignConfig
 from symcc_mpi.dispatch.coordinator import DispatchCoordinator
 from symcc_mpi.durable.clock import SYSTEM_CLOCK

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import msgspec
 
-from symcc_mpi.campaign.layout import sha256_bytes
 from symcc_mpi.config import CampaignConfig, UsageError
 from symcc_mpi.coverage.pruning import WorkerMap
 from symcc_mpi.dispatch.objects import ObjectStore
