@@ -39,13 +39,13 @@ import signal
 import struct
 import subprocess
 import tempfile
-import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import msgspec
 
 from symcc_mpi.coverage.triage import BUCKET_BITS, AflTargetError, FileCoverage, Status, TriageError
+from symcc_mpi.durable.clock import SYSTEM_CLOCK
 from symcc_mpi.processes.scratch import default_root
 from symcc_mpi.processes.wordpipe import PipeClosed, read_word, write_word
 
@@ -188,7 +188,7 @@ class ForkserverProbe:
         return [self.probe_bytes(Path(path).read_bytes()) for path in files]
 
     def probe_bytes(self, data: bytes) -> FileCoverage:
-        started = time.monotonic()
+        started = SYSTEM_CLOCK.monotonic()
         try:
             coverage = self._run(data)
         except PipeClosed:
@@ -201,7 +201,7 @@ class ForkserverProbe:
                 self._stop()
                 coverage = FileCoverage(Status.CRASH, b"", b"", self.map_size or 0)
         self.stats.files += 1
-        self.stats.seconds += time.monotonic() - started
+        self.stats.seconds += SYSTEM_CLOCK.monotonic() - started
         if coverage.status is Status.CRASH:
             self.stats.crashes += 1
         elif coverage.status is Status.HANG:

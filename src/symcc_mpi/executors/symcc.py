@@ -14,10 +14,10 @@ import shutil
 import struct
 import subprocess
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from symcc_mpi.durable.clock import SYSTEM_CLOCK
 from symcc_mpi.durable.regular import list_regular
 from symcc_mpi.executors.base import ExecutionResult, Outcome
 from symcc_mpi.executors.process import run_once
@@ -246,20 +246,20 @@ class SymccExecutor:
         argv = [str(input_path) if arg == "@@" else arg for arg in self.target]
         env = self._environment(input_path, output_dir, uses_file, targets, pruned)
         self._blank_counters()
-        started = time.monotonic()
+        started = SYSTEM_CLOCK.monotonic()
         try:
             if targets is None and pruned and self._forks:
                 ended, stderr = self._forked(argv, env, input_path, output_dir, uses_file)
             else:
                 ended, stderr = self._exec(argv, env, input_path, uses_file)
         except OSError as error:
-            return ExecutionResult(Outcome.ERROR, None, time.monotonic() - started,
+            return ExecutionResult(Outcome.ERROR, None, SYSTEM_CLOCK.monotonic() - started,
                                    message=f"cannot start {argv[0]}: "
                                            f"{error.strerror or error}")
         except ForkserverDied:
-            return ExecutionResult(Outcome.ERROR, None, time.monotonic() - started,
+            return ExecutionResult(Outcome.ERROR, None, SYSTEM_CLOCK.monotonic() - started,
                                    message=f"the forkserver of {argv[0]} died during the run")
-        wall = time.monotonic() - started
+        wall = SYSTEM_CLOCK.monotonic() - started
         if ended.timed_out:
             outcome = Outcome.TIMEOUT
         elif ended.status < 0 and self.memory_limit_mb and b"out of memory" in stderr.lower():

@@ -19,11 +19,11 @@ import os
 import resource
 import signal
 import subprocess
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from symcc_mpi.durable.clock import SYSTEM_CLOCK
 from symcc_mpi.processes.wordpipe import PipeClosed, read_word, write_word
 
 HELLO = 0x53464D53  # "SMFS", symcc_preload.c's FORKSERVER_HELLO
@@ -96,7 +96,7 @@ class SymccForkserver:
                 os.close(control_write)
                 os.close(status_read)
         self._control, self._status = control_write, status_read
-        deadline = time.monotonic() + timeout
+        deadline = SYSTEM_CLOCK.monotonic() + timeout
         try:
             if read_word(self._status, timeout) == HELLO:
                 return None
@@ -104,7 +104,7 @@ class SymccForkserver:
             pass  # it ended, or closed the pipe: an ordinary run
         timed_out = False
         try:
-            status = self._process.wait(max(deadline - time.monotonic(), 0.0))
+            status = self._process.wait(max(deadline - SYSTEM_CLOCK.monotonic(), 0.0))
         except subprocess.TimeoutExpired:
             timed_out = True
             kill_group(self._process.pid)

@@ -9,9 +9,9 @@ import select
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
+from symcc_mpi.durable.clock import SYSTEM_CLOCK
 from symcc_mpi.durable.regular import list_regular
 from symcc_mpi.executors.base import ExecutionResult, ExecutorError, Outcome
 
@@ -112,7 +112,7 @@ class TritonExecutor:
         except OSError as e:
             raise ExecutorError(f"cannot start the triton server: {e}") from None
         self.server_starts += 1
-        hello = self._read_reply(time.monotonic() + self.startup_timeout)
+        hello = self._read_reply(SYSTEM_CLOCK.monotonic() + self.startup_timeout)
         if hello is None:
             self._discard_server()
             raise ExecutorError("the triton server did not start")
@@ -166,7 +166,7 @@ class TritonExecutor:
         """One JSON line from the server, or None if it died or stayed silent until deadline."""
         fd = self._server.stdout.fileno()
         while b"\n" not in self._buf:
-            remaining = deadline - time.monotonic()
+            remaining = deadline - SYSTEM_CLOCK.monotonic()
             if remaining <= 0:
                 return None
             r, _, _ = select.select([fd], [], [], remaining)
@@ -204,7 +204,7 @@ class TritonExecutor:
             "engine": self.engine_options,
             "targets": None if targets is None else sorted(targets),
         }
-        t0 = time.monotonic()
+        t0 = SYSTEM_CLOCK.monotonic()
         reply = None
         try:
             self._server.stdin.write((json.dumps(request) + "\n").encode())
@@ -220,7 +220,7 @@ class TritonExecutor:
             return ExecutionResult(
                 outcome=Outcome.ERROR,
                 exit_status=None,
-                wall_time=time.monotonic() - t0,
+                wall_time=SYSTEM_CLOCK.monotonic() - t0,
                 generated=listing.files,
                 skipped=skipped,
                 message="the triton server died during the run",
@@ -228,7 +228,7 @@ class TritonExecutor:
         return ExecutionResult(
             outcome=Outcome(reply["outcome"]),
             exit_status=reply.get("exit_status"),
-            wall_time=float(reply.get("wall_time", time.monotonic() - t0)),
+            wall_time=float(reply.get("wall_time", SYSTEM_CLOCK.monotonic() - t0)),
             solver_time=float(reply.get("solver_time", 0.0)),
             generated=listing.files,
             skipped=skipped,

@@ -8,7 +8,6 @@ import os
 import resource
 import subprocess
 import tempfile
-import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -21,6 +20,7 @@ from tritondse.exception import AbortExecutionException
 from tritondse.routines import SUPPORTED_ROUTINES
 from tritondse.types import SmtSolver, SolverStatus
 
+from symcc_mpi.durable.clock import SYSTEM_CLOCK
 from symcc_mpi.executors.base import Outcome
 
 STDIN_NAME = "stdin"  # tritondse's name for the input file fed on fd 0
@@ -192,7 +192,7 @@ class _Explorer:
         self.options = options
         self.on_query = on_query
         self.result = EngineResult(stop="end")
-        self.t0 = time.perf_counter()
+        self.t0 = SYSTEM_CLOCK.monotonic()
         actx = se.pstate.actx
         self._prefix = [actx.equal(actx.bvtrue(), actx.bvtrue())]  # land() needs >= 2 operands
         self._consumed = 0
@@ -252,10 +252,10 @@ class _Explorer:
 
     def _solve(self, constraint) -> tuple[SolverStatus, dict]:
         if self.on_query is not None:
-            self.on_query(self.result.solver_time, time.perf_counter() - self.t0)
-        t = time.perf_counter()
+            self.on_query(self.result.solver_time, SYSTEM_CLOCK.monotonic() - self.t0)
+        t = SYSTEM_CLOCK.monotonic()
         status, model = self.se.pstate.solve(constraint, with_pp=False)
-        self.result.solver_time += time.perf_counter() - t
+        self.result.solver_time += SYSTEM_CLOCK.monotonic() - t
         if self.on_query is not None:
             self.on_query(self.result.solver_time, None)
         self.result.queries += 1
@@ -301,7 +301,7 @@ class _Explorer:
         res.instructions = se.trace_offset
         res.path_targets = list(self._on_path)
         res.solved_targets = list(self._solved)
-        res.emulation_time = time.perf_counter() - self.t0 - res.solver_time
+        res.emulation_time = SYSTEM_CLOCK.monotonic() - self.t0 - res.solver_time
         if self.unsupported:
             res.stop, res.message = "limit", f"unsupported library function {self.unsupported}()"
         elif self.crash_hint:
@@ -393,7 +393,7 @@ class NativeRun:
             stdin = tempfile.TemporaryFile()
             stdin.write(stdin_data)
             stdin.seek(0)
-        self.t0 = time.perf_counter()
+        self.t0 = SYSTEM_CLOCK.monotonic()
         try:
             self.proc: subprocess.Popen | None = subprocess.Popen(
                 argv,
@@ -411,7 +411,7 @@ class NativeRun:
 
     def wait(self) -> NativeResult:
         status = self.proc.wait() if self.proc is not None else None
-        return NativeResult(exit_status=status, wall_time=time.perf_counter() - self.t0)
+        return NativeResult(exit_status=status, wall_time=SYSTEM_CLOCK.monotonic() - self.t0)
 
 
 def run_native(argv: list[str], stdin_data: bytes | None, **kwargs) -> NativeResult:

@@ -23,8 +23,9 @@ import os
 import select
 import signal
 import sys
-import time
 from pathlib import Path
+
+from symcc_mpi.durable.clock import SYSTEM_CLOCK
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
@@ -116,7 +117,7 @@ class Server:
                 return
 
     def run(self, req: dict) -> dict:
-        t0 = time.perf_counter()
+        t0 = SYSTEM_CLOCK.monotonic()
         _reap_orphans()
         try:
             target = self.targets.get(req["argv"][0])
@@ -198,7 +199,7 @@ class Server:
         buf = b""
         killed: str | None = None
         while True:
-            remaining = deadline - time.perf_counter()
+            remaining = deadline - SYSTEM_CLOCK.monotonic()
             if remaining <= 0:
                 killed = "timeout"
                 break
@@ -231,7 +232,7 @@ class Server:
             for tmp in out_dir.glob(self.engine.TMP_PREFIX + "*"):
                 tmp.unlink(missing_ok=True)
         os.close(rfd)
-        wall = time.perf_counter() - t0
+        wall = SYSTEM_CLOCK.monotonic() - t0
         return self._reply(buf, wstatus, killed, wall)
 
     def _reply(self, buf: bytes, wstatus: int, killed: str | None, wall: float) -> dict:

@@ -17,16 +17,16 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 from symcc_mpi.campaign.corpus import CampaignDir
 from symcc_mpi.campaign.layout import RUN_ID_ENV
 from symcc_mpi.config import CampaignConfig, UsageError
+from symcc_mpi.durable.clock import SYSTEM_CLOCK
 from symcc_mpi.durable.storage import STORAGE_EXIT, describe
 
-COMMAND_STARTED = time.time()  # for the master's figure of start-up time
+COMMAND_STARTED = SYSTEM_CLOCK.time()  # for the master's figure of start-up time
 
 # A terminal closing (SIGHUP) ends the job as Ctrl-C or kill would, never silently orphans it.
 HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -153,7 +153,7 @@ def _run_job(job: Job, command: list[str], env: dict, view) -> tuple[int, bool, 
     """Start the job, forward its output, act on signals until it ends: (exit status,
     whether it wrote stats during this run, whether mpiexec said its PMIx server could not
     start: no rank ran, and a second start may work)."""
-    launched_at = time.time()
+    launched_at = SYSTEM_CLOCK.time()
     process = job.start(command, env)
     refused: list[bool] = []
     reader = threading.Thread(target=_forward_output, args=(process, view, refused),
@@ -163,7 +163,7 @@ def _run_job(job: Job, command: list[str], env: dict, view) -> tuple[int, bool, 
         while process.poll() is None:
             job.act()
             view.refresh()
-            time.sleep(0.5)
+            SYSTEM_CLOCK.sleep(0.5)
         reader.join(timeout=5)
         view.refresh()
     returncode = process.returncode if process.returncode >= 0 else 128 - process.returncode
@@ -258,11 +258,11 @@ class Job:
         """Until mpiexec and every rank are gone, `seconds` pass, or a new signal asks to
         hurry (then the next step is taken at once)."""
         signals = self.signals
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline and self.signals == signals:
+        deadline = SYSTEM_CLOCK.monotonic() + seconds
+        while SYSTEM_CLOCK.monotonic() < deadline and self.signals == signals:
             if self.process.poll() is not None and not session_members(self.process.pid):
                 return
-            time.sleep(0.1)
+            SYSTEM_CLOCK.sleep(0.1)
 
     def _signal(self, signum: int) -> None:
         with contextlib.suppress(ProcessLookupError):

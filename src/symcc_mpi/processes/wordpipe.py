@@ -6,7 +6,8 @@ from __future__ import annotations
 import os
 import select
 import struct
-import time
+
+from symcc_mpi.durable.clock import SYSTEM_CLOCK
 
 _WORD = struct.Struct("<I")
 
@@ -24,10 +25,10 @@ def write_word(fd: int, word: int) -> None:
 
 def read_word(fd: int, seconds: float) -> int | None:
     """The next word on `fd`; None if none began within `seconds`."""
-    deadline = time.monotonic() + seconds
+    deadline = SYSTEM_CLOCK.monotonic() + seconds
     chunks = b""
     while len(chunks) < 4:
-        left = deadline - time.monotonic()
+        left = deadline - SYSTEM_CLOCK.monotonic()
         ready, _, _ = select.select([fd], [], [], max(left, 0.0))
         if not ready:
             if not chunks:

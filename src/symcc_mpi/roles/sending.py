@@ -5,7 +5,6 @@ around it (faults.py), then what a send means to the tiers, the figures and the 
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 
 from symcc_mpi.campaign.stats import MasterStats
@@ -77,7 +76,7 @@ class WorkSender:
         if faults.fire("pause", number):
             log.warning("fault: SIGSTOP of the master after WORK send #%d", number)
             # stop_self's deadline is the process's own clock's, as its helper reads it.
-            stop_self(time.monotonic() + faults.stop_seconds(number, "pause"))
+            stop_self(SYSTEM_CLOCK.monotonic() + faults.stop_seconds(number, "pause"))
         if faults.fire("send-ambiguous", number):
             raise OSError(f"injected: WORK send #{number} to rank {rank} "
                           "delivered, then reported failure")

@@ -4,7 +4,6 @@ of its RESULT), each WORK's round trip, and its loop's CPU."""
 from __future__ import annotations
 
 import statistics
-import time
 from collections import deque
 
 from symcc_mpi.durable.clock import SYSTEM_CLOCK
@@ -22,7 +21,7 @@ class TaskTimes:
 
     def loop_starts(self) -> None:
         if not self.loop_cpu_start:  # the figures span every generation this master serves
-            self.loop_cpu_start = time.process_time()
+            self.loop_cpu_start = SYSTEM_CLOCK.process_time()
             self.loop_started = SYSTEM_CLOCK.monotonic()
 
     def dispatch_starts(self) -> None:
