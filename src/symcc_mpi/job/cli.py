@@ -79,8 +79,9 @@ def cli() -> None:
               help="SymCC: QSYM's coverage map and linearization; shared = one campaign map "
                    "merged from every worker, local = one per worker, off = solve everything.")
 @click.option("--fault-tolerance", type=click.Choice(FAULT_TOLERANCE_MODES), default=None,
-              help="Survive the death of ranks with ULFM (F443). Default: on when symcc-mpi "
-                   "starts mpiexec itself, auto under your own mpirun/srun.")
+              help="Survive the death of ranks with ULFM (Open MPI's fault tolerance). "
+                   "Default: on when symcc-mpi starts mpiexec itself, auto under your own "
+                   "mpirun/srun.")
 @click.option("--split/--no-split", default=False, show_default=True,
               help="When fewer inputs wait than workers are free, split one input's branches "
                    "among them (executors that can be targeted: triton, symcc). Off by "
