@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from harness import ROOT, crash_files, done_hashes, stats, verify
+from harness import ROOT, crash_files, done_digests, stats, verify
 from slurm_cluster import SlurmCluster, Unavailable
 from test_campaigns import checksum_seeds
 
@@ -51,7 +51,7 @@ def assert_campaign_ok(out: Path, output: str) -> None:
     assert checked.returncode == 0 and checked.stdout.endswith("OK\n"), \
         checked.stdout + checked.stderr + output[-3000:]
     assert crash_files(out), f"the planted bug was not found:\n{output[-3000:]}"
-    done = done_hashes(out)
+    done = done_digests(out)
     assert len(done) == len(set(done)), "an input was analysed twice"
 
 
@@ -102,7 +102,7 @@ def test_a_preempted_job_is_continued_by_the_next_losing_and_repeating_nothing(
     first = slurm.sbatch(script, cwd=ROOT)
     deadline = time.monotonic() + JOB_SECONDS
     while time.monotonic() < deadline and not (
-            (out / "state" / "done.jsonl").exists() and len(done_hashes(out)) >= 3):
+            (out / "state" / "done.jsonl").exists() and len(done_digests(out)) >= 3):
         time.sleep(0.2)
     # What preemption does (GraceTime = KillWait here): SIGCONT and SIGTERM to every process
     # of the job, SIGKILL after the grace.
@@ -117,7 +117,7 @@ def test_a_preempted_job_is_continued_by_the_next_losing_and_repeating_nothing(
     assert figures["pending"] > 0, "the campaign ended before it could be preempted"
     assert not any((out / ".staging").iterdir()), "a staging directory was left in OUT"
     assert not [p for p in crash_files(out) if "sig:15" in p.name], "SIGTERM taken for a crash"
-    analysed_before = set(done_hashes(out))
+    analysed_before = set(done_digests(out))
     corpus_before = {p.name for p in (out / "corpus").iterdir()}
 
     second = slurm.sbatch(script, cwd=ROOT)
@@ -126,7 +126,7 @@ def test_a_preempted_job_is_continued_by_the_next_losing_and_repeating_nothing(
     assert (record["JobState"], record["ExitCode"]) == ("COMPLETED", "0:0"), output[-3000:]
     assert "continuing the campaign" in output
     assert_campaign_ok(out, output)
-    done = done_hashes(out)
+    done = done_digests(out)
     assert set(done) >= analysed_before, "the second job lost what the first committed"
     assert corpus_before <= {p.name for p in (out / "corpus").iterdir()}
     assert stats(out)["extra"]["stop_reason"] == "frontier exhausted"

@@ -42,7 +42,7 @@ def start_explore(out: Path, *args, analysed: int, seconds: float = 120) -> subp
     deadline = time.monotonic() + seconds
     while True:
         ended = launcher.poll() is not None  # before the count: an end after it is seen next
-        if (out / "state" / "done.jsonl").exists() and len(done_hashes(out)) >= analysed:
+        if (out / "state" / "done.jsonl").exists() and len(done_digests(out)) >= analysed:
             return launcher
         if ended:
             pytest.fail(f"the campaign ended (exit {launcher.returncode}) before {what}:\n"
@@ -88,7 +88,7 @@ def stats(out: Path) -> dict:
     return json.loads((out / "stats.json").read_text())
 
 
-def done_hashes(out: Path) -> list[str]:
+def done_digests(out: Path) -> list[str]:
     """The inputs every master's done journal names, read-only (a torn last line is left
     alone); an input twice in the list was analysed twice."""
     campaign = CampaignDir(out)

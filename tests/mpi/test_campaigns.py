@@ -14,7 +14,7 @@ from harness import (
     assert_oracles,
     crash_files,
     crashes_natively,
-    done_hashes,
+    done_digests,
     explore,
     rank_pid,
     start_explore,
@@ -44,7 +44,7 @@ def test_triton_campaign_with_afl_triage_finds_the_planted_bug(build, tmp_path, 
     assert all(crashes_natively(build / example, p.read_bytes(), tmp_path) for p in crashes)
     figures = stats(out)
     assert figures["extra"]["stop_reason"] == "frontier exhausted"
-    assert figures["executions"] == len(done_hashes(out))
+    assert figures["executions"] == len(done_digests(out))
     dispatch = figures["extra"]["dispatch"]
     for counter in ("stale_results", "watchdog_timeouts", "worker_recoveries",
                     "protocol_requeued", "protocol_deferred", "send_failures"):
@@ -73,7 +73,7 @@ def test_without_triage_every_new_input_is_explored(build, tmp_path, example):
     figures = stats(out)
     assert figures["extra"]["stop_reason"] == "frontier exhausted"
     assert figures["interesting"] == figures["unique"]  # no oracle: new content is kept
-    assert figures["executions"] == len(done_hashes(out)) == figures["corpus_count"]
+    assert figures["executions"] == len(done_digests(out)) == figures["corpus_count"]
 
 
 def test_runs_under_the_users_own_mpiexec(build, tmp_path):
@@ -117,12 +117,12 @@ def test_interrupt_then_resume_loses_and_repeats_nothing(build, tmp_path):
     assert first["extra"]["stop_reason"] == "stop requested"
     assert first["pending"] > 0, "the campaign ended before it could be interrupted"
     assert not any((out / ".staging").iterdir())
-    analysed_before = set(done_hashes(out))
+    analysed_before = set(done_digests(out))
     corpus_before = {p.name for p in (out / "corpus").iterdir()}
 
     process = explore(out, *args, "--resume")
     assert_oracles(out, process)
-    done = done_hashes(out)
+    done = done_digests(out)
     assert set(done) >= analysed_before
     assert len(done) == len(set(done)), "resume analysed an input again"
     assert corpus_before <= {p.name for p in (out / "corpus").iterdir()}, "resume lost inputs"
@@ -181,11 +181,11 @@ def test_without_fault_tolerance_a_killed_rank_ends_the_job_and_resume_loses_not
     output, _ = launcher.communicate(timeout=120)
     assert launcher.returncode != 0
     assert "continue with --resume" in output
-    analysed_before = set(done_hashes(out))
+    analysed_before = set(done_digests(out))
 
     process = explore(out, *args, "--resume")
     assert_oracles(out, process)
-    done = done_hashes(out)
+    done = done_digests(out)
     assert set(done) >= analysed_before and len(done) == len(set(done))
     assert stats(out)["extra"]["stop_reason"] == "frontier exhausted"
 
@@ -224,4 +224,4 @@ def test_a_resume_from_the_snapshot_analyses_the_seeds_new_to_it(tmp_path):
     assert_oracles(out, resumed)
     assert "from the last run's snapshot" in resumed.stdout + resumed.stderr
     new = hashlib.sha256(b"new with the resume").hexdigest()
-    assert done_hashes(out).count(new) == 1 and stats(out)["pending"] == 0
+    assert done_digests(out).count(new) == 1 and stats(out)["pending"] == 0

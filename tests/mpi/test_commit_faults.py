@@ -13,7 +13,7 @@ import threading
 import time
 
 import pytest
-from harness import ROOT, assert_oracles, done_hashes, explore, stats
+from harness import ROOT, assert_oracles, done_digests, explore, stats
 
 from symcc_mpi.roles.faults import RELEASE_FILE
 
@@ -39,7 +39,7 @@ def test_a_master_killed_inside_a_group_commit_resumes_losing_and_repeating_noth
     assert killed.returncode != 0, output
     assert "continue with --resume" in output
     assert f"fault: SIGKILL of the master {step} of group commit 2" in output
-    analysed_before = done_hashes(out)
+    analysed_before = done_digests(out)
     corpus_before = {p.name for p in (out / "corpus").iterdir()}
     # The first commit is whole; the second, killed at `step`, appended its records only if
     # the kill came after its fsync.
@@ -47,7 +47,7 @@ def test_a_master_killed_inside_a_group_commit_resumes_losing_and_repeating_noth
 
     process = explore(out, *args, "--resume")
     assert_oracles(out, process)  # verify OK, no input twice in the done journal
-    done = done_hashes(out)
+    done = done_digests(out)
     assert set(done) >= set(analysed_before) and len(done) == len(set(done))
     corpus = {p.name for p in (out / "corpus").iterdir()}
     assert corpus_before <= corpus, "resume lost a published input"
@@ -66,7 +66,7 @@ def test_a_master_killed_inside_a_group_commit_is_replaced_losing_and_repeating_
     assert_oracles(out, process)
     figures = stats(out)
     assert [f["master"] for f in figures["extra"]["failures"]] == ["new"]
-    done = done_hashes(out)
+    done = done_digests(out)
     assert set(done) == {p.name for p in (out / "corpus").iterdir()}
     assert figures["extra"]["stop_reason"] == "frontier exhausted"
 

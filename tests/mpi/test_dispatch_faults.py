@@ -7,7 +7,7 @@ import hashlib
 import os
 
 import pytest
-from harness import assert_oracles, crash_files, done_hashes, explore, stats, verify
+from harness import assert_oracles, crash_files, done_digests, explore, stats, verify
 
 from symcc_mpi.wire.protocol import SHUTDOWN_GRACE
 
@@ -94,7 +94,7 @@ def test_a_result_under_a_token_not_active_is_dropped_with_its_staging(build, tm
     only(dispatch, stale_results=1)
     for path in (out / "corpus").iterdir():
         assert not path.read_bytes().startswith(b"unowned result")
-    assert len(done_hashes(out)) == figures["executions"]
+    assert len(done_digests(out)) == figures["executions"]
 
 
 def test_a_failed_first_transfer_of_an_object_is_shipped_again(build, tmp_path):
@@ -116,7 +116,7 @@ def test_a_send_that_delivered_but_reported_failure_is_never_committed_twice(
     figures, dispatch, _ = campaign(build, out, workers, "0:send-ambiguous@3")
     only(dispatch, send_failures=1, stale_results=1)
     assert dispatch["rolled_back_before_send"] == 1
-    assert len(done_hashes(out)) == figures["executions"] == dispatch["committed"]
+    assert len(done_digests(out)) == figures["executions"] == dispatch["committed"]
 
 
 def test_an_input_that_keeps_failing_is_deferred_then_retried_on_resume(build, tmp_path):
@@ -139,7 +139,7 @@ def test_an_input_that_keeps_failing_is_deferred_then_retried_on_resume(build, t
 
     process = explore(out, *args, "--resume")
     assert_oracles(out, process)
-    assert seed in done_hashes(out)
+    assert seed in done_digests(out)
     assert stats(out)["extra"]["stop_reason"] == "frontier exhausted"
     assert crash_files(out)
 

@@ -9,7 +9,7 @@ import hashlib
 from pathlib import Path
 
 import pytest
-from harness import assert_oracles, done_hashes, explore, stats
+from harness import assert_oracles, done_digests, explore, stats
 
 pytestmark = [pytest.mark.mpi, pytest.mark.timeout(600)]
 
@@ -54,7 +54,7 @@ def test_links_and_fifos_a_target_leaves_are_never_followed(tmp_path):
     expected = {s + b"x" * n for s in (b"a", b"b") for n in range(4)}
     corpus = {path.read_bytes() for path in (out / "corpus").iterdir()}
     assert corpus == expected, process.stderr[-3000:]
-    assert len(done_hashes(out)) == len(expected)
+    assert len(done_digests(out)) == len(expected)
     secrets = {OUTSIDE, Path("/etc/passwd").read_bytes()}
     for path in published(out):
         assert not path.is_symlink(), path

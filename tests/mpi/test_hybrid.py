@@ -13,7 +13,7 @@ import pytest
 from harness import (
     EXAMPLES,
     crash_files,
-    done_hashes,
+    done_digests,
     hybrid_beside_afl,
     queue_names,
     start_hybrid,
@@ -45,7 +45,7 @@ def test_beside_afl_with_triton_then_resumed(tmp_path):
                for path in crash_files(ours)]
     assert -signal.SIGSEGV in crashed
 
-    analysed_before = set(done_hashes(ours))
+    analysed_before = set(done_digests(ours))
     cursors_before = json.loads((ours / "state" / "afl-sync.json").read_text())["cursors"]
     # The fuzzers are gone: what is left in their queues was read already.
     resumed = start_hybrid(sync_dir, "--executor", "triton", "--target", f"{BUILD / 'gate'} @@",
@@ -64,7 +64,7 @@ def test_beside_afl_with_triton_then_resumed(tmp_path):
     late = sources[len(sources) - sum(again.values()):]
     assert all(entry_id >= cursors_before.get(instance, 0) for instance, entry_id in late), \
         (late, cursors_before)
-    done = done_hashes(ours)
+    done = done_digests(ours)
     assert len(done) == len(set(done)), "an input was analysed twice"
     assert set(done) >= analysed_before
     contents = [hashlib.sha256((ours / "queue" / n).read_bytes()).hexdigest()

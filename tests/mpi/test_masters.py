@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from harness import assert_oracles, done_hashes, explore, stats, verify
+from harness import assert_oracles, done_digests, explore, stats, verify
 
 from symcc_mpi.campaign.layout import LEASE_DIRECTORY_PREFIX, sha256_bytes
 from symcc_mpi.federation.ownership import owner
@@ -66,7 +66,7 @@ def test_24_distinct_seeds_are_split_between_two_masters_by_owner(tmp_path):
     contents = [b"seed %d" % number for number in range(24)]
     process = campaign(out, script(tmp_path, "true", "exit 0\n"), seeds_of(tmp_path, contents))
     assert_ended_cleanly(out, process)
-    assert sorted(done_hashes(out)) == sorted(map(sha256_bytes, contents))
+    assert sorted(done_digests(out)) == sorted(map(sha256_bytes, contents))
     assert len(list((out / "corpus").iterdir())) == 24
     owners = [owner(sha256_bytes(data), (0, 1)) for data in contents]
     # No master paused: each analysed exactly what rendezvous hashing gave it.
@@ -82,7 +82,7 @@ def test_a_child_that_12_seeds_generate_is_analysed_once(tmp_path):
     contents = [b"seed %d" % number for number in range(12)]
     process = campaign(out, target, seeds_of(tmp_path, contents), masters=3, workers=3)
     assert_ended_cleanly(out, process)
-    done = done_hashes(out)
+    done = done_digests(out)
     assert len(done) == len(set(done)) == 13
     assert sha256_bytes(b"child") in done
     figures = stats(out)
@@ -113,7 +113,7 @@ def test_a_master_paused_past_its_lease_ttl_loses_its_work_to_another(tmp_path):
                SYMCC_STANDALONE_WORK_LEASE_TTL="2")
     process = campaign(out, target, seeds_of(tmp_path, contents), env=env)
     assert_ended_cleanly(out, process)
-    assert sorted(done_hashes(out)) == sorted(map(sha256_bytes, contents))
+    assert sorted(done_digests(out)) == sorted(map(sha256_bytes, contents))
     masters = per_master(out)
     assert masters[0]["steals"] >= 1, masters
     assert masters[1]["stale_results"] >= 1, masters
@@ -147,7 +147,7 @@ def test_a_budget_stops_every_master_and_a_resume_with_other_masters_finishes(tm
     first = campaign(out, target, seeds, "--wall-timeout", 3)
     assert_oracles(out, first)
     assert stats(out)["extra"]["stop_reason"] == "wall-clock budget spent"
-    analysed_first = done_hashes(out)
+    analysed_first = done_digests(out)
     assert 0 < len(analysed_first) < 40
     # Root saw the budget and told the other master, which stopped too.
     for rank in (0, 2):
@@ -155,7 +155,7 @@ def test_a_budget_stops_every_master_and_a_resume_with_other_masters_finishes(tm
     second = explore(out, "--resume", "--executor", "symcc", "--target", target,
                      "--workers", 3, "--masters", masters_after, "--fault-tolerance", "off")
     assert_ended_cleanly(out, second)
-    done = done_hashes(out)
+    done = done_digests(out)
     assert sorted(done) == sorted(map(sha256_bytes, contents))  # each once, over all journals
     assert set(analysed_first) <= set(done)
 
@@ -182,9 +182,9 @@ def test_under_ulfm_a_dead_rank_ends_the_campaign_cleanly_and_resume_finishes_it
     if reason is not None:  # what the survivors committed is whole
         assert stats(out)["extra"]["stop_reason"] == reason
         assert stats(out)["extra"]["phase"] == "done"
-    done_before = done_hashes(out)
+    done_before = done_digests(out)
     assert len(done_before) == len(set(done_before))
     second = explore(out, "--resume", *arguments)
     assert_ended_cleanly(out, second)
-    done = done_hashes(out)
+    done = done_digests(out)
     assert sorted(done) == sorted(map(sha256_bytes, contents))  # each once, none lost

@@ -16,7 +16,7 @@ import pytest
 from harness import (
     ROOT,
     assert_oracles,
-    done_hashes,
+    done_digests,
     explore,
     rank_pid,
     start_explore,
@@ -151,14 +151,14 @@ def test_a_full_disk_stops_the_campaign_in_one_line_and_resume_finishes(disk, tm
     assert deferred_lines(out) == [], "inputs deferred for a full disk"
     checked = verify(out)
     assert checked.returncode == 0, checked.stdout + checked.stderr
-    analysed = set(done_hashes(out))
+    analysed = set(done_digests(out))
     corpus = {p.name for p in (out / "corpus").iterdir()}
 
     resize(disk, "256m")
     resumed = explore(out, *without_seeds(args), "--resume", "--wall-timeout", 20,
                       timeout=600)
     assert_oracles(out, resumed)
-    assert set(done_hashes(out)) > analysed, "the resumed campaign analysed nothing"
+    assert set(done_digests(out)) > analysed, "the resumed campaign analysed nothing"
     assert corpus <= {p.name for p in (out / "corpus").iterdir()}, "resume lost inputs"
     assert not storage_lines(resumed.stdout + resumed.stderr)
 

@@ -77,10 +77,10 @@ class Worker:
     # ObjectStore (dispatch/objects.py) keeps them (oldest first).
     objects: dict[str, None] = field(default_factory=dict)
 
-    def receive(self, object_ids) -> None:
-        for object_id in object_ids:
-            self.objects.pop(object_id, None)
-            self.objects[object_id] = None
+    def receive(self, digests) -> None:
+        for digest in digests:
+            self.objects.pop(digest, None)
+            self.objects[digest] = None
             while len(self.objects) > OBJECT_CAPACITY:
                 del self.objects[next(iter(self.objects))]
 
@@ -199,11 +199,11 @@ class CoordinatorMachine(RuleBasedStateMachine):
             assert rank not in self.parked and not self.coord.gate.is_parked(rank), \
                 f"parked rank {rank} got WORK"
             assert rank not in self.retired, f"retired rank {rank} got WORK"
-            assert work.input_hash not in UNREADABLE and work.input_hash not in self.frontier.done
+            assert work.digest not in UNREADABLE and work.digest not in self.frontier.done
             worker = self.workers[rank]
-            for object_id, content in work.objects.items():
-                assert hashlib.sha256(content).hexdigest() == object_id
-            assert work.input_hash in work.objects or work.input_hash in worker.objects, \
+            for digest, content in work.objects.items():
+                assert hashlib.sha256(content).hexdigest() == digest
+            assert work.digest in work.objects or work.digest in worker.objects, \
                 "WORK without content the worker does not hold (false cache hit)"
             fault = data.draw(SEND_FAULTS)
             if fault != "lost":  # delivered, whatever the send then says
@@ -219,7 +219,7 @@ class CoordinatorMachine(RuleBasedStateMachine):
                 raise OSError(5, "injected WORK send failure")
             self.in_a_row.pop(rank, None)
             self.idle.discard(rank)
-            self.live[rank] = Live(work.token, work.input_hash, self.clock.monotonic())
+            self.live[rank] = Live(work.token, work.digest, self.clock.monotonic())
 
         return send
 

@@ -56,7 +56,7 @@ ENTRIES = st.lists(st.tuples(st.sampled_from(ENTRY_KINDS), st.binary(min_size=1,
 FIELDS = st.fixed_dictionaries({}, optional={
     "outcome": st.sampled_from(["ok", "crash", "timeout", "oom", "error", "invalid-input",
                                 "worker-error", "pwned", ""]),
-    "input_hash": st.sampled_from(["sent", "other", "junk"]),
+    "digest": st.sampled_from(["sent", "other", "junk"]),
     "token": st.sampled_from(["other", "junk"]),
     "exit_status": st.one_of(st.none(), st.integers(-(1 << 40), 1 << 40)),
     "wall_time": st.floats(allow_nan=True, allow_infinity=True),
@@ -101,7 +101,7 @@ class Rig:
     def active(self, rank):
         works = [m for dest, tag, m in self.channel.sent if dest == rank and tag == Tag.WORK]
         token_input = works[-1] if works else None
-        if token_input is None or self.master.dispatch.work_of(rank) != token_input.input_hash:
+        if token_input is None or self.master.dispatch.work_of(rank) != token_input.digest:
             return None
         return token_input
 
@@ -142,12 +142,12 @@ class Rig:
             pack.mkdir()
         elif packed:
             write_entries(pack, packed)
-        message = {"token": work.token, "input_hash": work.input_hash, "outcome": "ok",
+        message = {"token": work.token, "digest": work.digest, "outcome": "ok",
                    "exit_status": 0, "wall_time": 0.5, "solver_time": 0.1, "staged": staged,
                    "generated": len(staged)}
         for key, value in fields.items():
-            if key == "input_hash":
-                value = {"sent": work.input_hash, "other": "e" * 64, "junk": "../x"}[value]
+            if key == "digest":
+                value = {"sent": work.digest, "other": "e" * 64, "junk": "../x"}[value]
             elif key == "token":
                 value = {"other": "f" * 32, "junk": "../../x"}[value]
             message[key] = value
@@ -187,7 +187,7 @@ def test_nothing_a_worker_sends_breaks_the_master(tmp_path_factory, quiet_master
                 rig.master._handle(incoming(rank, payload))
             refused = sum(rig.master.stats.invalid_results.values()) > refused_before
             event("refused" if refused else "committed" if work is not None and
-                  work.input_hash in rig.campaign.inputs.done else "other")
+                  work.digest in rig.campaign.inputs.done else "other")
             rig.round()
             corpus = set(os.listdir(rig.campaign.corpus))
             for name in corpus:
@@ -195,7 +195,7 @@ def test_nothing_a_worker_sends_breaks_the_master(tmp_path_factory, quiet_master
             if refused:
                 assert not (corpus - before) & named
                 if work is not None and shape == "struct":
-                    digest = work.input_hash
+                    digest = work.digest
                     assert digest not in rig.campaign.inputs.done
                     assert digest in rig.campaign.inputs.pending or \
                         digest in rig.master.dispatch.recovery.deferred() or \

@@ -192,7 +192,7 @@ def test_a_restart_from_lost_cursors_imports_nothing_twice(tmp_path):
     reopened.keep_queue_names = True
     reopened.read_queues()
     again = importer_for(tmp_path, reopened)  # no cursors: the save was lost
-    for digest in reopened.corpus_hashes():
+    for digest in reopened.corpus_digests():
         reopened.inputs.add(digest)
     assert again.round(now=0.0) == 0
     assert again.stats.duplicates == 3

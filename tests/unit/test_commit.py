@@ -57,14 +57,14 @@ class Setup:
 
     def result(self, staged=(), **fields) -> Result:
         """A RESULT of these staged children, their pack written as the worker would."""
-        values = dict(token=TOKEN, input_hash=self.parent, outcome="ok", exit_status=0,
+        values = dict(token=TOKEN, digest=self.parent, outcome="ok", exit_status=0,
                       wall_time=0.5, solver_time=0.25, staged=list(staged),
                       generated=len(staged))
         values.update(fields)
         if staged:
             self.campaign.staging.mkdir(exist_ok=True)
             write_entries(Path(self.campaign.staged_pack(values["token"])),
-                          [(s.sha256, self.packed.get(s.sha256, bytes(s.size))) for s in staged])
+                          [(s.digest, self.packed.get(s.digest, bytes(s.size))) for s in staged])
         return Result(**values)
 
     def check_and_commit(self, result: Result):
@@ -104,9 +104,9 @@ def test_not_analysed_outcome_is_unusable_with_its_message(plain):
         plain.committer.check(plain.result(outcome="worker-error"), plain.parent)
 
 
-def test_other_input_hash_than_sent_is_unusable(plain):
+def test_other_digest_than_sent_is_unusable(plain):
     with pytest.raises(Unusable, match="other bytes"):
-        plain.committer.check(plain.result(input_hash="e" * 64), plain.parent)
+        plain.committer.check(plain.result(digest="e" * 64), plain.parent)
     with pytest.raises(Unusable):
         plain.committer.check(plain.result(), None)  # nothing was sent to that rank
 
@@ -148,7 +148,7 @@ def test_coverage_index_beyond_any_afl_map_is_unusable_at_check(triaged):
 
 def test_child_whose_bytes_do_not_match_its_name_is_rejected(plain):
     child = plain.stage(b"child")
-    plain.packed[child.sha256] = b"chilD"
+    plain.packed[child.digest] = b"chilD"
     with pytest.raises(Refused, match="staged results rejected.*do not match") as refused:
         plain.committer.check(plain.result([child]), plain.parent)
     assert refused.value.field is ResultField.STAGED_BYTES
@@ -200,8 +200,8 @@ def test_child_with_new_coverage_is_verified(triaged):
 def test_known_or_seen_children_are_skipped_unread(plain):
     known = plain.stage(b"known child", write=False)
     seen = plain.stage(b"seen child", write=False)
-    plain.frontier.add(known.sha256)
-    plain.frontier.see(seen.sha256)
+    plain.frontier.add(known.digest)
+    plain.frontier.see(seen.digest)
     also_parent = StagedFile(plain.parent, len(b"seed input"))  # the input regenerated
     result = plain.result([known, seen, also_parent])
     accepted = plain.committer.check(result, plain.parent)
@@ -219,10 +219,10 @@ def test_child_adding_no_coverage_is_not_read_nor_promoted(triaged):
     accepted = triaged.committer.check(result, triaged.parent)
     assert [c.may_keep for c in accepted.children] == [False, False]
     triaged.committer.commit(RANK, result, accepted)
-    assert triaged.frontier.seen_before(dull.sha256)
-    assert triaged.frontier.seen_before(empty.sha256)
-    assert dull.sha256 not in triaged.frontier.known
-    assert not (triaged.campaign.corpus / dull.sha256).exists()
+    assert triaged.frontier.seen_before(dull.digest)
+    assert triaged.frontier.seen_before(empty.digest)
+    assert dull.digest not in triaged.frontier.known
+    assert not (triaged.campaign.corpus / dull.digest).exists()
     assert triaged.stats.unique == 2 and triaged.stats.interesting == 0
     assert len(triaged.queue_names()) == 1
     assert not triaged.checkpoint.triage_dirty
@@ -236,7 +236,7 @@ def test_child_adding_no_coverage_is_not_read_nor_promoted(triaged):
 def test_child_with_new_coverage_is_promoted_queued_and_pending(triaged):
     child = triaged.stage(b"new child", [(9, 1), (10, 2)])
     triaged.check_and_commit(triaged.result([child]))
-    digest = child.sha256
+    digest = child.digest
     assert (triaged.campaign.corpus / digest).read_bytes() == b"new child"
     # The bytes the master verified are published, never the staged file itself (a worker's
     # file that could still change): corpus/ and queue/ are the file's only names.
@@ -261,8 +261,8 @@ def test_depth_of_a_child_of_a_seed_without_depth_is_two(plain):
     other = plain.campaign.add_seed(b"other seed", "other")
     plain.parent = other
     child = plain.stage(b"grandchild")
-    plain.check_and_commit(plain.result([child], input_hash=other))
-    assert plain.frontier.depth(child.sha256) == 2
+    plain.check_and_commit(plain.result([child], digest=other))
+    assert plain.frontier.depth(child.digest) == 2
 
 
 def test_two_children_with_the_same_coverage_keep_the_first(triaged):
@@ -270,24 +270,24 @@ def test_two_children_with_the_same_coverage_keep_the_first(triaged):
     second = triaged.stage(b"second", [(20, 1), (21, 1)])
     accepted = triaged.check_and_commit(triaged.result([first, second]))
     assert [c.may_keep for c in accepted.children] == [True, True]  # both verified
-    assert (triaged.campaign.corpus / first.sha256).exists()
-    assert not (triaged.campaign.corpus / second.sha256).exists()
-    assert first.sha256 in triaged.frontier.known
-    assert second.sha256 not in triaged.frontier.known
-    assert triaged.frontier.seen_before(second.sha256)
+    assert (triaged.campaign.corpus / first.digest).exists()
+    assert not (triaged.campaign.corpus / second.digest).exists()
+    assert first.digest in triaged.frontier.known
+    assert second.digest not in triaged.frontier.known
+    assert triaged.frontier.seen_before(second.digest)
     assert triaged.stats.unique == 2 and triaged.stats.interesting == 1
     assert len(triaged.queue_names()) == 2
 
 
 def test_without_triage_every_new_child_is_verified_and_kept(plain):
     children = [plain.stage(b"a"), plain.stage(b"b", [(1, 1)]), plain.stage(b"c")]
-    plain.frontier.see(children[2].sha256)  # seen already: skipped
+    plain.frontier.see(children[2].digest)  # seen already: skipped
     accepted = plain.check_and_commit(plain.result(children))
     assert [c.staged for c in accepted.children] == children[:2]
     assert all(c.may_keep and c.coverage is None for c in accepted.children)
     for child in children[:2]:
-        assert child.sha256 in plain.frontier.known
-        assert (plain.campaign.corpus / child.sha256).exists()
+        assert child.digest in plain.frontier.known
+        assert (plain.campaign.corpus / child.digest).exists()
     assert plain.stats.interesting == 2
     assert len(plain.queue_names()) == 3
     assert not plain.checkpoint.triage_dirty
@@ -320,12 +320,12 @@ def test_crashing_child_is_verified_and_saved_once(triaged):
     assert triaged.stats.crashes == 1 and triaged.stats.crashing_runs == 1
     assert triaged.stats.first_crash_seconds is not None
     assert triaged.stats.interesting == 0
-    assert crash.sha256 not in triaged.frontier.known
-    assert not (triaged.campaign.corpus / crash.sha256).exists()
+    assert crash.digest not in triaged.frontier.known
+    assert not (triaged.campaign.corpus / crash.digest).exists()
     # The same crash again (another token, not seen on this master): not saved twice.
     triaged.frontier = triaged.committer.frontier = type(triaged.frontier)()
     triaged.frontier.add(triaged.parent)
-    triaged.packed[crash.sha256] = b"crashing child"
+    triaged.packed[crash.digest] = b"crashing child"
     triaged.check_and_commit(triaged.result([crash], token="ef" * 16))
     assert len(triaged.crash_names()) == 1
     assert triaged.stats.crashes == 1 and triaged.stats.crashing_runs == 2
@@ -428,7 +428,7 @@ def test_a_staged_pack_changed_after_verification_never_reaches_the_corpus(triag
     staged = Path(triaged.campaign.staged_pack(TOKEN))
     staged.unlink()
     if swap == "rewrite":
-        write_entries(staged, [(child.sha256, OUTSIDE)])
+        write_entries(staged, [(child.digest, OUTSIDE)])
     elif swap == "symlink":
         staged.symlink_to(outside)
     elif swap == "symlink-to-etc-passwd":
@@ -463,7 +463,7 @@ def test_a_staged_pack_that_is_not_a_regular_file_is_rejected_unread(plain, tmp_
         os.mkfifo(staged)
     else:
         staged.mkdir()
-    result = Result(token=TOKEN, input_hash=plain.parent, outcome="ok", exit_status=0,
+    result = Result(token=TOKEN, digest=plain.parent, outcome="ok", exit_status=0,
                     wall_time=0.5, solver_time=0.25, staged=[child], generated=1)
     with pytest.raises(Refused, match="staged results rejected.*not a regular file") as refused:
         plain.committer.check(result, plain.parent)
@@ -479,7 +479,7 @@ def test_a_staging_directory_that_is_a_symlink_is_rejected(plain, tmp_path):
     plain.campaign.staging.rmdir()
     plain.campaign.staging.symlink_to(elsewhere)
     child = StagedFile(sha256_bytes(OUTSIDE), len(OUTSIDE))
-    result = Result(token=TOKEN, input_hash=plain.parent, outcome="ok", exit_status=0,
+    result = Result(token=TOKEN, digest=plain.parent, outcome="ok", exit_status=0,
                     wall_time=0.5, solver_time=0.25, staged=[child], generated=1)
     with pytest.raises(Unusable, match="staged results rejected"):
         plain.committer.check(result, plain.parent)
@@ -517,23 +517,23 @@ def test_a_failed_promotion_leaves_the_child_unseen_and_a_retry_promotes_it(tria
         triaged.committer.commit(RANK, result, accepted)
     assert raised.value.errno == errno.ENOSPC  # visible to the master's failure handler
     # What was promoted before the failure stays valid; the failing child is unseen.
-    assert (triaged.campaign.corpus / kept.sha256).read_bytes() == b"kept first"
-    assert kept.sha256 in triaged.frontier.known
-    assert not triaged.frontier.seen_before(failing.sha256)
+    assert (triaged.campaign.corpus / kept.digest).read_bytes() == b"kept first"
+    assert kept.digest in triaged.frontier.known
+    assert not triaged.frontier.seen_before(failing.digest)
     assert triaged.parent not in triaged.frontier.done
     assert_public_names_hold(triaged)
     queue_before = triaged.queue_names()
     # The retried run of the same input (fresh staging) publishes the failed child.
     again = triaged.result([kept, failing], token="ef" * 16)
     triaged.committer.commit(RANK, again, triaged.committer.check(again, triaged.parent))
-    assert triaged.frontier.seen_before(failing.sha256)
+    assert triaged.frontier.seen_before(failing.digest)
     if where == "save_finding":
         assert [n.startswith("id:000000") for n in triaged.crash_names()] == [True]
         assert (triaged.campaign.crashes / triaged.crash_names()[0]).read_bytes() == \
             b"fails to publish"
     else:
-        assert (triaged.campaign.corpus / failing.sha256).read_bytes() == b"fails to publish"
-        assert failing.sha256 in triaged.frontier.known
+        assert (triaged.campaign.corpus / failing.digest).read_bytes() == b"fails to publish"
+        assert failing.digest in triaged.frontier.known
         names = triaged.queue_names()
         assert len(names) == len(queue_before) + 1
         # AFL queue ids stay dense: the failed link took no id.
@@ -546,7 +546,7 @@ def test_refusals_at_check_name_their_field(plain):
             plain.committer.check(res, plain.parent)
         return refused.value.field
 
-    assert field_of(plain.result(input_hash="e" * 64)) is ResultField.INPUT_HASH
+    assert field_of(plain.result(digest="e" * 64)) is ResultField.DIGEST
     assert field_of(plain.result(pruning=b"\xc1 not msgpack")) is ResultField.PRUNING
     child = plain.stage(b"child", write=False)
     assert field_of(plain.result([child])) is ResultField.STAGED_BYTES

@@ -73,7 +73,7 @@ def answer(m: Master, work: Work) -> None:
                   [(sha256_bytes(data), data) for data in CHILDREN])
     staged = [StagedFile(sha256_bytes(d), len(d)) for d in CHILDREN]
     m._handle(Incoming(RANK, Tag.RESULT, Result(
-        token=work.token, input_hash=work.input_hash, outcome="ok", exit_status=0,
+        token=work.token, digest=work.digest, outcome="ok", exit_status=0,
         wall_time=0.1, solver_time=0.0, staged=staged, generated=2)))
 
 
@@ -81,7 +81,7 @@ def test_a_failed_promotion_requeues_the_input_and_the_retry_publishes(master):
     m = master
     m.campaign.promote = FailingPromotions(m.campaign.promote, {2})
     work = run_once(m, None)
-    assert work.input_hash == m.parent
+    assert work.digest == m.parent
     answer(m, work)  # raises inside the commit: the master must not
     first, second = (sha256_bytes(d) for d in CHILDREN)
     assert (m.campaign.corpus / first).read_bytes() == CHILDREN[0]  # stays valid
@@ -95,7 +95,7 @@ def test_a_failed_promotion_requeues_the_input_and_the_retry_publishes(master):
     assert (figures["active"], figures["committing"]) == (0, 0)
     # The worker's next READY echoes the failed dispatch; the retry commits.
     retry = run_once(m, work.token)
-    assert retry.input_hash == m.parent and retry.token != work.token
+    assert retry.digest == m.parent and retry.token != work.token
     answer(m, retry)
     assert (m.campaign.corpus / second).read_bytes() == CHILDREN[1]
     assert m.parent in m.frontier.done

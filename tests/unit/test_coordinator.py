@@ -139,7 +139,7 @@ def test_ready_dispatch_result_commit(tmp_path):
     assert w.coord.ready(1, None) is ReadyVerdict.IDLE
     assert round_(w)[1] == 1
     (rank, work), = w.send.sent
-    assert rank == 1 and work.input_hash == x
+    assert rank == 1 and work.digest == x
     assert work.objects == {x: blob(0)}  # the input travels as a content-addressed object
     assert w.coord.work_of(1) == x and w.coord.in_flight == 1 and not w.coord.exhausted
     assert w.coord.classify(1, work.token) is ResultClass.CURRENT
@@ -182,7 +182,7 @@ def test_a_failed_send_puts_the_input_back_in_front_and_the_rank_tries_again(tmp
     w.send.fail_calls = {1}
     w.coord.ready(1, None)
     assert w.coord.dispatch(w.send) == 1  # the rank was idle again and got the retry
-    assert [(r, work.input_hash) for r, work in w.send.attempts] == [(1, x), (1, x)]
+    assert [(r, work.digest) for r, work in w.send.attempts] == [(1, x), (1, x)]
     assert list(w.frontier.pending) == [y, z]  # x was put back first in line, exactly
     stats = w.coord.statistics()
     assert (stats["send_failures"], stats["rolled_back_before_send"], stats["dispatched"],
@@ -199,13 +199,13 @@ def test_a_rank_whose_sends_keep_failing_is_retired_and_its_work_is_not_lost(tmp
     assert w.coord.dispatch(w.send) == 1
     assert w.coord.statistics()["retired"] == [1] and w.coord.parked() == []
     assert [r for r, _ in w.send.attempts].count(1) == 3  # MAX_SEND_FAILURES in a row
-    assert [(r, work.input_hash) for r, work in w.send.sent] == [(2, x)]
+    assert [(r, work.digest) for r, work in w.send.sent] == [(2, x)]
     assert list(w.frontier.pending) == [y, z] and 1 not in w.coord.idle
     assert w.coord.ready(1, None) is None  # a retired rank's READY is ignored
     commit(w, 2, w.send.last(2).token)
     w.coord.ready(2, w.send.last(2).token)
     round_(w)
-    assert [(r, work.input_hash) for r, work in w.send.sent] == [(2, x), (2, y)]  # not rank 1
+    assert [(r, work.digest) for r, work in w.send.sent] == [(2, x), (2, y)]  # not rank 1
 
 
 def test_a_send_that_returned_breaks_the_run_of_failures(tmp_path):
@@ -246,7 +246,7 @@ def test_a_worker_that_got_the_object_is_not_sent_it_again(tmp_path):
     w.coord.ready(1, first.token)  # no RESULT: joined, requeued, the rank is idle
     round_(w)
     again = w.send.last(1)
-    assert again.input_hash == x and again.token != first.token
+    assert again.digest == x and again.token != first.token
     assert again.objects == {}  # cache hit: the worker holds x already
     assert w.loads == [x]  # not even loaded again
     stats = w.coord.statistics()
@@ -267,7 +267,7 @@ def test_an_unreadable_input_is_set_aside_and_the_rank_gets_the_next(tmp_path, d
         w.store[x] = b"not input-0\n"  # bytes whose hash is not the id
     w.coord.ready(1, None)
     assert w.coord.dispatch(w.send) == 1
-    assert [(r, work.input_hash) for r, work in w.send.attempts] == [(1, y)]
+    assert [(r, work.digest) for r, work in w.send.attempts] == [(1, y)]
     assert list(w.frontier.pending) == [z] and x not in w.frontier.done
     (deferred,) = w.journal.deferred().values()
     assert (deferred.work_id, deferred.source) == (x, UNREADABLE_SOURCE)
@@ -346,7 +346,7 @@ def test_a_ready_without_its_result_is_joined(tmp_path):  # F316
     assert recovery.rollback.phase is SendPhase.AFTER_SEND
     assert ready == (1,) and list(w.coord.idle) == [1]
     assert list(w.frontier.pending) == [x, y] and w.coord.in_flight == 0  # x first: soon
-    assert w.coord.dispatch(w.send) == 1 and w.send.last(1).input_hash == x
+    assert w.coord.dispatch(w.send) == 1 and w.send.last(1).digest == x
     assert faults(w) == {**no_faults(), "protocol_requeued": 1}
 
 
@@ -388,7 +388,7 @@ def test_a_timed_out_rank_is_parked_until_its_exact_ready(tmp_path):  # F317 W6-
     assert w.coord.statistics()["ready_quarantined"] == 3
 
     assert w.coord.ready(1, retired) is ReadyVerdict.RECOVERED  # W7
-    assert round_(w)[1] == 1 and w.send.last(1).input_hash == x
+    assert round_(w)[1] == 1 and w.send.last(1).digest == x
     assert w.coord.parked() == []
     assert faults(w) == {**no_faults(), "watchdog_timeouts": 1, "worker_recoveries": 1,
                          "protocol_requeued": 1}
@@ -403,7 +403,7 @@ def test_a_ready_seen_this_round_keeps_the_sweep_off(tmp_path):  # F317 W3
     report, sent, timeouts = round_(w)
     assert timeouts == () and w.coord.parked() == []
     assert [r.source for r in report.recoveries] == [RecoverySource.INVALID_RESULT]
-    assert sent == 1 and w.send.last(1).input_hash == x  # the rank works on at once
+    assert sent == 1 and w.send.last(1).digest == x  # the rank works on at once
     assert faults(w) == {**no_faults(), "protocol_requeued": 1}
 
 
@@ -456,7 +456,7 @@ def test_retire_gives_back_what_the_rank_held(tmp_path):  # FATAL
     assert w.coord.ready(1, w.send.last(1).token) is None
     w.coord.ready(2, None)
     round_(w)
-    assert [r for r, _ in w.send.sent] == [1, 2] and w.send.last(2).input_hash == x
+    assert [r for r, _ in w.send.sent] == [1, 2] and w.send.last(2).digest == x
 
 
 # -- shutdown --------------------------------------------------------------------------------
@@ -486,19 +486,19 @@ def test_a_seed_is_analysed_unpruned_once_and_only_whole_and_in_the_first_epoch(
     for rank in (1, 2):
         w.coord.ready(rank, None)
     round_(w)
-    assert {w.send.last(1).input_hash: w.send.last(1).pruned,
-            w.send.last(2).input_hash: w.send.last(2).pruned} == {seed: False, child: True}
+    assert {w.send.last(1).digest: w.send.last(1).pruned,
+            w.send.last(2).digest: w.send.last(2).pruned} == {seed: False, child: True}
     w.coord.epoch = 1  # a new epoch analyses the corpus again: pruned, the seeds too
     w.frontier.add(w.ids[2])
     w.coord.seeds.add(w.ids[2])
     commit(w, 1, w.send.last(1).token)
     w.coord.ready(1, w.send.last(1).token)
     round_(w)
-    assert w.send.last(1).input_hash == w.ids[2] and w.send.last(1).pruned
+    assert w.send.last(1).digest == w.ids[2] and w.send.last(1).pruned
 
 
 def test_without_pruning_every_work_goes_out_as_it_is(tmp_path):
     w = make(tmp_path)
     w.coord.seeds.add(w.ids[0])
     first_dispatch(w)
-    assert w.send.last(1).input_hash == w.ids[0] and w.send.last(1).pruned
+    assert w.send.last(1).digest == w.ids[0] and w.send.last(1).pruned

@@ -134,7 +134,7 @@ def test_corrupt_done_journal_names_file_and_line(campaign):
 def test_misnamed_corpus_file_is_quarantined_not_dropped(campaign):
     good = campaign.add_seed(b"seed", "s1")
     (campaign.corpus / "not-a-digest").write_bytes(b"stray")
-    assert campaign.corpus_hashes() == {good}
+    assert campaign.corpus_digests() == {good}
     assert (campaign.quarantine / "corpus-not-a-digest").read_bytes() == b"stray"
 
 

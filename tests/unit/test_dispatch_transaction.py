@@ -376,9 +376,9 @@ def test_objects_are_cached_only_after_the_send_returned():  # F313 D7
     ids = list(blobs)
     loads: list[str] = []
 
-    def load(object_id):
-        loads.append(object_id)
-        return blobs[object_id]
+    def load(digest):
+        loads.append(digest)
+        return blobs[digest]
 
     cache = ObjectTransferCache()
     plan = cache.plan(1, ids[:2], load)
@@ -389,7 +389,7 @@ def test_objects_are_cached_only_after_the_send_returned():  # F313 D7
     cache.confirm(again)
     assert cache.knows(1, ids[0]) and not cache.knows(2, ids[0])
     third = cache.plan(1, ids, load)
-    assert set(third.contents) == {ids[2]} and third.object_ids == tuple(ids)
+    assert set(third.contents) == {ids[2]} and third.digests == tuple(ids)
     cache.confirm(third)
     assert loads.count(ids[0]) == 2  # loaded for the failed send and its retry, never after
     stats = cache.statistics()

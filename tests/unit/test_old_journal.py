@@ -128,7 +128,7 @@ def test_an_old_campaign_resumes_and_verifies(tmp_path):
         assert master.in_flight_at_takeover == [S2]
         assert set(master.frontier.done) == {S0, S1}
         assert set(master.frontier.pending) == {S2, C0}
-        assert master.campaign.crash_hashes == {S1} and master.campaign.queue_entries == 4
+        assert master.campaign.crash_digests == {S1} and master.campaign.queue_entries == 4
         master.campaign.record_done(S2, TOKENS[3], "ok", 1)
         master.campaign.sync_done()
     finally:

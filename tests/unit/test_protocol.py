@@ -19,7 +19,7 @@ TOKEN = "0123456789abcdef" * 2
 
 
 def test_round_trip_every_field():
-    result = Result(token=TOKEN, input_hash=H, outcome="ok", exit_status=0, wall_time=0.5,
+    result = Result(token=TOKEN, digest=H, outcome="ok", exit_status=0, wall_time=0.5,
                     solver_time=0.1, staged=[StagedFile(H, 3, b"\x01\x02", "crash")],
                     generated=4, message="m")
     assert decode(Tag.RESULT, encode(result)) == result
@@ -29,9 +29,9 @@ def test_round_trip_every_field():
 @pytest.mark.parametrize("tag, payload", [
     (Tag.RESULT, encode(Work(TOKEN, H))),  # right bytes for another tag
     (Tag.WORK, b"\xff\x00garbage"),
-    (Tag.WORK, msgspec.msgpack.encode({"token": TOKEN, "input_hash": H, "extra": 1})),
-    (Tag.WORK, msgspec.msgpack.encode({"token": "../../etc", "input_hash": H})),
-    (Tag.WORK, msgspec.msgpack.encode({"token": TOKEN, "input_hash": "short"})),
+    (Tag.WORK, msgspec.msgpack.encode({"token": TOKEN, "digest": H, "extra": 1})),
+    (Tag.WORK, msgspec.msgpack.encode({"token": "../../etc", "digest": H})),
+    (Tag.WORK, msgspec.msgpack.encode({"token": TOKEN, "digest": "short"})),
     (Tag.READY, msgspec.msgpack.encode({"token": 7})),
     (99, encode(Ready(None))),
 ])
@@ -48,7 +48,7 @@ def test_pickle_is_never_accepted():
 
 
 def test_bad_staged_entry_is_refused():
-    bad = Result(token=TOKEN, input_hash=H, outcome="ok", exit_status=0, wall_time=0,
+    bad = Result(token=TOKEN, digest=H, outcome="ok", exit_status=0, wall_time=0,
                  solver_time=0, staged=[StagedFile("../x", 1)], generated=1)
     with pytest.raises(MalformedMessage):
         decode(Tag.RESULT, encode(bad))

@@ -29,7 +29,7 @@ CHILD = sha256_bytes(b"child")
 
 
 def result(staged=(), **fields) -> Result:
-    values = dict(token=TOKEN, input_hash=H, outcome="ok", exit_status=0, wall_time=0.5,
+    values = dict(token=TOKEN, digest=H, outcome="ok", exit_status=0, wall_time=0.5,
                   solver_time=0.1, staged=list(staged), generated=len(staged))
     values.update(fields)
     return Result(**values)

@@ -60,7 +60,7 @@ def test_a_clean_close_leaves_a_snapshot_the_next_run_restores_and_removes(tmp_p
     frontier = campaign.inputs
     assert set(frontier.done) == set(seeds[1::2]) and list(frontier.pending) == seeds[0::2]
     assert [frontier.queue_id(seed) for seed in seeds] == list(range(len(seeds)))
-    assert campaign.crash_hashes == {seeds[3]} and campaign.next_ids["crashes"] == 1
+    assert campaign.crash_digests == {seeds[3]} and campaign.next_ids["crashes"] == 1
     # Appends go on after the snapshot's records; the close's check covers the whole file.
     campaign.record_done(seeds[0], TOKEN, "ok")
     campaign.close()

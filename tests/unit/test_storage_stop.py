@@ -52,7 +52,7 @@ def work_of(master: Master, rank: int):
 
 
 def result_for(work, outcome="ok", message="") -> Result:
-    return Result(token=work.token, input_hash=work.input_hash, outcome=outcome,
+    return Result(token=work.token, digest=work.digest, outcome=outcome,
                   exit_status=0, wall_time=0.0, solver_time=0.0, staged=[], generated=0,
                   message=message)
 
@@ -82,7 +82,7 @@ def test_a_worker_that_could_not_stage_stops_the_campaign_and_costs_no_input_a_r
     master._on_result(1, result_for(first, STORAGE_REFUSED, where))
     # The other worker's result arrives after the stop: it is given back, not committed.
     master._on_result(2, result_for(second))
-    assert_given_back_and_stopping(master, [first.input_hash, second.input_hash])
+    assert_given_back_and_stopping(master, [first.digest, second.digest])
     assert storage_errors(caplog) == [f"rank 1: {where}: {STOP_ADVICE}"]
 
 
@@ -101,7 +101,7 @@ def test_a_commit_the_filesystem_refuses_stops_the_campaign_once(master, caplog,
     monkeypatch.setattr(master, "report", refused)  # the same fault again: not said twice
     with master.guard:
         master.report()
-    assert_given_back_and_stopping(master, [first.input_hash, second.input_hash])
+    assert_given_back_and_stopping(master, [first.digest, second.digest])
     assert storage_errors(caplog) == [
         f"{os.strerror(code).lower()} writing {target}: {STOP_ADVICE}"]
 

@@ -48,7 +48,7 @@ def run_once(tmp_path, executor: Executor):
     data = b"an input"
     digest = sha256_bytes(data)
     try:
-        return worker._run(None, Work(token="ab" * 16, input_hash=digest,
+        return worker._run(None, Work(token="ab" * 16, digest=digest,
                                       objects={digest: data}), watch=False)
     finally:
         worker.close()
@@ -77,7 +77,7 @@ def test_the_master_gives_an_interrupted_input_back_without_counting_a_failure(m
     first = work_of(master, 1)
     master._on_result(1, result_for(first, INTERRUPTED, "rank 1: SIGTERM reached the job"))
     master.dispatch.join()
-    assert first.input_hash in master.frontier.pending
+    assert first.digest in master.frontier.pending
     assert master.phase is Phase.RUNNING  # the master's own SIGTERM decides the stop
     statistics = master.dispatch.statistics()
     assert statistics["protocol_requeued"] == statistics["protocol_deferred"] == 0

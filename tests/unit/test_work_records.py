@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import base64
+
+import msgspec
 import pytest
 
 from symcc_mpi.campaign.commit import Accepted, Child, decode_manifest, encode_manifest
@@ -65,7 +68,7 @@ def test_a_manifest_holds_what_the_commit_publishes_and_decodes_back():
     crash = "d" * 64
     staged = [StagedFile(B, 3, coverage=b"\x01"), StagedFile(C, 4, coverage=b"\x02"),
               StagedFile(crash, 5, status="crash")]
-    result = Result(token="f" * 32, input_hash=A, outcome="ok", exit_status=0, wall_time=1.0,
+    result = Result(token="f" * 32, digest=A, outcome="ok", exit_status=0, wall_time=1.0,
                     solver_time=0.5, staged=staged, generated=9, generation=3,
                     pruning=b"bits a redo does without", message="not kept",
                     path_targets=list(range(1000)))  # a long path: not journaled either
@@ -77,9 +80,9 @@ def test_a_manifest_holds_what_the_commit_publishes_and_decodes_back():
                       "publish": [[C, 4, "ok"], [crash, 5, "crash"]]}
     record = {"kind": "commit", "sha256": A, "token": "f" * 32, "generation": 3, **fields}
     decoded = decode_manifest(record)
-    assert [(s.sha256, s.size, s.status.value, s.coverage) for s in decoded.staged] == \
+    assert [(s.digest, s.size, s.status.value, s.coverage) for s in decoded.staged] == \
         [(C, 4, "ok", None), (crash, 5, "crash", None)]
-    assert (decoded.input_hash, decoded.token, decoded.generation) == (A, "f" * 32, 3)
+    assert (decoded.digest, decoded.token, decoded.generation) == (A, "f" * 32, 3)
     assert decoded.pruning == b"" and decoded.generated == 2
     with pytest.raises(MalformedMessage):
         decode_manifest({**record, "publish": [[C, "four", "ok"]]})
@@ -89,6 +92,23 @@ def test_a_manifest_holds_what_the_commit_publishes_and_decodes_back():
         decode_manifest({k: v for k, v in record.items() if k != "token"})
     with pytest.raises(MalformedMessage):  # an earlier version's whole RESULT, damaged
         decode_manifest({**record, "result": "not base64!"})
+
+
+def test_an_earlier_versions_whole_result_decodes_with_todays_names():
+    """Versions before the manifest journaled the whole RESULT, and before the digest naming
+    called the input's digest `input_hash` and a staged file's `sha256`."""
+    old = {"token": "f" * 32, "input_hash": A, "outcome": "ok", "exit_status": 0,
+           "wall_time": 1.0, "solver_time": 0.5, "generated": 1, "generation": 2,
+           "staged": [{"sha256": B, "size": 3, "status": "ok"}]}
+    record = {"kind": "commit", "sha256": A, "token": "f" * 32, "generation": 2,
+              "result": base64.b64encode(msgspec.msgpack.encode(old)).decode()}
+    decoded = decode_manifest(record)
+    assert (decoded.digest, decoded.generation) == (A, 2)
+    assert [(s.digest, s.size) for s in decoded.staged] == [(B, 3)]
+    old["staged"][0]["sha256"] = "../etc/passwd"  # renamed, then checked as strictly as ever
+    with pytest.raises(MalformedMessage):
+        decode_manifest({**record,
+                         "result": base64.b64encode(msgspec.msgpack.encode(old)).decode()})
 
 
 class FakeWorld:

@@ -79,7 +79,7 @@ class Accepted:
     def published(self) -> list[StagedFile]:
         """The children the commit publishes: those it keeps, and crashes and hangs."""
         return [c.staged for c in self.children if c.may_keep
-                and (c.staged.sha256 in self.keep or _status(c) is not CoverageStatus.OK)]
+                and (c.staged.digest in self.keep or _status(c) is not CoverageStatus.OK)]
 
 
 @dataclass(frozen=True)
@@ -107,7 +107,7 @@ def encode_manifest(result: Result, accepted: Accepted) -> dict:
     split anew), its QSYM map bits and the children it sets aside are not redone: a redone
     commit only loses their help."""
     fields = {"outcome": result.outcome, "exit_status": result.exit_status,
-              "publish": [[staged.sha256, staged.size, staged.status]
+              "publish": [[staged.digest, staged.size, staged.status]
                           for staged in accepted.published()]}
     if result.outcome == Outcome.ERROR.value:
         fields["message"] = result.message[:MANIFEST_MESSAGE]
@@ -123,11 +123,11 @@ def decode_manifest(record: dict) -> Result:
             payload = base64.b64decode(record["result"], validate=True)
         except (ValueError, TypeError) as error:
             raise MalformedMessage(f"manifest is not base64: {error}") from None
-        return decode(Tag.RESULT, payload)
+        return decode(Tag.RESULT, _named_by_digest(payload))
     try:
-        staged = [{"sha256": digest, "size": size, "status": status}
+        staged = [{"digest": digest, "size": size, "status": status}
                   for digest, size, status in record["publish"]]
-        fields = {"token": record["token"], "input_hash": record["sha256"],
+        fields = {"token": record["token"], "digest": record["sha256"],
                   "outcome": record["outcome"], "exit_status": record["exit_status"],
                   "wall_time": 0.0, "solver_time": 0.0, "staged": staged,
                   "generated": len(staged), "message": record.get("message", ""),
@@ -135,6 +135,22 @@ def decode_manifest(record: dict) -> Result:
     except (KeyError, TypeError, ValueError) as error:
         raise MalformedMessage(f"manifest: {error!r}") from None
     return decode(Tag.RESULT, msgspec.msgpack.encode(fields))
+
+
+def _named_by_digest(payload: bytes) -> bytes:
+    """A RESULT as versions before the digest naming encoded it (`input_hash`, a staged
+    file's `sha256`), re-encoded with today's names; anything else unchanged."""
+    try:
+        fields = msgspec.msgpack.decode(payload)
+    except msgspec.DecodeError:
+        return payload  # decode() says what is wrong with it
+    if not isinstance(fields, dict) or "input_hash" not in fields:
+        return payload
+    fields["digest"] = fields.pop("input_hash")
+    for staged in fields.get("staged") or ():
+        if isinstance(staged, dict) and "sha256" in staged:
+            staged["digest"] = staged.pop("sha256")
+    return msgspec.msgpack.encode(fields)
 
 
 class Committer:
@@ -166,8 +182,8 @@ class Committer:
             known=self.frontier.seen_before)
         if result.outcome in NOT_ANALYSED:
             raise Unusable(result.message or ResultOutcome(result.outcome).value)
-        if result.input_hash != sent_input:
-            raise InvalidResult(ResultField.INPUT_HASH, "it ran other bytes than it was sent")
+        if result.digest != sent_input:
+            raise InvalidResult(ResultField.DIGEST, "it ran other bytes than it was sent")
         try:
             map_bits = decode_delta(result.pruning)
         except MalformedDelta as error:
@@ -177,7 +193,7 @@ class Committer:
         # Hashing every generated file was the master's biggest cost per result.
         children = []
         for staged, coverage in zip(result.staged, coverages, strict=True):
-            if self.frontier.seen_before(staged.sha256):
+            if self.frontier.seen_before(staged.digest):
                 continue
             may_keep = coverage is None or coverage.status is not CoverageStatus.OK \
                 or self.triage.adds_coverage(coverage)
@@ -189,8 +205,8 @@ class Committer:
         if any(c.may_keep or self.pool is not None for c in children):
             try:
                 with self.campaign.open_staged(result.token) as pack:
-                    pack.check([(staged.sha256, staged.size) for staged in result.staged])
-                    verified = {c.staged.sha256: pack.read(c.staged.sha256)
+                    pack.check([(staged.digest, staged.size) for staged in result.staged])
+                    verified = {c.staged.digest: pack.read(c.staged.digest)
                                 for c in children if c.may_keep}
                     packed = pack.by_digest
             except PackRejected as rejected:
@@ -210,9 +226,9 @@ class Committer:
                 continue
             coverage = child.coverage
             if coverage is None:
-                keep.add(child.staged.sha256)
+                keep.add(child.staged.digest)
             elif self.triage.adds_coverage(coverage, beyond):
-                keep.add(child.staged.sha256)
+                keep.add(child.staged.digest)
                 beyond = with_bits(beyond, coverage)
         return frozenset(keep)
 
@@ -222,7 +238,7 @@ class Committer:
         map bits, record the input as done (or, for a part of a split input that does not
         complete it, the part)."""
         now = SYSTEM_CLOCK.time()
-        parent = result.input_hash
+        parent = result.digest
         self.published = []
         finds_before = self.stats.interesting + self.stats.crashes
         edges_before = self.triage.edges_covered if self.triage is not None else 0
@@ -275,7 +291,7 @@ class Committer:
         that raises leaves it unseen, so the run of its parent, retried, offers it again. The
         coverage map learns its bits after the promotion for the same reason (a child whose
         bits were merged would be dropped by the retry as adding nothing)."""
-        digest = child.staged.sha256
+        digest = child.staged.digest
         coverage = child.coverage
         data = accepted.verified.get(digest)
         status = _status(child)

@@ -212,15 +212,15 @@ class CampaignDir(AflQueues):
     def restore(self, state: snapshot.Snapshot) -> None:
         """What `read_queues` would rebuild, and the frontier's table, from a snapshot."""
         self._next_ids = dict(state.next_ids)
-        self.crash_hashes = set(state.crashes)
-        self.hang_hashes = set(state.hangs)
+        self.crash_digests = set(state.crashes)
+        self.hang_digests = set(state.hangs)
         self.queue_names = dict(state.queue_names) if self.keep_queue_names else {}
         self.inputs.restore(state.table)
         self.epoch = state.epoch
 
     # -- reading state back ----------------------------------------------------------
 
-    def corpus_hashes(self) -> set[str]:
+    def corpus_digests(self) -> set[str]:
         """Every corpus entry named by a SHA-256; files named otherwise are quarantined.
 
         Bytes are not hashed here (a resume of a large campaign would spend its start-up on

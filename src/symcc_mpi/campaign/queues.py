@@ -35,8 +35,8 @@ class AflQueues:
         self.hangs = out / "hangs"
         # Strings, not Paths, on the master's per-result path: a Path join costs ~25 µs.
         self._corpus, self._queue = str(self.corpus), str(self.queue)
-        self.crash_hashes: set[str] = set()
-        self.hang_hashes: set[str] = set()
+        self.crash_digests: set[str] = set()
+        self.hang_digests: set[str] = set()
         self._next_ids = {"queue": 0, "crashes": 0, "hangs": 0}
         # Each queue/ entry's name by digest, kept when asked for (a hybrid campaign ranks
         # its frontier by them, afl_sync.helper_rank); set before `read_queues`.
@@ -76,9 +76,9 @@ class AflQueues:
                         if self.keep_queue_names:
                             self.queue_names[digest] = entry.name
                 elif kind == "crashes":
-                    self.crash_hashes.add(digest)
+                    self.crash_digests.add(digest)
                 else:
-                    self.hang_hashes.add(digest)
+                    self.hang_digests.add(digest)
 
     def add_to_queue(self, digest: str, parent: str) -> None:
         if self.forward_finding is not None:
@@ -112,7 +112,7 @@ class AflQueues:
         """Record a crashing or hanging input once; False if it is known already. `data`: the
         verified bytes of a child that is not in corpus/; without it, corpus/<digest>."""
         kind = FindingKind(kind)
-        known = self.crash_hashes if kind is FindingKind.CRASHES else self.hang_hashes
+        known = self.crash_digests if kind is FindingKind.CRASHES else self.hang_digests
         if digest in known:
             return False
         if self.forward_finding is not None:

@@ -60,18 +60,18 @@ def check_fields(result: Result, *, map_size: int | None,
     for entry in staged:
         if problem := staged_entry_problem(entry):
             raise InvalidResult(*problem)
-        if entry.sha256 in names:
-            raise InvalidResult(ResultField.DUPLICATE, f"staged {entry.sha256[:12]} listed twice")
-        names.add(entry.sha256)
+        if entry.digest in names:
+            raise InvalidResult(ResultField.DUPLICATE, f"staged {entry.digest[:12]} listed twice")
+        names.add(entry.digest)
         try:
             status = ProbeStatus(entry.status)
         except ValueError:
             raise InvalidResult(
                 ResultField.STATUS,
-                f"staged {entry.sha256[:12]}: status {entry.status!r:.40}") from None
+                f"staged {entry.digest[:12]}: status {entry.status!r:.40}") from None
         coverages.append(None if map_size is None or entry.coverage is None
-                         or known(entry.sha256)
-                         else _coverage(entry.sha256, entry.coverage, status, map_size))
+                         or known(entry.digest)
+                         else _coverage(entry.digest, entry.coverage, status, map_size))
     return coverages
 
 

@@ -71,8 +71,8 @@ def save(campaign, journal_size: int, journal_lines: int, journal_sha256: str) -
     ids = campaign.next_ids
     state = _State(VERSION, journal_size, journal_lines, journal_sha256, tail, campaign.epoch,
                    [ids["queue"], ids["crashes"], ids["hangs"]],
-                   b"".join(bytes.fromhex(d) for d in sorted(campaign.crash_hashes)),
-                   b"".join(bytes.fromhex(d) for d in sorted(campaign.hang_hashes)),
+                   b"".join(bytes.fromhex(d) for d in sorted(campaign.crash_digests)),
+                   b"".join(bytes.fromhex(d) for d in sorted(campaign.hang_digests)),
                    [(bytes.fromhex(d), name) for d, name in campaign.queue_names.items()],
                    campaign.inputs.dump())
     payload = msgspec.msgpack.encode(state)

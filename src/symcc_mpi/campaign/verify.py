@@ -69,8 +69,8 @@ def verify_campaign(out: Path) -> tuple[list[str], dict]:
     if unknown:
         problems.append(f"{len(unknown)} analysed inputs are missing from corpus/")
     done = [r["sha256"] for r in records]
-    queue_hashes = {sha256_file(p) for p in campaign.queue.iterdir() if p.name.startswith("id:")}
-    unqueued = sorted(set(corpus) - queue_hashes)
+    queue_digests = {sha256_file(p) for p in campaign.queue.iterdir() if p.name.startswith("id:")}
+    unqueued = sorted(set(corpus) - queue_digests)
     if unqueued:
         problems.append(f"{len(unqueued)} corpus inputs have no queue/ entry")
     leftovers = campaign.leftover_staging()

@@ -38,12 +38,12 @@ class ObjectMismatch(DispatchError):
 @dataclass(frozen=True)
 class TransferPlan:
     worker: int
-    object_ids: tuple[str, ...]  # every object the WORK refers to, in the caller's order
+    digests: tuple[str, ...]  # every object the WORK refers to, in the caller's order
     contents: Mapping[str, bytes] = field(default_factory=dict)  # only what must be shipped
 
     @property
     def hits(self) -> int:
-        return len(self.object_ids) - len(self.contents)
+        return len(self.digests) - len(self.contents)
 
 
 @dataclass(frozen=True)
@@ -66,25 +66,25 @@ class ObjectTransferCache:
         self._shipped_bytes = 0
         self._hits = 0
 
-    def knows(self, worker: int, object_id: str) -> bool:
-        return object_id in self._held.get(worker, ())
+    def knows(self, worker: int, digest: str) -> bool:
+        return digest in self._held.get(worker, ())
 
     def held(self, worker: int) -> frozenset[str]:
         return frozenset(self._held.get(worker, ()))
 
-    def plan(self, worker: int, object_ids: Iterable[str],
+    def plan(self, worker: int, digests: Iterable[str],
              load: Callable[[str], bytes]) -> TransferPlan:
         """Load the objects `worker` lacks, each checked against its id. Changes nothing."""
-        ids = tuple(dict.fromkeys(object_ids))
+        ids = tuple(dict.fromkeys(digests))
         held = self._held.get(worker, {})
         contents: dict[str, bytes] = {}
-        for object_id in ids:
-            if object_id in held:
+        for digest in ids:
+            if digest in held:
                 continue
-            data = bytes(load(object_id))
-            if hashlib.sha256(data).hexdigest() != object_id:
-                raise ObjectMismatch(f"object {object_id[:12]}: loaded bytes have another hash")
-            contents[object_id] = data
+            data = bytes(load(digest))
+            if hashlib.sha256(data).hexdigest() != digest:
+                raise ObjectMismatch(f"object {digest[:12]}: loaded bytes have another hash")
+            contents[digest] = data
         self._plans += 1
         return TransferPlan(worker, ids, MappingProxyType(contents))
 
@@ -92,8 +92,8 @@ class ObjectTransferCache:
         """The WORK carrying `plan` was sent (the send returned): the worker now holds its
         objects (F313 D7). Never call this before the send, nor after a failed one."""
         held = self._held.setdefault(plan.worker, {})
-        for object_id in plan.contents:  # a hit is not received again: its age stays
-            held[object_id] = None
+        for digest in plan.contents:  # a hit is not received again: its age stays
+            held[digest] = None
         while len(held) > self.capacity:
             del held[next(iter(held))]
         self._confirmed += 1
@@ -124,14 +124,14 @@ class ObjectStore:
         self.held: dict[str, None] = {}  # insertion-ordered: oldest first
         directory.mkdir()
 
-    def put(self, object_id: str, content: bytes) -> None:
-        (self.directory / object_id).write_bytes(content)
-        self.held.pop(object_id, None)  # received again: as young as the master thinks
-        self.held[object_id] = None
+    def put(self, digest: str, content: bytes) -> None:
+        (self.directory / digest).write_bytes(content)
+        self.held.pop(digest, None)  # received again: as young as the master thinks
+        self.held[digest] = None
         while len(self.held) > self.capacity:
             oldest = next(iter(self.held))
             del self.held[oldest]
             (self.directory / oldest).unlink(missing_ok=True)
 
-    def get(self, object_id: str) -> bytes:
-        return (self.directory / object_id).read_bytes()
+    def get(self, digest: str) -> bytes:
+        return (self.directory / digest).read_bytes()

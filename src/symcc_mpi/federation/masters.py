@@ -330,9 +330,9 @@ class Federation:
 
     def _name_finding(self, campaign: CampaignDir, finding: Finding) -> None:
         if finding.kind == "queue":
-            named = campaign.queue_finding(finding.sha256, finding.parent)
+            named = campaign.queue_finding(finding.digest, finding.parent)
         else:
-            named = campaign.save_finding(finding.kind, finding.sha256, finding.parent or None,
+            named = campaign.save_finding(finding.kind, finding.digest, finding.parent or None,
                                           finding.signal, data=finding.data or None)
         self.findings += named
 

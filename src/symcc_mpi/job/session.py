@@ -637,7 +637,7 @@ def _load_state(master, config: CampaignConfig, campaign: CampaignDir,
 def _rebuild_frontier(master, campaign: CampaignDir, past, done: set[str],
                       journal: list[dict], names_entries: bool) -> None:
     """The frontier from the directories and the journal, when no snapshot serves."""
-    corpus = campaign.corpus_hashes()
+    corpus = campaign.corpus_digests()
     for digest in corpus if names_entries else ():
         if campaign.inputs.queue_id(digest) is None:  # promoted, then killed before queueing
             campaign.add_to_queue(digest, parent="")

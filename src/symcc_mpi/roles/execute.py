@@ -74,21 +74,21 @@ def execute(work: Work, config: CampaignConfig, executor, probe, scratch: Path,
         try:
             qsym_map.receive(work.pruning, work.epoch)
         except MalformedDelta as error:
-            return failed(work, work.input_hash, INVALID_INPUT, str(error))
-    for object_id, content in work.objects.items():
-        if sha256_bytes(content) != object_id:
-            return failed(work, work.input_hash, INVALID_INPUT,
-                          f"object {object_id[:12]} arrived damaged")
-        objects.put(object_id, content)
-    data = work.objects.get(work.input_hash)
+            return failed(work, work.digest, INVALID_INPUT, str(error))
+    for digest, content in work.objects.items():
+        if sha256_bytes(content) != digest:
+            return failed(work, work.digest, INVALID_INPUT,
+                          f"object {digest[:12]} arrived damaged")
+        objects.put(digest, content)
+    data = work.objects.get(work.digest)
     if data is None:
         try:
-            data = objects.get(work.input_hash)
+            data = objects.get(work.digest)
         except FileNotFoundError:
-            return failed(work, work.input_hash, INVALID_INPUT,
+            return failed(work, work.digest, INVALID_INPUT,
                           "the input was neither sent with the WORK nor held by this worker")
     actual = sha256_bytes(data)
-    if actual != work.input_hash:
+    if actual != work.digest:
         return failed(work, actual, INVALID_INPUT, "input bytes do not match their SHA-256")
     local_input = scratch / "input"
     local_input.write_bytes(data)
@@ -108,14 +108,14 @@ def execute(work: Work, config: CampaignConfig, executor, probe, scratch: Path,
     if witness is not None:  # it re-runs a crash or a hang only
         outcome = witness.judge(outcome, data, local_input, executor.name, config.timeout)
         clock.lap("probe")
-    staged, refused = write_pack(outcome.generated, stage, work.input_hash)
+    staged, refused = write_pack(outcome.generated, stage, work.digest)
     skipped.note(outcome.skipped)
     skipped.note(refused.items())
     clock.lap("staging")
     entries = _describe(staged, stage, probe)
     clock.lap("probe")
     return Result(
-        token=work.token, input_hash=actual, outcome=outcome.outcome.value,
+        token=work.token, digest=actual, outcome=outcome.outcome.value,
         exit_status=outcome.exit_status, wall_time=outcome.wall_time,
         solver_time=outcome.solver_time, staged=entries, generated=len(outcome.generated),
         message=outcome.message, pruning=qsym_map.contribution() if qsym_map else b"",
@@ -179,7 +179,7 @@ def _describe(staged: list[Staged], pack: Path, probe) -> list[StagedFile]:
 
 def failed(work: Work, actual: str, outcome: str, reason: str) -> Result:
     """A RESULT saying the input was not analysed: the master gives it to someone again."""
-    return Result(token=work.token, input_hash=actual, outcome=outcome, exit_status=None,
+    return Result(token=work.token, digest=actual, outcome=outcome, exit_status=None,
                   wall_time=0.0, solver_time=0.0, staged=[], generated=0, message=reason,
                   generation=work.generation)
 
@@ -189,6 +189,6 @@ def failed_around(rank: int, work: Work, config: CampaignConfig, error: Exceptio
     writes is said once, by the master, for the whole campaign: no traceback per run here."""
     if storage_refused(error):
         where = describe(error, config.out / ".staging" / work.token)
-        return failed(work, work.input_hash, STORAGE_REFUSED, where)
-    log.exception("rank %d: executing %s failed", rank, work.input_hash[:12])
-    return failed(work, work.input_hash, WORKER_ERROR, f"{type(error).__name__}: {error}")
+        return failed(work, work.digest, STORAGE_REFUSED, where)
+    log.exception("rank %d: executing %s failed", rank, work.digest[:12])
+    return failed(work, work.digest, WORKER_ERROR, f"{type(error).__name__}: {error}")

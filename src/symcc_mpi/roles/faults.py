@@ -22,7 +22,7 @@ them, from 1. Worker kinds:
   `coverage` (a summary past the campaign's map), `manifest-length` (more entries than
   `generated`), `size` (negative), `name` (upper-case hex), `duplicate` (one file listed
   twice), `missing-file`, `not-regular` (a FIFO), `staged-bytes` (bytes not those named),
-  `figures` (a negative wall time), `input-hash` (other bytes than sent), `pruning` (garbage
+  `figures` (a negative wall time), `digest` (other bytes than sent), `pruning` (garbage
   map bits), `generation` (the next one), `targets` (branch targets that are not positive).
 
 Any rank, under ULFM (ulfm/); RANK is the rank in MPI_COMM_WORLD, and a worker that takes

@@ -45,7 +45,7 @@ def _send_unowned_result(channel: Channel, config: CampaignConfig, real: Result,
     """A RESULT under a token this rank does not hold now, with a real staged pack."""
     data = b"unowned result: must never reach the corpus " + secrets.token_bytes(8)
     planted = _plant(config.out / ".staging" / token, data)
-    forged = Result(token=token, input_hash=real.input_hash, outcome="ok", exit_status=0,
+    forged = Result(token=token, digest=real.digest, outcome="ok", exit_status=0,
                     wall_time=0.0, solver_time=0.0,
                     staged=[StagedFile(planted.digest, planted.size)], generated=1)
     channel.send(MASTER, Tag.RESULT, forged)
@@ -74,7 +74,7 @@ def _hostile_result(config: CampaignConfig, real: Result, field: str) -> bytes:
         digest = sha256_bytes(data)  # listed, never packed
     else:
         digest = _plant(pack, data, corrupt=field == "staged-bytes").digest
-    planted = {"sha256": digest, "size": len(data), "coverage": None, "status": "ok"}
+    planted = {"digest": digest, "size": len(data), "coverage": None, "status": "ok"}
     message = msgspec.to_builtins(real, builtin_types=(bytes,))
     if config.afl_target:  # the campaign triages: an honest summary (no edge) to spoil
         planted["coverage"] = FileCoverage.from_pairs([]).pack()
@@ -91,7 +91,7 @@ def _hostile_result(config: CampaignConfig, real: Result, field: str) -> bytes:
     elif field == "size":
         planted["size"] = -1
     elif field == "name":
-        planted["sha256"] = digest.upper()
+        planted["digest"] = digest.upper()
     elif field == "duplicate":
         entries.append(dict(planted))
     elif field == "not-regular":
@@ -99,8 +99,8 @@ def _hostile_result(config: CampaignConfig, real: Result, field: str) -> bytes:
         os.mkfifo(pack)  # opening it for reading would block the master for ever
     elif field == "figures":
         message["wall_time"] = -1.0
-    elif field == "input-hash":
-        message["input_hash"] = sha256_bytes(data)
+    elif field == "digest":
+        message["digest"] = sha256_bytes(data)
     elif field == "pruning":
         message["pruning"] = b"\xc1 not a delta"
     elif field == "generation":

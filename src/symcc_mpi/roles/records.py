@@ -35,7 +35,7 @@ class WorkRecords:
             return
         try:
             self.campaign.record_work(wal.Dispatch(
-                sha256=work.input_hash, token=work.token, generation=work.generation,
+                sha256=work.digest, token=work.token, generation=work.generation,
                 rank=rank, part=parse_work_id(work_id)[1]))
         except OSError as error:
             if storage_failing(error):
@@ -54,7 +54,7 @@ class WorkRecords:
         """F443 §3 step 6: the manifest, before the commit publishes anything."""
         if self.enabled:
             self.campaign.record_work(wal.Commit(
-                sha256=result.input_hash, token=result.token, generation=result.generation,
+                sha256=result.digest, token=result.token, generation=result.generation,
                 rank=rank, part=part, **encode_manifest(result, accepted)))
 
     def recovered(self, generation: int, failed: list[str], requeued: list[str], master: str,

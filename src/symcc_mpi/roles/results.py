@@ -95,7 +95,7 @@ class ResultJudge:
             return None
         except Unusable as problem:
             self.dispatch.note_valid_result(rank)
-            log.warning("rank %d did not analyse %s: %s", rank, result.input_hash[:12], problem)
+            log.warning("rank %d did not analyse %s: %s", rank, result.digest[:12], problem)
             if result.outcome == INVALID_INPUT and self.pruning is not None:
                 self.pruning.forget(rank)  # it may have refused the map bits we sent
             self.dispatch.reject(rank, result.token)
@@ -119,7 +119,7 @@ class ResultJudge:
                 if self.records.enabled:  # F443 §3 step 6: the manifest, then publication
                     self.records.commit(result, accepted, rank, part)
                     self._fault_in_commit("after-manifest")
-                tier = self.frontier.tier_of(result.input_hash)
+                tier = self.frontier.tier_of(result.digest)
                 found = self.committer.commit(rank, result, accepted, part=part,
                                               completes_input=completes)
                 if self.lower is not None:
@@ -147,7 +147,7 @@ class ResultJudge:
         repeated failures), never forgotten, and the loop goes on. `error.errno` says why."""
         outcome = self.dispatch.commit_failed(rank, result.token)
         log.warning("committing the result of %s from rank %d failed (%s): input %s",
-                    result.input_hash[:12], rank,
+                    result.digest[:12], rank,
                     errno.errorcode.get(error.errno, "no errno") + f": {error.strerror or error}",
                     outcome.action.value if outcome is not None else "already recovered")
 

@@ -51,10 +51,10 @@ class WorkSender:
         except BaseException:
             # Undone as unsent (dispatch/coordinator.py): the input goes out again, and the
             # journal says why before its next dispatch record.
-            self.records.requeue(work.input_hash, "its send failed")
+            self.records.requeue(work.digest, "its send failed")
             raise
         if self.lower is not None:
-            self.lower.schedule.dispatched(self.frontier.tier_of(work.input_hash))
+            self.lower.schedule.dispatched(self.frontier.tier_of(work.digest))
         if self.stats.startup_seconds is None:
             self.stats.startup_seconds = SYSTEM_CLOCK.time() - command_time()
         if self.stats.failures and self.stats.failures[-1]["first_dispatch"] is None:

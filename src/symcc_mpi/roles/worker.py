@@ -131,7 +131,7 @@ class Worker:
                 if last_token is not None:
                     finished_staging.append(config.out / ".staging" / last_token)
                 if message.generation != self.generation:
-                    result = failed(message, message.input_hash, INVALID_INPUT,
+                    result = failed(message, message.digest, INVALID_INPUT,
                                     f"WORK of generation {message.generation} in generation "
                                     f"{self.generation}")
                 else:
@@ -167,7 +167,7 @@ class Worker:
         except Exception as error:  # noqa: BLE001 - reported to the master as data
             return failed_around(self.rank, work, self.config, error)
         if TERMINATING.is_set() and result.outcome != ResultOutcome.OK:
-            return failed(work, work.input_hash, INTERRUPTED,
+            return failed(work, work.digest, INTERRUPTED,
                           f"rank {self.rank}: SIGTERM reached the job during the run "
                           f"({result.outcome}, exit status {result.exit_status})")
         return result

@@ -88,7 +88,7 @@ class ResultField(str, enum.Enum):
     NOT_REGULAR = "not-regular"  # listed, but a link, FIFO, device or directory
     STAGED_BYTES = "staged-bytes"  # a staged file whose bytes are not those announced
     FIGURES = "figures"  # exit status, times, solver counts
-    INPUT_HASH = "input-hash"  # it says it analysed other bytes than it was sent
+    DIGEST = "digest"  # it says it analysed other bytes than it was sent
     PRUNING = "pruning"  # its QSYM map bits
     GENERATION = "generation"  # not the generation of the WORK it answers (ulfm/)
     TARGETS = "targets"  # its branch targets (executors/base.py)
@@ -103,7 +103,7 @@ class Ready(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
 
 class Work(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     token: str  # per-dispatch, echoed in RESULT and the following READY (F315)
-    input_hash: str  # SHA-256 of the input's bytes: the work identity
+    digest: str  # SHA-256 of the input's bytes: the work identity
     # Content-addressed objects (SHA-256 → bytes) the worker is not known to hold yet; the
     # input itself is one (F313 §3.5).
     objects: dict[str, bytes] = msgspec.field(default_factory=dict)
@@ -120,7 +120,7 @@ class Work(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
 class StagedFile(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     """One generated input in the worker's staging directory, named by its SHA-256."""
 
-    sha256: str
+    digest: str
     size: int
     coverage: bytes | None = None  # packed edge summary (triage.FileCoverage), if probed
     status: ProbeStatus = ProbeStatus.OK  # coverage probe verdict (closed set on the wire)
@@ -146,7 +146,7 @@ PHASES = tuple(TaskPhases.__struct_fields__)
 
 class Result(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     token: str
-    input_hash: str  # SHA-256 the worker computed over the bytes it actually ran
+    digest: str  # SHA-256 the worker computed over the bytes it actually ran
     outcome: ResultOutcome
     exit_status: int | None
     wall_time: float
@@ -206,7 +206,7 @@ class Finding(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     skips for ever an id that appears after a higher one (federation.py)."""
 
     kind: FindingKind
-    sha256: str
+    digest: str
     parent: str = ""  # the input it was generated from; "" for none
     signal: int | None = None  # of a crash
     data: bytes = b""  # a crash's or hang's bytes when corpus/ does not hold them
@@ -251,9 +251,9 @@ class MalformedMessage(ValueError):
 _ERROR_PATH = re.compile(r"at `\$\.(\w+)(?:\[\d+\]\.(\w+))?`")
 _FIELD_OF_PATH = {
     "outcome": ResultField.OUTCOME, "staged.status": ResultField.STATUS,
-    "staged.coverage": ResultField.COVERAGE, "staged.sha256": ResultField.NAME,
+    "staged.coverage": ResultField.COVERAGE, "staged.digest": ResultField.NAME,
     "staged.size": ResultField.SIZE, "generated": ResultField.MANIFEST_LENGTH,
-    "input_hash": ResultField.INPUT_HASH, "pruning": ResultField.PRUNING,
+    "digest": ResultField.DIGEST, "pruning": ResultField.PRUNING,
     "phases": ResultField.FIGURES,
     "path_targets": ResultField.TARGETS, "solved_targets": ResultField.TARGETS,
     **dict.fromkeys(("exit_status", "wall_time", "solver_time", "solver_queries",
@@ -285,10 +285,10 @@ def decode(tag: int, payload: bytes) -> msgspec.Struct:
 
 def staged_entry_problem(entry: StagedFile) -> tuple[ResultField, str] | None:
     """What is wrong with one staged entry's name or size, if anything."""
-    if not isinstance(entry.sha256, str) or not SHA256_PATTERN.match(entry.sha256):
-        return ResultField.NAME, f"staged name {entry.sha256!r:.80} is not a lowercase SHA-256"
+    if not isinstance(entry.digest, str) or not SHA256_PATTERN.match(entry.digest):
+        return ResultField.NAME, f"staged name {entry.digest!r:.80} is not a lowercase SHA-256"
     if not 0 <= entry.size <= MAX_STAGED_SIZE:
-        return ResultField.SIZE, f"staged {entry.sha256[:12]}: size {entry.size} out of range"
+        return ResultField.SIZE, f"staged {entry.digest[:12]}: size {entry.size} out of range"
     return None
 
 
@@ -297,19 +297,16 @@ def _check_fields(message: msgspec.Struct) -> None:
     if token is not None and not TOKEN_PATTERN.match(token):
         raise MalformedMessage(f"bad token {token!r}", ResultField.UNDECODABLE
                                if isinstance(message, Result) else None)
-    named = getattr(message, "sha256", None)
-    if named is not None and not SHA256_PATTERN.match(named):
-        raise MalformedMessage(f"bad sha256 {named!r:.80}")
-    digest = getattr(message, "input_hash", None)
+    digest = getattr(message, "digest", None)
     if digest is not None and not SHA256_PATTERN.match(digest):
-        raise MalformedMessage(f"bad input hash {digest!r}", ResultField.INPUT_HASH
+        raise MalformedMessage(f"bad digest {digest!r}", ResultField.DIGEST
                                if isinstance(message, Result) else None)
     parent = getattr(message, "parent", "")
     if parent and not SHA256_PATTERN.match(parent):
         raise MalformedMessage(f"bad parent hash {parent!r:.80}")
-    for object_id in getattr(message, "objects", ()):
-        if not SHA256_PATTERN.match(object_id):
-            raise MalformedMessage(f"bad object id {object_id!r}")
+    for digest in getattr(message, "objects", ()):
+        if not SHA256_PATTERN.match(digest):
+            raise MalformedMessage(f"bad object id {digest!r}")
     for staged in getattr(message, "staged", ()):
         if problem := staged_entry_problem(staged):
             raise MalformedMessage(f"bad staged entry: {problem[1]}", problem[0])
