@@ -52,8 +52,9 @@ from _campaign import (
     time_to,
 )
 
+from symcc_mpi.coverage.edges import Status
 from symcc_mpi.coverage.forkserver import ForkserverProbe
-from symcc_mpi.coverage.triage import CoverageMap, Status
+from symcc_mpi.coverage.triage import CoverageMap
 
 DEFAULT_TARGETS = ("gate", "json")
 DEFAULT_BUDGET = 120.0  # per configuration: ~16 min for the two default targets (2 cores)

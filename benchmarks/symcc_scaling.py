@@ -74,8 +74,9 @@ from _campaign import (
 )
 
 from symcc_mpi.campaign.corpus import CampaignDir
+from symcc_mpi.coverage.edges import Status
 from symcc_mpi.coverage.forkserver import ForkserverProbe
-from symcc_mpi.coverage.triage import CoverageMap, Status
+from symcc_mpi.coverage.triage import CoverageMap
 from symcc_mpi.executors.symcc import preload_library
 from symcc_mpi.processes.scratch import default_root
 

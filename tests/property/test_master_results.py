@@ -23,7 +23,8 @@ from hypothesis import strategies as st
 from symcc_mpi.campaign.corpus import CampaignDir
 from symcc_mpi.campaign.layout import check_out_dir, sha256_bytes
 from symcc_mpi.config import CampaignConfig
-from symcc_mpi.coverage.triage import CoverageMap, FileCoverage, Status
+from symcc_mpi.coverage.edges import FileCoverage, Status
+from symcc_mpi.coverage.triage import CoverageMap
 from symcc_mpi.dispatch.watchdog import WatchdogConfig
 from symcc_mpi.roles.master import Master
 from symcc_mpi.wire.protocol import MalformedMessage, Tag, decode

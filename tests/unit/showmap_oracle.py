@@ -9,7 +9,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from symcc_mpi.coverage.triage import BUCKET_BITS, FileCoverage, Status
+from symcc_mpi.coverage.edges import BUCKET_BITS, FileCoverage, Status
 
 _CLASS_TO_BIT = {str(k + 1).encode(): bit for k, bit in enumerate(BUCKET_BITS)}
 

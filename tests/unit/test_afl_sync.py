@@ -284,7 +284,7 @@ def test_an_unreadable_fuzzer_directory_is_skipped_with_one_warning(tmp_path, ca
 
 class FailingProbe:
     def probe(self, paths):
-        from symcc_mpi.coverage.triage import TriageError
+        from symcc_mpi.coverage.edges import TriageError
 
         raise TriageError("afl-showmap died")
 

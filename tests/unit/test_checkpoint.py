@@ -29,8 +29,9 @@ from symcc_mpi.campaign.checkpoint import (
 )
 from symcc_mpi.campaign.corpus import CampaignDir
 from symcc_mpi.campaign.layout import CampaignError
+from symcc_mpi.coverage.edges import FileCoverage, Status
 from symcc_mpi.coverage.pruning import MAP_SIZE, SHARED_SCOPE, Delta, PruningLedger, PruningMode
-from symcc_mpi.coverage.triage import CoverageMap, FileCoverage, Status
+from symcc_mpi.coverage.triage import CoverageMap
 from symcc_mpi.durable.clock import ManualClock
 
 

@@ -16,9 +16,10 @@ from symcc_mpi.campaign.commit import Committer, Refused, Unusable
 from symcc_mpi.campaign.corpus import CampaignDir
 from symcc_mpi.campaign.layout import check_out_dir, sha256_bytes
 from symcc_mpi.campaign.stats import MasterStats, WorkerStats
+from symcc_mpi.coverage.edges import FileCoverage, Status
 from symcc_mpi.coverage.pruning import Delta, PruningLedger, PruningMode
 from symcc_mpi.coverage.pruning import encode as encode_delta
-from symcc_mpi.coverage.triage import CoverageMap, FileCoverage, Status
+from symcc_mpi.coverage.triage import CoverageMap
 from symcc_mpi.wire.protocol import INVALID_INPUT, Result, ResultField, StagedFile
 from symcc_mpi.wire.staging import write_entries
 

@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 from showmap_oracle import showmap
 
+from symcc_mpi.coverage.edges import AflTargetError, Novelty, Status, TriageError
 from symcc_mpi.coverage.forkserver import ForkserverProbe
-from symcc_mpi.coverage.triage import AflTargetError, CoverageMap, Novelty, Status, TriageError
+from symcc_mpi.coverage.triage import CoverageMap
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 BUILD = EXAMPLES / "build"

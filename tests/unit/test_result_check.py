@@ -8,7 +8,7 @@ import pytest
 
 from symcc_mpi.campaign.layout import sha256_bytes
 from symcc_mpi.campaign.result_check import InvalidResult, check_fields
-from symcc_mpi.coverage.triage import FileCoverage, Status
+from symcc_mpi.coverage.edges import FileCoverage, Status
 from symcc_mpi.wire.protocol import (
     MAX_GENERATED,
     MAX_STAGED_SIZE,

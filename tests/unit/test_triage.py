@@ -14,16 +14,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from symcc_mpi.coverage.triage import (
+from symcc_mpi.coverage.edges import (
     BUCKET_BITS,
     AflTargetError,
-    CoverageMap,
     FileCoverage,
     Novelty,
     Status,
     bucket_bit,
     check_afl_target,
 )
+from symcc_mpi.coverage.triage import CoverageMap
 
 HAVE_AFL = shutil.which("afl-clang-fast") is not None and shutil.which("afl-showmap") is not None
 needs_afl = pytest.mark.skipif(

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from symcc_mpi.config import CampaignConfig
-from symcc_mpi.coverage.triage import FileCoverage, Status
+from symcc_mpi.coverage.edges import FileCoverage, Status
 from symcc_mpi.executors.base import ExecutionResult, Outcome
 from symcc_mpi.executors.symcc import is_symcc_build, last_words
 from symcc_mpi.executors.witness import Witness, failure_reason, make_witness

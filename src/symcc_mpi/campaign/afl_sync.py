@@ -27,7 +27,7 @@ from pathlib import Path
 from symcc_mpi.campaign.afl_names import parse_afl_queue_id
 from symcc_mpi.campaign.corpus import CampaignDir
 from symcc_mpi.campaign.layout import sha256_bytes
-from symcc_mpi.coverage.triage import TriageError
+from symcc_mpi.coverage.edges import TriageError
 from symcc_mpi.durable.atomic import write_durable
 from symcc_mpi.durable.clock import SYSTEM_CLOCK, Clock
 from symcc_mpi.scheduling.frontier import Frontier

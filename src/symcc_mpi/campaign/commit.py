@@ -18,10 +18,11 @@ from dataclasses import dataclass, field
 import msgspec
 
 from symcc_mpi.campaign.result_check import InvalidResult, check_fields
+from symcc_mpi.coverage.edges import FileCoverage
+from symcc_mpi.coverage.edges import Status as CoverageStatus
 from symcc_mpi.coverage.pruning import Delta, MalformedDelta
 from symcc_mpi.coverage.pruning import decode as decode_delta
-from symcc_mpi.coverage.triage import FileCoverage, path_key, with_bits
-from symcc_mpi.coverage.triage import Status as CoverageStatus
+from symcc_mpi.coverage.triage import path_key, with_bits
 from symcc_mpi.durable.clock import SYSTEM_CLOCK
 from symcc_mpi.executors import Outcome
 from symcc_mpi.wire.protocol import (

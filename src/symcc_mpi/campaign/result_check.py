@@ -13,8 +13,8 @@ import math
 
 import msgspec
 
-from symcc_mpi.coverage.triage import DEFAULT_MAP_SIZE, FileCoverage
-from symcc_mpi.coverage.triage import Status as ProbeStatus
+from symcc_mpi.coverage.edges import DEFAULT_MAP_SIZE, FileCoverage
+from symcc_mpi.coverage.edges import Status as ProbeStatus
 from symcc_mpi.wire.protocol import (
     MAX_GENERATED,
     PHASES,

@@ -44,7 +44,7 @@ from pathlib import Path
 
 import msgspec
 
-from symcc_mpi.coverage.triage import BUCKET_BITS, AflTargetError, FileCoverage, Status, TriageError
+from symcc_mpi.coverage.edges import BUCKET_BITS, AflTargetError, FileCoverage, Status, TriageError
 from symcc_mpi.durable.clock import SYSTEM_CLOCK
 from symcc_mpi.processes.scratch import default_root
 from symcc_mpi.processes.wordpipe import PipeClosed, read_word, write_word
@@ -63,7 +63,7 @@ FS_ERROR_MESSAGES = {  # the runtime's send_forkserver_error codes (types.h)
     16: "it could not map the shared memory", 32: "it has an old cmplog instrumentation"}
 IPC_PRIVATE, IPC_CREAT, IPC_EXCL, IPC_RMID = 0, 0o1000, 0o2000, 0
 
-# count_class_binary of afl-fuzz, as the bits of triage.BUCKET_BITS.
+# count_class_binary of afl-fuzz, as the bits of edges.BUCKET_BITS.
 _CLASS = bytes(0 if n == 0 else BUCKET_BITS[0] if n == 1 else BUCKET_BITS[1] if n == 2
                else BUCKET_BITS[2] if n == 3 else BUCKET_BITS[3] if n < 8
                else BUCKET_BITS[4] if n < 16 else BUCKET_BITS[5] if n < 32

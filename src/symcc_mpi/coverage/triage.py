@@ -1,220 +1,22 @@
-"""Coverage triage: the edge summaries workers send (probed by forkserver.py), the AFL build
-checked, and the master's AFL-style virgin-bits merge."""
+"""The master's coverage triage: the campaign's AFL-style virgin-bits map that decides which
+children add coverage, its figures, and its saved state for --resume."""
 
 from __future__ import annotations
-
-import enum
-import mmap
-import os
-import shutil
-from collections.abc import Iterable, Sequence
-from pathlib import Path
 
 import msgspec
 import numpy as np
 
-__all__ = [
-    "AflTargetError",
-    "BUCKET_BITS",
-    "CoverageMap",
-    "CoverageStats",
-    "FileCoverage",
-    "MAX_MAP_SIZE",
-    "Novelty",
-    "Status",
-    "TriageError",
-    "bucket_bit",
-    "check_afl_target",
-    "path_key",
-    "with_bits",
-]
-
-
-class TriageError(RuntimeError):
-    """A coverage probe could not be carried out; the message is one line."""
-
-
-class AflTargetError(TriageError):
-    """The AFL build of the target cannot be used (missing, not instrumented...)."""
-
-
-class Status(str, enum.Enum):
-    """How one run of the AFL build ended (values as in protocol.StagedFile.status)."""
-
-    OK = "ok"
-    CRASH = "crash"
-    HANG = "hang"
-
-
-class Novelty(enum.IntEnum):
-    """What a merged summary added: AFL's has_new_bits() return values 0, 1, 2."""
-
-    NONE = 0
-    NEW_COUNT = 1
-    NEW_EDGE = 2
-
-
-# AFL's hit-count classes as bits (count_class_binary): 1, 2, 3, 4-7, 8-15, 16-31, 32-127, 128+.
-BUCKET_BITS = (1, 2, 4, 8, 16, 32, 64, 128)
-# AFL++ caps map sizes at 2^28 (MAP_SIZE_POW2 <= 28); anything larger is a corrupt summary.
-MAX_MAP_SIZE = 1 << 28
-DEFAULT_MAP_SIZE = 1 << 16
-
-def bucket_bit(hits: int) -> int:
-    """AFL's hit-count class bit for a raw hit count (0 for no hit)."""
-    if hits <= 0:
-        return 0
-    if hits <= 3:
-        return BUCKET_BITS[hits - 1]
-    for bit, upper in ((8, 7), (16, 15), (32, 31), (64, 127)):
-        if hits <= upper:
-            return bit
-    return 128
-
-
-# The wire's map indices: little-endian u32. Gathers and scatters over them run in numpy:
-# the master triages every generated child, thousands of edges each on larger inputs, and a
-# Python loop over them was most of its CPU per execution.
-_U32 = np.dtype("<u4")
-
-
-def _pack_u32(values: Iterable[int]) -> bytes:
-    return np.fromiter(values, dtype=_U32).tobytes()
-
-
-def _indices(data: bytes) -> np.ndarray:
-    """The wire's u32 array, zero-copy."""
-    return np.frombuffer(data, dtype=_U32)
-
-
-def _gather(table: np.ndarray, idx: np.ndarray) -> np.ndarray:
-    """table[idx], 0 for an index past its end."""
-    try:
-        return table[idx]
-    except IndexError:
-        got = np.zeros(len(idx), dtype=table.dtype)
-        inside = idx < len(table)
-        got[inside] = table[idx[inside]]
-        return got
-
-
-def _grown(table: np.ndarray, idx: np.ndarray) -> np.ndarray:
-    """`table`, or a copy zero-extended to hold every index of `idx`."""
-    top = int(idx.max()) if len(idx) else -1
-    if top < len(table):
-        return table
-    if top >= MAX_MAP_SIZE:
-        raise ValueError(f"coverage summary: map index {top} out of range")
-    return np.concatenate([table, np.zeros(top + 1 - len(table), dtype=table.dtype)])
-
-
-class FileCoverage(msgspec.Struct, frozen=True, array_like=True, gc=False):
-    """Edge summary of one input: what a worker sends to its master (msgspec-serialisable).
-
-    `edges` holds the AFL map indices hit, as little-endian u32 in ascending order;
-    `buckets[k]` is the hit-count class bit (one of BUCKET_BITS) of `edges[k]`.
-    """
-
-    status: Status
-    edges: bytes = b""
-    buckets: bytes = b""
-    map_size: int = 0
-
-    @classmethod
-    def from_pairs(
-        cls, pairs: Iterable[tuple[int, int]], status: Status = Status.OK, map_size: int = 0
-    ) -> FileCoverage:
-        """Build a summary from (map index, bucket bit) pairs."""
-        ordered = sorted(dict(pairs).items())
-        return cls(
-            status=status,
-            edges=_pack_u32(i for i, _ in ordered),
-            buckets=bytes(b for _, b in ordered),
-            map_size=map_size,
-        )
-
-    @classmethod
-    def unpack(cls, data: bytes) -> FileCoverage:
-        """Decode and validate what pack() produced (raises ValueError if malformed)."""
-        try:
-            cov = _DECODER.decode(data)
-        except msgspec.DecodeError as exc:
-            raise ValueError(f"coverage summary: {exc}") from None
-        cov.validate()
-        return cov
-
-    def pack(self) -> bytes:
-        """The summary as compact msgpack bytes, for a protocol message."""
-        return _ENCODER.encode(self)
-
-    @property
-    def edge_count(self) -> int:
-        return len(self.buckets)
-
-    @property
-    def top_index(self) -> int:
-        """The highest map index hit, -1 if none."""
-        return int(_indices(self.edges).max()) if self.edges else -1
-
-    def pairs(self) -> list[tuple[int, int]]:
-        """The (map index, bucket bit) pairs, in ascending index order."""
-        return list(zip(_indices(self.edges).tolist(), self.buckets, strict=True))
-
-    def validate(self) -> None:
-        """Raise ValueError unless the summary is well formed (it comes from another process)."""
-        if len(self.edges) != 4 * len(self.buckets):
-            raise ValueError(
-                f"coverage summary: {len(self.edges)} index bytes for {len(self.buckets)} buckets"
-            )
-        if self.buckets.translate(None, _VALID_BUCKETS):
-            raise ValueError("coverage summary: a bucket is not a single AFL hit-count class bit")
-        if not 0 <= self.map_size <= MAX_MAP_SIZE:
-            raise ValueError(f"coverage summary: map size {self.map_size} out of range")
-        if self.top_index >= MAX_MAP_SIZE:
-            raise ValueError("coverage summary: a map index out of range")
-
-
-_VALID_BUCKETS = bytes(BUCKET_BITS)
-_ENCODER = msgspec.msgpack.Encoder()
-_DECODER = msgspec.msgpack.Decoder(FileCoverage)
-
-
-# --------------------------------------------------------------------------- target checks
-
-
-def _resolve_program(program: str) -> Path | None:
-    if os.sep in program:
-        return Path(program)
-    found = shutil.which(program)
-    return Path(found) if found else None
-
-
-def check_afl_target(argv: Sequence[str]) -> Path:
-    """Check that `argv` names a usable AFL-instrumented program; return its resolved path.
-
-    Raises AflTargetError with a one-line message otherwise.
-    """
-    if not argv:
-        raise AflTargetError("empty AFL target command line")
-    path = _resolve_program(argv[0])
-    if path is None or not path.exists():
-        raise AflTargetError(f"AFL target not found: {argv[0]}")
-    if not path.is_file() or not os.access(path, os.X_OK):
-        raise AflTargetError(f"AFL target is not an executable file: {path}")
-    with open(path, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        if size < 4 or f.read(4) != b"\x7fELF":
-            raise AflTargetError(f"AFL target is not an ELF executable: {path}")
-        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as image:
-            # afl-fuzz's own test: the runtime reads its shared map id from this variable.
-            instrumented = image.find(b"__AFL_SHM_ID\x00") >= 0
-    if not instrumented:
-        raise AflTargetError(
-            f"AFL target is not AFL-instrumented (no __AFL_SHM_ID): {path}; "
-            "build it with afl-clang-fast"
-        )
-    return path
-
+from symcc_mpi.coverage.edges import (
+    _U32,
+    MAX_MAP_SIZE,
+    FileCoverage,
+    Novelty,
+    Status,
+    gather,
+    grown,
+    indices,
+    pack_u32,
+)
 
 # --------------------------------------------------------------------------- master side
 
@@ -252,7 +54,7 @@ class _FaultMap:
 
     def merge(self, idx: np.ndarray) -> Novelty:
         self.runs += 1
-        self.hit = _grown(self.hit, idx)
+        self.hit = grown(self.hit, idx)
         novelty = Novelty.NONE
         if not self.hit[idx].all():
             novelty = Novelty.NEW_EDGE
@@ -277,9 +79,9 @@ def path_key(cov: FileCoverage) -> tuple[int, int]:
 
 def with_bits(bits: np.ndarray | None, cov: FileCoverage) -> np.ndarray:
     """`bits` (per map index, None for none) with the summary's classes ORed in: a copy."""
-    idx = _indices(cov.edges)
+    idx = indices(cov.edges)
     bits = np.zeros(0, dtype=np.uint8) if bits is None else bits.copy()
-    bits = _grown(bits, idx)
+    bits = grown(bits, idx)
     np.bitwise_or.at(bits, idx, np.frombuffer(cov.buckets, dtype=np.uint8))
     return bits
 
@@ -328,12 +130,12 @@ class CoverageMap:
 
         The map only gains bits, so a summary that adds nothing now never will.
         """
-        idx = _indices(cov.edges)
+        idx = indices(cov.edges)
         if not len(idx) or path_key(cov) in self._digests:
             return False
-        got = _gather(self._seen, idx)
+        got = gather(self._seen, idx)
         if beyond is not None:
-            got |= _gather(beyond, idx)
+            got |= gather(beyond, idx)
         return bool((np.frombuffer(cov.buckets, dtype=np.uint8) & ~got).any())
 
     def knows_path(self, cov: FileCoverage) -> bool:
@@ -342,8 +144,8 @@ class CoverageMap:
 
     def rarity(self, cov: FileCoverage) -> int:
         """How many interesting runs hit the rarest edge of `cov` (0: an edge none hit)."""
-        idx = _indices(cov.edges)
-        return int(_gather(self._hits, idx).min()) if len(idx) else 0
+        idx = indices(cov.edges)
+        return int(gather(self._hits, idx).min()) if len(idx) else 0
 
     def merge_novelty(self, cov: FileCoverage) -> Novelty:
         """Merge one summary and say what it added (Novelty.NONE if nothing)."""
@@ -351,7 +153,7 @@ class CoverageMap:
         self._merged += 1
         if cov.map_size > self._declared_size:
             self._declared_size = cov.map_size
-        idx = _indices(cov.edges)
+        idx = indices(cov.edges)
         if cov.status == Status.CRASH:
             return self._crashes.merge(idx)
         if cov.status == Status.HANG:
@@ -362,7 +164,7 @@ class CoverageMap:
         if key in self._digests:
             self._duplicates += 1
             return Novelty.NONE
-        self._seen = seen = _grown(self._seen, idx)
+        self._seen = seen = grown(self._seen, idx)
         got = seen[idx]
         buckets = np.frombuffer(cov.buckets, dtype=np.uint8)
         novelty = Novelty.NONE
@@ -376,7 +178,7 @@ class CoverageMap:
                 self._new_edge_finds += 1
             np.bitwise_or.at(seen, idx, buckets)
             self._interesting += 1
-            self._hits = _grown(self._hits, idx)
+            self._hits = grown(self._hits, idx)
             np.add.at(self._hits, idx, 1)
         if len(self._digests) >= self._dedup_capacity:
             self._digests.clear()
@@ -471,13 +273,13 @@ class _MapState(msgspec.Struct, array_like=True):
 
 
 def _fault_state(fault: _FaultMap) -> _FaultState:
-    always = None if fault.always is None else _pack_u32(sorted(fault.always))
+    always = None if fault.always is None else pack_u32(sorted(fault.always))
     return _FaultState(fault.hit.tobytes(), always, fault.runs, fault.unique)
 
 
 def _fault_from_state(state: _FaultState) -> _FaultMap:
     fault = _FaultMap(0)
     fault.hit = np.frombuffer(state.hit, dtype=np.uint8).copy()
-    fault.always = None if state.always is None else set(_indices(state.always).tolist())
+    fault.always = None if state.always is None else set(indices(state.always).tolist())
     fault.runs, fault.unique = state.runs, state.unique
     return fault

@@ -21,7 +21,7 @@ import signal
 from collections.abc import Callable
 from pathlib import Path
 
-from symcc_mpi.coverage.triage import Status
+from symcc_mpi.coverage.edges import Status
 from symcc_mpi.executors.base import ExecutionResult, Outcome
 from symcc_mpi.executors.process import run_once
 

@@ -415,7 +415,7 @@ def check_config(config: CampaignConfig, *, lock_held: bool = False) -> None:
     check_fault_plan()
     check_pool_bounds()
     if config.afl_target:
-        from symcc_mpi.coverage.triage import TriageError, check_afl_target
+        from symcc_mpi.coverage.edges import TriageError, check_afl_target
 
         try:
             check_afl_target(list(config.afl_target))

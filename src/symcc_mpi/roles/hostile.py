@@ -12,7 +12,7 @@ import msgspec
 
 from symcc_mpi.campaign.corpus import sha256_bytes
 from symcc_mpi.config import CampaignConfig
-from symcc_mpi.coverage.triage import FileCoverage
+from symcc_mpi.coverage.edges import FileCoverage
 from symcc_mpi.roles.faults import HOSTILE_MARK, Faults, stop_self
 from symcc_mpi.wire.protocol import Result, StagedFile, Tag
 from symcc_mpi.wire.staging import Pack, Staged, write_entries

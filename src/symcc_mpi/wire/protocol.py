@@ -14,7 +14,7 @@ from typing import Any
 
 import msgspec
 
-from symcc_mpi.coverage.triage import Status as ProbeStatus
+from symcc_mpi.coverage.edges import Status as ProbeStatus
 from symcc_mpi.executors.base import Outcome
 from symcc_mpi.wire.control import ControlMessage
 
@@ -122,7 +122,7 @@ class StagedFile(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
 
     digest: str
     size: int
-    coverage: bytes | None = None  # packed edge summary (triage.FileCoverage), if probed
+    coverage: bytes | None = None  # packed edge summary (edges.FileCoverage), if probed
     status: ProbeStatus = ProbeStatus.OK  # coverage probe verdict (closed set on the wire)
 
 
