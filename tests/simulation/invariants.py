@@ -22,7 +22,7 @@ from symcc_mpi.campaign.layout import done_journals
 from symcc_mpi.campaign.verify import _read_deferred, verify_campaign
 from symcc_mpi.dispatch.tables import Table
 from symcc_mpi.durable.deferred import DEFERRED_JOURNAL_NAME
-from symcc_mpi.job.session import Generations
+from symcc_mpi.job.generations import Generations
 from symcc_mpi.roles.master import Master
 from symcc_mpi.roles.worker import Worker
 from symcc_mpi.ulfm.generations import GENERATIONS_JOURNAL, GenerationLog

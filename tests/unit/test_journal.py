@@ -203,7 +203,7 @@ def test_interrupted_repair_temporary_is_swept(tmp_path, clock):
 
 
 def test_defer_persists_and_repeats(tmp_path, clock):
-    # Where the master keeps it (job/session.py): its state directory, beside done.jsonl.
+    # Where the master keeps it (job/assembly.py): its state directory, beside done.jsonl.
     campaign = CampaignDir(tmp_path)
     d = DeferredWorkJournal(campaign.state / DEFERRED_JOURNAL_NAME, clock=clock, fsync=False,
                             quarantine_dir=campaign.quarantine)

@@ -1,7 +1,7 @@
 """A campaign directory whose done journal an earlier symcc-mpi wrote (done records with no
 "kind", F443's work records beside them) is resumed and verified as it was, and the records
 this version writes are those bytes exactly (campaign/wal.py): the format is pinned here.
-No MPI: the master's resume (job/session.open_master) over a fake channel."""
+No MPI: the master's resume (job/assembly.open_master) over a fake channel."""
 
 from __future__ import annotations
 
@@ -118,7 +118,7 @@ def test_an_old_journal_reads_and_verifies(tmp_path):
 
 
 def test_an_old_campaign_resumes_and_verifies(tmp_path):
-    from symcc_mpi.job.session import open_master
+    from symcc_mpi.job.assembly import open_master
 
     out = tmp_path / "out"
     old_campaign(out)

@@ -94,8 +94,9 @@ def explore(target, seeds, out, afl_sync, name, workers, masters, executor, afl_
     """Explore a target from seed inputs with N workers until the frontier is exhausted
     (or, with --afl-sync, beside AFL++ fuzzers until stopped)."""
     from symcc_mpi.campaign.afl_sync import check_instance_name
+    from symcc_mpi.job.checks import check_config
     from symcc_mpi.job.launch import check_workers, launch, launched_by_us, under_mpi
-    from symcc_mpi.job.session import check_config, run_rank
+    from symcc_mpi.job.session import run_rank
 
     try:
         if afl_sync is not None:

@@ -71,7 +71,7 @@ class Master:
         # With several masters under ULFM (federation/): a dead worker ends this master's
         # part cleanly (the rest drained and committed) instead of a repair of its group.
         self.outlives_ranks = False
-        self.in_flight_at_takeover: list[str] = []  # set by open_master (session.py)
+        self.in_flight_at_takeover: list[str] = []  # set by open_master (job/assembly.py)
         # The campaign's verdict, in the final stats.json: the launcher's exit status even
         # when mpiexec reports the ranks that died on the way (launch.py).
         self.exit_status: int | None = None
