@@ -133,10 +133,6 @@ class FileCoverage(msgspec.Struct, frozen=True, array_like=True, gc=False):
         return _ENCODER.encode(self)
 
     @property
-    def edge_count(self) -> int:
-        return len(self.buckets)
-
-    @property
     def top_index(self) -> int:
         """The highest map index hit, -1 if none."""
         return int(indices(self.edges).max()) if self.edges else -1

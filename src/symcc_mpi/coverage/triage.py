@@ -120,10 +120,6 @@ class CoverageMap:
         """Merge one summary; True if it is interesting (new coverage, unique crash/hang)."""
         return self.merge_novelty(cov) is not Novelty.NONE
 
-    def merge_packed(self, data: bytes) -> bool:
-        """merge() of a FileCoverage.pack() result (raises ValueError if malformed)."""
-        return self.merge_novelty(FileCoverage.unpack(data)) is not Novelty.NONE
-
     def adds_coverage(self, cov: FileCoverage, beyond: np.ndarray | None = None) -> bool:
         """Whether merging `cov`, a normal run's summary, would add anything; changes nothing.
         `beyond`: bits (per map index, as `with_bits` makes them) to count as merged already.
