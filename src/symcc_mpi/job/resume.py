@@ -8,7 +8,7 @@ import logging
 from symcc_mpi.campaign import wal
 from symcc_mpi.campaign.commit import Unusable, decode_manifest
 from symcc_mpi.campaign.corpus import CampaignDir
-from symcc_mpi.campaign.wal import outstanding, replay_epochs, work_of
+from symcc_mpi.campaign.wal import Kind, kind_of, outstanding, replay_epochs, work_of
 from symcc_mpi.config import CampaignConfig, check_seeds
 from symcc_mpi.coverage.forkserver import ForkserverProbe
 from symcc_mpi.scheduling.splitting import SPLIT_ANEW, parse_work_id
@@ -73,7 +73,7 @@ def load_state(master, config: CampaignConfig, campaign: CampaignDir,
     master.in_flight_at_takeover = sorted(work for work in outstanding(journal)
                                           if parse_work_id(work)[0] not in done)
     # An input split and not finished is split anew: each part it had goes out again.
-    split_again = {work_of(r) for r in journal if r.get("kind") == "part"
+    split_again = {work_of(r) for r in journal if kind_of(r) is Kind.PART
                    and r["sha256"] not in done} - set(master.in_flight_at_takeover)
     for work in sorted(split_again):
         digest, part = parse_work_id(work)
@@ -98,7 +98,7 @@ def _rebuild_frontier(master, campaign: CampaignDir, past, done: set[str],
             campaign.add_to_queue(digest, parent="")
     ordered = sorted(corpus, key=campaign.inputs.queue_id)
     committing = {r["sha256"] for r in journal
-                  if r.get("kind") == "commit" and r.get("part") is None} - done
+                  if kind_of(r) is Kind.COMMIT and r.get("part") is None} - done
     for digest in ordered:  # a commit left half done is finished below, not analysed again
         if digest in past.done_before and digest not in done and digest not in committing:
             master.frontier.add_rerun(digest)  # tier 3 of the epoch in progress
@@ -118,8 +118,8 @@ def _redo_commits(master, journal: list[dict], done: set[str]) -> set[str]:
     frontier, to be analysed again. Returns the inputs committed."""
 
     redone: set[str] = set()
-    parts_done = {work_of(r) for r in journal if r.get("kind") == "part"}
-    pending = {work_of(r): r for r in journal if r.get("kind") == "commit"
+    parts_done = {work_of(r) for r in journal if kind_of(r) is Kind.PART}
+    pending = {work_of(r): r for r in journal if kind_of(r) is Kind.COMMIT
                and r["sha256"] not in done and work_of(r) not in parts_done}
     for work, record in pending.items():
         digest, part = parse_work_id(work)
