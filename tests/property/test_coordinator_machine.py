@@ -461,7 +461,7 @@ class CoordinatorMachine(RuleBasedStateMachine):
     def nothing_is_committed_twice(self):
         assert all(n == 1 for n in self.commits.values())
         assert set(self.commits) == self.frontier.done - self.done_at_start - self.elsewhere
-        assert self.coord.statistics()["committed"] == sum(self.commits.values())
+        assert self.coord.statistics().committed == sum(self.commits.values())
 
     @invariant()
     def the_coordinator_agrees_with_the_model(self):
@@ -500,12 +500,12 @@ class CoordinatorMachine(RuleBasedStateMachine):
     @invariant()
     def the_counters_match(self):  # F317 §4.4
         stats = self.coord.statistics()
-        assert stats["watchdog_timeouts"] == self.timeouts
-        assert stats["worker_recoveries"] == self.recovered
-        assert stats["protocol_requeued"] == self.requeued
-        assert stats["protocol_deferred"] == self.deferrals
-        assert stats["parked"] == sorted(self.parked)
-        assert stats["unreadable_inputs"] == len(self.coord.unreadable)
+        assert stats.watchdog_timeouts == self.timeouts
+        assert stats.worker_recoveries == self.recovered
+        assert stats.protocol_requeued == self.requeued
+        assert stats.protocol_deferred == self.deferrals
+        assert stats.parked == sorted(self.parked)
+        assert stats.unreadable_inputs == len(self.coord.unreadable)
 
 
 pytestmark = pytest.mark.usefixtures("quiet_dispatch_log")

@@ -89,10 +89,10 @@ def test_a_failed_promotion_requeues_the_input_and_the_retry_publishes(master):
     assert m.parent not in m.frontier.done
     assert list(m.frontier.pending)[0] == m.parent  # back in front
     figures = m.dispatch.statistics()
-    assert figures["commit_failures"] == 1
-    assert figures["protocol_requeued"] == 1
-    assert figures["recoveries_by_source"] == {"commit-failed": 1}
-    assert (figures["active"], figures["committing"]) == (0, 0)
+    assert figures.commit_failures == 1
+    assert figures.protocol_requeued == 1
+    assert figures.recoveries_by_source == {"commit-failed": 1}
+    assert (figures.active, figures.committing) == (0, 0)
     # The worker's next READY echoes the failed dispatch; the retry commits.
     retry = run_once(m, work.token)
     assert retry.digest == m.parent and retry.token != work.token
@@ -100,7 +100,7 @@ def test_a_failed_promotion_requeues_the_input_and_the_retry_publishes(master):
     assert (m.campaign.corpus / second).read_bytes() == CHILDREN[1]
     assert m.parent in m.frontier.done
     assert {first, second} <= set(m.frontier.known)
-    assert m.dispatch.statistics()["committed"] == 1
+    assert m.dispatch.statistics().committed == 1
     assert m.stats.unique == 2 and m.stats.interesting == 2
 
 
@@ -113,8 +113,8 @@ def test_an_input_whose_commit_keeps_failing_is_deferred_not_lost(master, caplog
         answer(m, run_once(m, work.token))
     assert any("EIO" in r.getMessage() for r in caplog.records)
     figures = m.dispatch.statistics()
-    assert (figures["commit_failures"], figures["protocol_requeued"],
-            figures["protocol_deferred"]) == (2, 1, 1)
+    assert (figures.commit_failures, figures.protocol_requeued,
+            figures.protocol_deferred) == (2, 1, 1)
     assert m.parent not in m.frontier.done and m.parent not in list(m.frontier.pending)
     assert m.parent in m.dispatch.recovery.deferred()
     assert not any(m.frontier.seen_before(sha256_bytes(d)) for d in CHILDREN)
@@ -132,4 +132,4 @@ def test_an_error_that_is_not_an_oserror_still_goes_through_the_boundary(master)
     with pytest.raises(RuntimeError):
         answer(m, work)
     assert list(m.frontier.pending) == [m.parent]
-    assert m.dispatch.statistics()["committing"] == 0
+    assert m.dispatch.statistics().committing == 0

@@ -112,7 +112,7 @@ def commit(w, rank: int, token: str) -> CommitStart:
 
 def faults(w) -> dict[str, int]:
     stats = w.coord.statistics()
-    return {name: stats[name] for name in FAULT_COUNTERS}
+    return {name: getattr(stats, name) for name in FAULT_COUNTERS}
 
 
 def no_faults() -> dict[str, int]:
@@ -126,8 +126,8 @@ def snapshot(w) -> tuple:
 
 def tables_empty(coord) -> bool:
     stats = coord.statistics()
-    return coord.in_flight == 0 and (stats["preparing"], stats["active"],
-                                     stats["committing"]) == (0, 0, 0)
+    return coord.in_flight == 0 and (stats.preparing, stats.active,
+                                     stats.committing) == (0, 0, 0)
 
 
 # -- the happy path ------------------------------------------------------------------------
@@ -150,8 +150,8 @@ def test_ready_dispatch_result_commit(tmp_path):
     assert w.frontier.done == {x} and w.coord.in_flight == 0 and w.coord.exhausted
     assert w.coord.ready(1, work.token) is ReadyVerdict.IDLE  # its READY after the RESULT
     stats = w.coord.statistics()
-    assert (stats["dispatched"], stats["committed"], stats["objects_shipped"]) == (1, 1, 1)
-    assert stats["object_bytes_shipped"] == len(blob(0))
+    assert (stats.dispatched, stats.committed, stats.objects_shipped) == (1, 1, 1)
+    assert stats.object_bytes_shipped == len(blob(0))
 
 
 def test_a_fault_free_campaign_counts_no_fault(tmp_path):  # F317 §4.4
@@ -167,9 +167,9 @@ def test_a_fault_free_campaign_counts_no_fault(tmp_path):  # F317 §4.4
                 w.coord.ready(rank, tx.token)
     assert w.frontier.done == set(w.ids) and faults(w) == no_faults()
     stats = w.coord.statistics()
-    assert (stats["committed"], stats["send_failures"], stats["invalid_results"],
-            stats["stale_results"], stats["stale_ready"], stats["ready_quarantined"],
-            stats["inputs_dispatched_again"]) == (5, 0, 0, 0, 0, 0, 0)
+    assert (stats.committed, stats.send_failures, stats.invalid_results,
+            stats.stale_results, stats.stale_ready, stats.ready_quarantined,
+            stats.inputs_dispatched_again) == (5, 0, 0, 0, 0, 0, 0)
     assert w.journal.deferred() == {}
 
 
@@ -185,8 +185,8 @@ def test_a_failed_send_puts_the_input_back_in_front_and_the_rank_tries_again(tmp
     assert [(r, work.digest) for r, work in w.send.attempts] == [(1, x), (1, x)]
     assert list(w.frontier.pending) == [y, z]  # x was put back first in line, exactly
     stats = w.coord.statistics()
-    assert (stats["send_failures"], stats["rolled_back_before_send"], stats["dispatched"],
-            stats["inputs_dispatched_again"]) == (1, 1, 1, 0)
+    assert (stats.send_failures, stats.rolled_back_before_send, stats.dispatched,
+            stats.inputs_dispatched_again) == (1, 1, 1, 0)
     assert w.coord.retired == set() and faults(w) == no_faults()
 
 
@@ -197,7 +197,7 @@ def test_a_rank_whose_sends_keep_failing_is_retired_and_its_work_is_not_lost(tmp
     w.coord.ready(1, None)
     w.coord.ready(2, None)
     assert w.coord.dispatch(w.send) == 1
-    assert w.coord.statistics()["retired"] == [1] and w.coord.parked() == []
+    assert w.coord.statistics().retired == [1] and w.coord.parked() == []
     assert [r for r, _ in w.send.attempts].count(1) == 3  # MAX_SEND_FAILURES in a row
     assert [(r, work.digest) for r, work in w.send.sent] == [(2, x)]
     assert list(w.frontier.pending) == [y, z] and 1 not in w.coord.idle
@@ -217,7 +217,7 @@ def test_a_send_that_returned_breaks_the_run_of_failures(tmp_path):
     assert w.coord.ready(1, token) is ReadyVerdict.JOIN  # its RESULT was lost
     round_(w)  # joined and requeued; fails twice more, then call 6 returns
     assert w.coord.retired == set() and len(w.send.sent) == 2 and w.coord.in_flight == 1
-    assert w.coord.statistics()["send_failures"] == 4
+    assert w.coord.statistics().send_failures == 4
 
 
 # -- the object cache (F313 §3.5, D7) --------------------------------------------------------
@@ -233,7 +233,7 @@ def test_a_failed_send_does_not_make_the_worker_hold_the_object(tmp_path):
     assert failed.objects == {x: blob(0)} and retried.objects == {x: blob(0)}
     assert failed.token != retried.token
     stats = w.coord.statistics()
-    assert (stats["objects_shipped"], stats["object_hits"]) == (1, 0)
+    assert (stats.objects_shipped, stats.object_hits) == (1, 0)
 
 
 def test_a_worker_that_got_the_object_is_not_sent_it_again(tmp_path):
@@ -250,8 +250,8 @@ def test_a_worker_that_got_the_object_is_not_sent_it_again(tmp_path):
     assert again.objects == {}  # cache hit: the worker holds x already
     assert w.loads == [x]  # not even loaded again
     stats = w.coord.statistics()
-    assert (stats["objects_shipped"], stats["object_hits"],
-            stats["inputs_dispatched_again"]) == (1, 1, 1)
+    assert (stats.objects_shipped, stats.object_hits,
+            stats.inputs_dispatched_again) == (1, 1, 1)
 
 
 # -- inputs that cannot be sent --------------------------------------------------------------
@@ -273,7 +273,7 @@ def test_an_unreadable_input_is_set_aside_and_the_rank_gets_the_next(tmp_path, d
     assert (deferred.work_id, deferred.source) == (x, UNREADABLE_SOURCE)
     assert w.journal.is_persisted(x)
     stats = w.coord.statistics()
-    assert (stats["unreadable_inputs"], stats["send_failures"], stats["dispatched"]) == (1, 0, 1)
+    assert (stats.unreadable_inputs, stats.send_failures, stats.dispatched) == (1, 0, 1)
     assert faults(w) == no_faults()  # not a protocol deferral
 
 
@@ -297,7 +297,7 @@ def test_stale_and_foreign_results_change_nothing(tmp_path):
     assert snapshot(w) == before and before[0] == {1: current, 2: other}
     assert not w.coord.reject(1, old)  # a stale RESULT is not even an invalid one
     stats = w.coord.statistics()
-    assert (stats["stale_results"], stats["committed"], stats["invalid_results"]) == (5, 1, 0)
+    assert (stats.stale_results, stats.committed, stats.invalid_results) == (5, 1, 0)
     assert faults(w) == no_faults()
 
 
@@ -330,7 +330,7 @@ def test_an_unusable_result_is_requeued_once_then_deferred(tmp_path):  # F316, F
     assert w.journal.is_persisted(x)
     assert faults(w) == {**no_faults(), "protocol_requeued": 1, "protocol_deferred": 1}
     stats = w.coord.statistics()
-    assert (stats["invalid_results"], stats["invalid_joins"]) == (2, 2)
+    assert (stats.invalid_results, stats.invalid_joins) == (2, 2)
     assert w.coord.dispatch(w.send) == 0
 
 
@@ -359,7 +359,7 @@ def test_ready_with_another_token_while_holding_a_dispatch_is_stale(tmp_path):
     assert w.coord.ready(1, None, malformed=True) is ReadyVerdict.MALFORMED
     round_(w)
     assert w.coord.in_flight == 1 and len(w.send.sent) == 1 and not w.coord.idle
-    assert w.coord.statistics()["stale_ready"] == 2 and faults(w) == no_faults()
+    assert w.coord.statistics().stale_ready == 2 and faults(w) == no_faults()
 
 
 # -- the F317 watchdog -----------------------------------------------------------------------
@@ -385,7 +385,7 @@ def test_a_timed_out_rank_is_parked_until_its_exact_ready(tmp_path):  # F317 W6-
     assert w.coord.classify(1, retired) is ResultClass.STALE  # its late RESULT (W8)
     assert w.coord.begin_commit(1, retired) is CommitStart.NOT_ACTIVE
     assert len(w.send.sent) == 1 and w.coord.parked() == [1]
-    assert w.coord.statistics()["ready_quarantined"] == 3
+    assert w.coord.statistics().ready_quarantined == 3
 
     assert w.coord.ready(1, retired) is ReadyVerdict.RECOVERED  # W7
     assert round_(w)[1] == 1 and w.send.last(1).digest == x
@@ -425,7 +425,7 @@ def test_an_input_already_done_is_fenced_not_committed_twice(tmp_path):  # F313 
     w.frontier.mark_done(x)  # analysed meanwhile, elsewhere
     assert commit(w, 1, token) is CommitStart.FENCED
     stats = w.coord.statistics()
-    assert (stats["fenced"], stats["committed"], stats["rolled_back_after_send"]) == (1, 0, 1)
+    assert (stats.fenced, stats.committed, stats.rolled_back_after_send) == (1, 0, 1)
     assert tables_empty(w.coord) and not w.frontier.pending  # not requeued: it is done
     assert w.coord.classify(1, token) is ResultClass.STALE
 
@@ -441,7 +441,7 @@ def test_an_exception_in_the_commit_rolls_back_and_propagates(tmp_path, after_be
         raise OSError(28, "disk full")
     assert tables_empty(w.coord)
     stats = w.coord.statistics()
-    assert (stats["committed"], stats["rolled_back_after_send"]) == (0, 1)
+    assert (stats.committed, stats.rolled_back_after_send) == (0, 1)
     assert x not in w.frontier.done and list(w.frontier.pending) == [x, y]  # not lost
     assert w.coord.classify(1, token) is ResultClass.STALE
 

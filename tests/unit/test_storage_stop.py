@@ -64,7 +64,7 @@ def assert_given_back_and_stopping(master: Master, inputs) -> None:
     assert master.dispatch.in_flight == 0
     assert not master.dispatch.recovery.deferred()
     statistics = master.dispatch.statistics()
-    assert statistics["protocol_requeued"] == statistics["protocol_deferred"] == 0
+    assert statistics.protocol_requeued == statistics.protocol_deferred == 0
     journal = master.campaign.state / DEFERRED_JOURNAL_NAME
     assert not journal.exists() or journal.stat().st_size == 0
     assert master.stats.executions == 0 and master.campaign.read_done() == []

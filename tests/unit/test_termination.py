@@ -80,6 +80,6 @@ def test_the_master_gives_an_interrupted_input_back_without_counting_a_failure(m
     assert first.digest in master.frontier.pending
     assert master.phase is Phase.RUNNING  # the master's own SIGTERM decides the stop
     statistics = master.dispatch.statistics()
-    assert statistics["protocol_requeued"] == statistics["protocol_deferred"] == 0
+    assert statistics.protocol_requeued == statistics.protocol_deferred == 0
     assert master.stats.executions == 0 and master.campaign.read_done() == []
     assert not master.dispatch.recovery.deferred()

@@ -35,7 +35,7 @@ import secrets
 from collections import Counter, deque
 from collections.abc import Callable, Collection, Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from itertools import islice
 from typing import Protocol
 
@@ -83,6 +83,43 @@ class Admission(Protocol):
     def begin_commit(self, digest: str) -> bool: ...
     def complete(self, digest: str) -> None: ...
     def abandon(self, digest: str) -> None: ...
+
+
+@dataclass(frozen=True)
+class DispatchStatistics:
+    """The dispatch's figures (stats.json `extra.dispatch`)."""
+
+    watchdog_seconds: float
+    watchdog_timeouts: int
+    worker_recoveries: int
+    protocol_requeued: int
+    protocol_deferred: int
+    deferred_in_memory: int
+    recoveries_by_source: dict[str, int]
+    invalid_results: int
+    commit_failures: int
+    invalid_joins: int
+    stale_results: int
+    stale_ready: int
+    ready_quarantined: int
+    parked: list[int]
+    retired: list[int]
+    retired_for_invalid_results: list[int]
+    send_failures: int
+    unreadable_inputs: int
+    dispatched: int
+    inputs_dispatched_again: int
+    committed: int
+    fenced: int
+    rolled_back_before_send: int
+    rolled_back_after_send: int
+    compensation_failures: int
+    preparing: int
+    active: int
+    committing: int
+    objects_shipped: int
+    object_bytes_shipped: int
+    object_hits: int
 
 
 class DispatchCoordinator:
@@ -425,47 +462,47 @@ class DispatchCoordinator:
         if rank not in self.idle:
             self.idle.append(rank)
 
-    def statistics(self) -> dict:
+    def statistics(self) -> DispatchStatistics:
         watchdog = self.watchdog.statistics()
         tables = self.tables.statistics()
         objects = self.objects.statistics()
         recovery = self.recovery.statistics()
-        return {
-            "watchdog_seconds": watchdog.seconds,
-            "watchdog_timeouts": watchdog.timeouts,
-            "worker_recoveries": watchdog.worker_recoveries,
-            "protocol_requeued": watchdog.protocol_requeued,
-            "protocol_deferred": watchdog.protocol_deferred,
-            "deferred_in_memory": recovery.deferred_in_memory,
-            "recoveries_by_source": dict(recovery.by_source),
-            "invalid_results": self.counts["invalid_results"],
-            "commit_failures": self.counts["commit_failures"],
-            "invalid_joins": watchdog.invalid_joins,
-            "stale_results": watchdog.stale_results,
-            "stale_ready": self.counts["stale_ready"],
-            "ready_quarantined": (watchdog.ready_missing + watchdog.ready_malformed
+        return DispatchStatistics(
+            watchdog_seconds=watchdog.seconds,
+            watchdog_timeouts=watchdog.timeouts,
+            worker_recoveries=watchdog.worker_recoveries,
+            protocol_requeued=watchdog.protocol_requeued,
+            protocol_deferred=watchdog.protocol_deferred,
+            deferred_in_memory=recovery.deferred_in_memory,
+            recoveries_by_source=dict(recovery.by_source),
+            invalid_results=self.counts["invalid_results"],
+            commit_failures=self.counts["commit_failures"],
+            invalid_joins=watchdog.invalid_joins,
+            stale_results=watchdog.stale_results,
+            stale_ready=self.counts["stale_ready"],
+            ready_quarantined=(watchdog.ready_missing + watchdog.ready_malformed
                                   + watchdog.ready_stale),
-            "parked": self.parked(),
-            "retired": sorted(self.retired),
-            "retired_for_invalid_results": sorted(
+            parked=self.parked(),
+            retired=sorted(self.retired),
+            retired_for_invalid_results=sorted(
                 rank for rank in self.retired
                 if self.invalid_results[rank] >= self.max_invalid_results),
-            "send_failures": self.counts["send_failures"],
-            "unreadable_inputs": len(self.unreadable),
-            "dispatched": tables.sent,
-            "inputs_dispatched_again": self.counts["inputs_dispatched_again"],
-            "committed": tables.committed,
-            "fenced": tables.fenced,
-            "rolled_back_before_send": tables.rolled_back_before_send,
-            "rolled_back_after_send": tables.rolled_back_after_send,
-            "compensation_failures": tables.compensation_failures,
-            "preparing": tables.preparing,
-            "active": tables.active,
-            "committing": tables.committing,
-            "objects_shipped": objects.shipped_objects,
-            "object_bytes_shipped": objects.shipped_bytes,
-            "object_hits": objects.hits,
-        }
+            send_failures=self.counts["send_failures"],
+            unreadable_inputs=len(self.unreadable),
+            dispatched=tables.sent,
+            inputs_dispatched_again=self.counts["inputs_dispatched_again"],
+            committed=tables.committed,
+            fenced=tables.fenced,
+            rolled_back_before_send=tables.rolled_back_before_send,
+            rolled_back_after_send=tables.rolled_back_after_send,
+            compensation_failures=tables.compensation_failures,
+            preparing=tables.preparing,
+            active=tables.active,
+            committing=tables.committing,
+            objects_shipped=objects.shipped_objects,
+            object_bytes_shipped=objects.shipped_bytes,
+            object_hits=objects.hits,
+        )
 
 
 class _InputDeferrals:

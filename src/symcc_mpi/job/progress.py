@@ -78,7 +78,7 @@ def _own_snapshot(master) -> CampaignSnapshot:
             "staging_rejected": stats.staging_rejected,
             "first_crash_seconds": stats.first_crash_seconds,
             "startup_seconds": stats.startup_seconds,
-            "dispatch": master.dispatch.statistics(),
+            "dispatch": asdict(master.dispatch.statistics()),
             "splitting": master.split.stats.figures(),
             "solver": {
                 "pruning": config.pruning if config.prunes else "off",
