@@ -205,7 +205,7 @@ def time_resume() -> dict[str, float]:
     done = set(digests[::2])
     started = time.perf_counter()
     f = Frontier()
-    for d in digests:  # as session.py does on --resume
+    for d in digests:  # as job/resume.py does on --resume
         f.add(d, done=d in done)
     as_session = time.perf_counter() - started
     started = time.perf_counter()

@@ -278,7 +278,7 @@ class Committer:
         for phase, seconds in zip(PHASES, msgspec.structs.astuple(result.phases), strict=True):
             self.stats.phases[phase] += seconds
         worker = self.stats.per_worker.get(rank)
-        if worker is not None:  # None: a dead master's commit, redone (session.py)
+        if worker is not None:  # None: a dead master's commit, redone (job/resume.py)
             worker.executions += 1
             worker.executor_time += result.wall_time
         edges = self.triage.edges_covered - edges_before if self.triage is not None else 0

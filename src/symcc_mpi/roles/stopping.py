@@ -88,7 +88,7 @@ class Stopping:
         self.next_stop_file_check = 0.0
         self.ack_deadline = 0.0
         # Called before the master ends the job with MPI_Abort: under ULFM the survivors
-        # would otherwise take the campaign over (session.py leaves the end on record).
+        # would otherwise take the campaign over (job/generations.py leaves the end on record).
         self.before_abort: Callable[[int, str], object] | None = None
 
     def on_signal(self, signum, frame) -> None:
