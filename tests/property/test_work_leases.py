@@ -31,9 +31,9 @@ from symcc_mpi.federation.leases import (
     CorruptRecord,
     FencedWorkLeaseTable,
     LeaseConfig,
-    TableMismatch,
     WorkLease,
 )
+from symcc_mpi.federation.shards import TableMismatch
 
 IDS = [hashlib.sha256(f"input-{i}".encode()).hexdigest() for i in range(6)]
 TTLS = [10.0, 10.0, 4.0]  # masters may disagree on TTL: each record carries its own expiry

@@ -12,7 +12,7 @@ import pytest
 from symcc_mpi.durable.atomic import write_durable
 from symcc_mpi.durable.clock import ManualClock
 from symcc_mpi.durable.locks import DirectoryLock, LockTimeout
-from symcc_mpi.federation.leases import TableMismatch
+from symcc_mpi.federation.shards import TableMismatch
 from symcc_mpi.federation.target_leases import (
     FencedTargetLeaseTable,
     heartbeat_interval,

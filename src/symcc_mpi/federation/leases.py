@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import json
 import logging
 import math
 import os
@@ -54,9 +53,16 @@ from typing import Any, Literal
 
 import msgspec
 
-from symcc_mpi.durable.atomic import fsync_directory, is_temporary, write_durable
+from symcc_mpi.durable.atomic import is_temporary, write_durable
 from symcc_mpi.durable.clock import SYSTEM_CLOCK, Clock
-from symcc_mpi.durable.locks import DirectoryLock, break_if_dead, sweep_debris
+from symcc_mpi.durable.locks import DirectoryLock
+from symcc_mpi.federation.shards import (
+    MAX_SHARDS,
+    CorruptRecord,
+    check_seconds,
+    open_sharded_table,
+    unlink_record,
+)
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +71,6 @@ WORK_SCHEMA = "symcc-work-lease-v1"
 WORK_PAYLOAD_SCHEMA = "symcc-work-v1"
 
 DEFAULT_SHARDS = 64
-MAX_SHARDS = 4096
 DEFAULT_EXECUTION_TIMEOUT = 10.0
 DEFAULT_SHUTDOWN_GRACE = 5.0
 
@@ -159,29 +164,6 @@ class LeaseConfig:
 # --- errors -------------------------------------------------------------------------------------
 
 
-class LeaseError(Exception):
-    """Base of the table's own errors (lock timeouts stay `TimeoutError`, I/O `OSError`)."""
-
-
-class TableMismatch(LeaseError):
-    """The directory holds a `table.json` this code cannot read or of another schema."""
-
-
-class CorruptRecord(LeaseError):
-    """A record did not decode or contradicts its own name; it was moved to `quarantined`.
-
-    Repeating the operation sees the digest as absent. `quarantined` is None when even moving
-    it aside failed: then the record stays, and every operation on it raises again (fail closed).
-    """
-
-    def __init__(self, path: Path, reason: str, quarantined: Path | None):
-        self.path = path
-        self.reason = reason
-        self.quarantined = quarantined
-        where = f"moved to {quarantined}" if quarantined else "could not be moved aside"
-        super().__init__(f"corrupt lease record {path}: {reason}; {where}")
-
-
 # --- records ------------------------------------------------------------------------------------
 
 
@@ -239,12 +221,6 @@ def _check_digest(digest: str) -> str:
     return digest
 
 
-def _check_seconds(what: str, value: float) -> float:
-    if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
-        raise ValueError(f"{what} must be a finite number of seconds > 0 (got {value!r})")
-    return float(value)
-
-
 def _new_token(owner: str) -> str:
     # owner:pid:time_ns plus randomness: unique even if two claims read the same clock.
     return f"{owner}:{os.getpid()}:{SYSTEM_CLOCK.time_ns()}:{secrets.token_hex(8)}"
@@ -287,65 +263,6 @@ def _encode(record: WorkLease) -> bytes:
     return _encoder.encode(record) + b"\n"
 
 
-def _unlink(path: Path, *, fsync: bool) -> None:
-    path.unlink(missing_ok=True)
-    if fsync:
-        fsync_directory(path.parent)
-
-
-def open_sharded_table(root: Path, schema: str, shards: int, *, fsync: bool
-                       ) -> tuple[int, int]:
-    """Open (create if absent) the sharded table at `root` that this module's and
-    target_leases.py's tables share the layout of: `table.json`, `records/<shard>/`, `locks/`,
-    `quarantine/`. Returns the table's shard count (its creator's, whatever `shards` says)
-    and how many locks of dead holders it cleared. TableMismatch if `table.json` is not one
-    of `schema`."""
-    root.mkdir(parents=True, exist_ok=True)
-    meta = root / "table.json"
-    if not meta.exists():
-        # Create-if-absent without a race: of two openers one links its file into place,
-        # and both read the winner's shard count (two masters putting one key in two shards
-        # would lock two different locks).
-        write_durable(meta, json.dumps({"schema": schema, "shards": shards}).encode() + b"\n",
-                      fsync=fsync, exclusive=True)
-    try:
-        raw = json.loads(meta.read_bytes())
-        found_schema, found = raw["schema"], raw["shards"]
-    except (OSError, ValueError, TypeError, KeyError) as error:
-        raise TableMismatch(f"{meta}: unreadable table description ({error})") from None
-    if found_schema != schema:
-        raise TableMismatch(f"{meta}: schema {found_schema!r}, not {schema!r}")
-    if isinstance(found, bool) or not isinstance(found, int) or not 1 <= found <= MAX_SHARDS:
-        raise TableMismatch(f"{meta}: shard count {found!r} out of range")
-    created = False
-    for tree in ("records", "locks", "quarantine"):
-        created |= _mkdir(root / tree)
-    for directory in shard_directories(root, found):
-        created |= _mkdir(directory)
-    if created and fsync:
-        for directory in (root / "records", root):
-            fsync_directory(directory)
-    # A master killed inside an update leaves its lock; clear it now if (and only if) its
-    # holder is provably dead (locks.break_if_dead), so reopening leaves nothing behind.
-    locks = root / "locks"
-    sweep_debris(locks)
-    return found, sum(1 for name in os.listdir(locks)
-                      if name.endswith(".lock") and break_if_dead(locks / name))
-
-
-def shard_directories(root: Path, shards: int) -> list[Path]:
-    digits = len(f"{shards - 1:x}")
-    return [root / "records" / f"{shard:0{digits}x}" for shard in range(shards)]
-
-
-def _mkdir(path: Path) -> bool:
-    try:
-        path.mkdir()
-        return True
-    except FileExistsError:
-        return False
-
-
 # --- the table ----------------------------------------------------------------------------------
 
 
@@ -379,13 +296,13 @@ class FencedWorkLeaseTable:
         if not (isinstance(lock_timeout, (int, float)) and lock_timeout >= 0):
             raise ValueError(f"lock_timeout must be a number >= 0 (got {lock_timeout!r})")
         self.owner = owner
-        self.ttl = _check_seconds("ttl", ttl)
+        self.ttl = check_seconds("ttl", ttl)
         self.lock_timeout = float(lock_timeout)
         self.clock = clock
         self._sleep = sleep
         self._fsync = fsync
         self._write = writer or functools.partial(write_durable, fsync=fsync)
-        self._remove = remover or functools.partial(_unlink, fsync=fsync)
+        self._remove = remover or functools.partial(unlink_record, fsync=fsync)
         self._counts: dict[str, Any] = {}
         self._corrupt: list[str] = []
         self._seen_done: set[str] = set()  # done is final: recovery scans skip these

@@ -59,17 +59,19 @@ from typing import Any
 
 import msgspec
 
-from symcc_mpi.durable.atomic import TEMPORARY_PREFIX, fsync_directory, write_durable
+from symcc_mpi.durable.atomic import TEMPORARY_PREFIX, write_durable
 from symcc_mpi.durable.clock import SYSTEM_CLOCK, Clock
 from symcc_mpi.durable.locks import DirectoryLock
-from symcc_mpi.federation.leases import (
+from symcc_mpi.federation.leases import default_lock_acquire_timeout
+from symcc_mpi.federation.master_leases import LONGEST_HEARTBEAT_INTERVAL
+from symcc_mpi.federation.shards import (
     MAX_SHARDS,
     CorruptRecord,
-    default_lock_acquire_timeout,
+    check_seconds,
     open_sharded_table,
     shard_directories,
+    unlink_record,
 )
-from symcc_mpi.federation.master_leases import LONGEST_HEARTBEAT_INTERVAL
 from symcc_mpi.scheduling.splitting import MAX_GROUP
 
 log = logging.getLogger(__name__)
@@ -93,7 +95,7 @@ def target_id(target: int) -> str:
 def heartbeat_interval(work_ttl: float, target_ttl: float) -> float:
     """F311 §9: a third of the smaller TTL, at most 30 s, so that a master ticking that often
     extends every lease at least twice before either kind can expire."""
-    smaller = min(_check_seconds("work_ttl", work_ttl), _check_seconds("target_ttl", target_ttl))
+    smaller = min(check_seconds("work_ttl", work_ttl), check_seconds("target_ttl", target_ttl))
     return min(smaller / 3.0, LONGEST_HEARTBEAT_INTERVAL)
 
 
@@ -101,13 +103,6 @@ def _check_target(target: int) -> int:
     if isinstance(target, bool) or not isinstance(target, int):
         raise ValueError(f"a target is an integer (got {target!r})")
     return target
-
-
-def _check_seconds(what: str, value: float) -> float:
-    if isinstance(value, bool) or not (isinstance(value, (int, float)) and math.isfinite(value)
-                                       and value > 0):
-        raise ValueError(f"{what} must be a finite number of seconds > 0 (got {value!r})")
-    return float(value)
 
 
 def _normalize(targets: Iterable[int]) -> tuple[int, ...]:
@@ -181,23 +176,6 @@ def _decode(name: str, raw: bytes) -> TargetLease:
     return record
 
 
-def _unlink(path: Path, *, fsync: bool) -> None:
-    path.unlink(missing_ok=True)
-    if fsync:
-        fsync_directory(path.parent)
-
-
-def _mkdir(path: Path) -> bool:
-    try:
-        path.mkdir()
-        return True
-    except FileExistsError:
-        return False
-
-
-# --- the table ----------------------------------------------------------------------------------
-
-
 @dataclass(frozen=True)
 class TargetTableStatistics:
     claims: int
@@ -242,7 +220,7 @@ class FencedTargetLeaseTable:
                                                   and lock_timeout >= 0):
             raise ValueError(f"lock_timeout must be a number >= 0 (got {lock_timeout!r})")
         self.owner = owner
-        self.ttl = _check_seconds("ttl", ttl)
+        self.ttl = check_seconds("ttl", ttl)
         self.lock_timeout = float(lock_timeout)
         self.clock = clock
         self._sleep = sleep
@@ -347,7 +325,7 @@ class FencedTargetLeaseTable:
                 if old is None or old.token != token:
                     continue
                 try:
-                    _unlink(self.path(target), fsync=self._fsync)
+                    unlink_record(self.path(target), fsync=self._fsync)
                 except OSError:
                     self._counts["write_failures"] += 1
                     raise
@@ -471,7 +449,7 @@ class FencedTargetLeaseTable:
         path = self.path(target)
         try:
             if previous is None:
-                _unlink(path, fsync=self._fsync)
+                unlink_record(path, fsync=self._fsync)
             else:
                 self._write(path, previous)
         except OSError:
