@@ -35,12 +35,13 @@ import secrets
 from collections import Counter, deque
 from collections.abc import Callable, Collection, Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from itertools import islice
 from typing import Protocol
 
 from symcc_mpi.coverage.pruning import PruningLedger
 from symcc_mpi.dispatch.objects import OBJECT_CACHE_CAPACITY, ObjectMismatch, ObjectTransferCache
+from symcc_mpi.dispatch.statistics import DispatchStatistics
 from symcc_mpi.dispatch.tables import CommitStart, DispatchTables, ResultClass, SweepReport, Table
 from symcc_mpi.dispatch.transaction import SendPhase
 from symcc_mpi.dispatch.watchdog import (
@@ -83,43 +84,6 @@ class Admission(Protocol):
     def begin_commit(self, digest: str) -> bool: ...
     def complete(self, digest: str) -> None: ...
     def abandon(self, digest: str) -> None: ...
-
-
-@dataclass(frozen=True)
-class DispatchStatistics:
-    """The dispatch's figures (stats.json `extra.dispatch`)."""
-
-    watchdog_seconds: float
-    watchdog_timeouts: int
-    worker_recoveries: int
-    protocol_requeued: int
-    protocol_deferred: int
-    deferred_in_memory: int
-    recoveries_by_source: dict[str, int]
-    invalid_results: int
-    commit_failures: int
-    invalid_joins: int
-    stale_results: int
-    stale_ready: int
-    ready_quarantined: int
-    parked: list[int]
-    retired: list[int]
-    retired_for_invalid_results: list[int]
-    send_failures: int
-    unreadable_inputs: int
-    dispatched: int
-    inputs_dispatched_again: int
-    committed: int
-    fenced: int
-    rolled_back_before_send: int
-    rolled_back_after_send: int
-    compensation_failures: int
-    preparing: int
-    active: int
-    committing: int
-    objects_shipped: int
-    object_bytes_shipped: int
-    object_hits: int
 
 
 class DispatchCoordinator:
