@@ -14,7 +14,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from symcc_mpi.federation.leases import DEFAULT_SHARDS, FencedWorkLeaseTable
+from symcc_mpi.federation.lease_config import DEFAULT_SHARDS
+from symcc_mpi.federation.leases import FencedWorkLeaseTable
 
 BATCHES = (1, 8, 64)  # a claim batch: one input, a master's idle workers, a big refill
 TASKS = 512  # per measurement; a multiple of every batch

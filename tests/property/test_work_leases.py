@@ -24,15 +24,13 @@ from hypothesis.stateful import (
 
 from symcc_mpi.durable.atomic import write_durable
 from symcc_mpi.durable.clock import ManualClock
-from symcc_mpi.federation.leases import (
+from symcc_mpi.federation.lease_config import (
     ENV_LOCK_ACQUIRE_TIMEOUT,
     ENV_SHARDS,
     ENV_TTL,
-    CorruptRecord,
-    FencedWorkLeaseTable,
     LeaseConfig,
-    WorkLease,
 )
+from symcc_mpi.federation.leases import CorruptRecord, FencedWorkLeaseTable, WorkLease
 from symcc_mpi.federation.shards import TableMismatch
 
 IDS = [hashlib.sha256(f"input-{i}".encode()).hexdigest() for i in range(6)]

@@ -27,7 +27,7 @@ from symcc_mpi.config import CampaignConfig
 from symcc_mpi.dispatch.watchdog import ENV_WATCHDOG
 from symcc_mpi.durable.atomic import SYSTEM_DISK
 from symcc_mpi.durable.clock import SYSTEM_CLOCK
-from symcc_mpi.federation.leases import ENV_TTL
+from symcc_mpi.federation.lease_config import ENV_TTL
 from symcc_mpi.job.session import run_rank
 
 from .invariants import Checker, Violation

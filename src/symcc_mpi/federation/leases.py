@@ -46,8 +46,8 @@ import math
 import os
 import re
 import secrets
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -56,10 +56,13 @@ import msgspec
 from symcc_mpi.durable.atomic import is_temporary, write_durable
 from symcc_mpi.durable.clock import SYSTEM_CLOCK, Clock
 from symcc_mpi.durable.locks import DirectoryLock
+from symcc_mpi.federation.lease_config import DEFAULT_SHARDS
 from symcc_mpi.federation.shards import (
     MAX_SHARDS,
     CorruptRecord,
+    InvalidRecord,
     check_seconds,
+    decode_record,
     open_sharded_table,
     unlink_record,
 )
@@ -70,14 +73,6 @@ TABLE_SCHEMA = "symcc-work-lease-table-v1"
 WORK_SCHEMA = "symcc-work-lease-v1"
 WORK_PAYLOAD_SCHEMA = "symcc-work-v1"
 
-DEFAULT_SHARDS = 64
-DEFAULT_EXECUTION_TIMEOUT = 10.0
-DEFAULT_SHUTDOWN_GRACE = 5.0
-
-ENV_TTL = "SYMCC_STANDALONE_WORK_LEASE_TTL"
-ENV_LOCK_ACQUIRE_TIMEOUT = "SYMCC_STANDALONE_WORK_LOCK_ACQUIRE_TIMEOUT"
-ENV_SHARDS = "SYMCC_STANDALONE_WORK_LEASE_SHARDS"
-
 _DIGEST = re.compile(r"[0-9a-f]{64}")
 _MAX_NAME = 200
 
@@ -87,84 +82,8 @@ Origin = Literal["initial", "generated"]
 # --- configuration ------------------------------------------------------------------------------
 
 
-def default_ttl(execution_timeout: float = DEFAULT_EXECUTION_TIMEOUT) -> float:
-    """F320 §6: `max(120, 4 * timeout)` seconds."""
-    return max(120.0, 4.0 * execution_timeout)
-
-
-def default_lock_acquire_timeout(shutdown_grace: float = DEFAULT_SHUTDOWN_GRACE) -> float:
-    """F320 §6: `min(30, max(1, shutdown_grace / 4))` seconds."""
-    return min(30.0, max(1.0, shutdown_grace / 4.0))
-
-
-def _positive_seconds(text: str) -> float | None:
-    try:
-        value = float(text)
-    except ValueError:
-        return None
-    return value if math.isfinite(value) and value > 0 else None
-
-
-def _shard_count(text: str) -> int | None:
-    try:
-        value = int(text, 10)
-    except ValueError:
-        return None
-    return value if 1 <= value <= MAX_SHARDS else None
-
-
-@dataclass(frozen=True)
-class LeaseConfig:
-    """The table's knobs (F320 §6): `FencedWorkLeaseTable(..., **config.options())`.
-
-    `from_env` rule: unset or blank → default. Otherwise TTL and lock timeout must be a finite
-    number of seconds > 0, and the shard count a decimal integer in 1..4096; anything else
-    (`"abc"`, `"0"`, `"-3"`, `"nan"`, `"inf"`, `"1.5"` shards) → default, and the variable's name
-    and value are listed in `rejected` for the caller to log.
-    """
-
-    ttl: float = field(default_factory=default_ttl)
-    lock_timeout: float = field(default_factory=default_lock_acquire_timeout)
-    shards: int = DEFAULT_SHARDS
-    rejected: tuple[str, ...] = ()
-
-    @classmethod
-    def from_env(
-        cls,
-        env: Mapping[str, str] | None = None,
-        *,
-        execution_timeout: float = DEFAULT_EXECUTION_TIMEOUT,
-        shutdown_grace: float = DEFAULT_SHUTDOWN_GRACE,
-    ) -> LeaseConfig:
-        env = os.environ if env is None else env
-        rejected: list[str] = []
-
-        def pick(name: str, parse: Callable[[str], Any], default: Any) -> Any:
-            raw = env.get(name, "").strip()
-            if not raw:
-                return default
-            value = parse(raw)
-            if value is None:
-                rejected.append(f"{name}={raw!r}")
-                return default
-            return value
-
-        return cls(
-            ttl=pick(ENV_TTL, _positive_seconds, default_ttl(execution_timeout)),
-            lock_timeout=pick(ENV_LOCK_ACQUIRE_TIMEOUT, _positive_seconds,
-                              default_lock_acquire_timeout(shutdown_grace)),
-            shards=pick(ENV_SHARDS, _shard_count, DEFAULT_SHARDS),
-            rejected=tuple(rejected),
-        )
-
-    def options(self) -> dict[str, Any]:
-        return {"ttl": self.ttl, "lock_timeout": self.lock_timeout, "shards": self.shards}
-
-
-# --- errors -------------------------------------------------------------------------------------
-
-
 # --- records ------------------------------------------------------------------------------------
+
 
 
 class WorkPayload(msgspec.Struct, frozen=True):
@@ -234,15 +153,8 @@ _decoder = msgspec.json.Decoder(WorkLease)
 _DELETE = object()
 
 
-class _Invalid(Exception):
-    """A record's bytes do not decode to a record consistent with its file name."""
-
-
 def _decode(digest: str, raw: bytes) -> WorkLease:
-    try:
-        record = _decoder.decode(raw)
-    except msgspec.DecodeError as error:  # ValidationError is a DecodeError
-        raise _Invalid(str(error) or "empty or truncated") from None
+    record = decode_record(_decoder, raw)
     problem = (
         "wrong schema" if record.schema != WORK_SCHEMA
         else "digest differs from the file name" if record.digest != digest
@@ -255,7 +167,7 @@ def _decode(digest: str, raw: bytes) -> WorkLease:
         else None
     )
     if problem:
-        raise _Invalid(problem)
+        raise InvalidRecord(problem)
     return record
 
 
@@ -451,7 +363,7 @@ class FencedWorkLeaseTable:
             return None, None
         try:
             return _decode(digest, raw), raw
-        except _Invalid as invalid:
+        except InvalidRecord as invalid:
             raise self._quarantine(path, str(invalid)) from None
 
     def _peek(self, digest: str) -> WorkLease | None:
@@ -463,7 +375,7 @@ class FencedWorkLeaseTable:
             return None
         try:
             return _decode(digest, raw)
-        except _Invalid:
+        except InvalidRecord:
             with self._locked(self._shard(digest)):
                 return self._load(digest)[0]
 

@@ -27,7 +27,8 @@ from symcc_mpi.campaign.layout import LEASE_DIRECTORY_PREFIX
 from symcc_mpi.durable.clock import SYSTEM_CLOCK, Clock
 from symcc_mpi.federation.figures import plain
 from symcc_mpi.federation.hints import HintReader, PublicationLog
-from symcc_mpi.federation.leases import FencedWorkLeaseTable, LeaseConfig
+from symcc_mpi.federation.lease_config import LeaseConfig
+from symcc_mpi.federation.leases import FencedWorkLeaseTable
 from symcc_mpi.federation.master_leases import WorkLeases
 from symcc_mpi.federation.ownership import lease_directory, owner
 from symcc_mpi.federation.quiescence import Coordinator, Outcome, Participant

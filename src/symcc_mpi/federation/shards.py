@@ -9,6 +9,8 @@ import math
 import os
 from pathlib import Path
 
+import msgspec
+
 from symcc_mpi.durable.atomic import fsync_directory, write_durable
 from symcc_mpi.durable.locks import break_if_dead, sweep_debris
 
@@ -36,6 +38,18 @@ class CorruptRecord(LeaseError):
         self.quarantined = quarantined
         where = f"moved to {quarantined}" if quarantined else "could not be moved aside"
         super().__init__(f"corrupt lease record {path}: {reason}; {where}")
+
+
+class InvalidRecord(Exception):
+    """A record's bytes do not decode to a record consistent with its file name."""
+
+
+def decode_record(decoder: msgspec.json.Decoder, raw: bytes):
+    """The record `decoder` makes of `raw`; InvalidRecord, saying why, if it makes none."""
+    try:
+        return decoder.decode(raw)
+    except msgspec.DecodeError as error:  # ValidationError is a DecodeError
+        raise InvalidRecord(str(error) or "empty or truncated") from None
 
 
 def check_seconds(what: str, value: float) -> float:

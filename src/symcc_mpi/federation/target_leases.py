@@ -62,12 +62,14 @@ import msgspec
 from symcc_mpi.durable.atomic import TEMPORARY_PREFIX, write_durable
 from symcc_mpi.durable.clock import SYSTEM_CLOCK, Clock
 from symcc_mpi.durable.locks import DirectoryLock
-from symcc_mpi.federation.leases import default_lock_acquire_timeout
+from symcc_mpi.federation.lease_config import default_lock_acquire_timeout
 from symcc_mpi.federation.master_leases import LONGEST_HEARTBEAT_INTERVAL
 from symcc_mpi.federation.shards import (
     MAX_SHARDS,
     CorruptRecord,
+    InvalidRecord,
     check_seconds,
+    decode_record,
     open_sharded_table,
     shard_directories,
     unlink_record,
@@ -149,15 +151,8 @@ def _new_token(owner: str, worker: int) -> str:
         return f"{owner}:{worker}:{os.getpid()}:{_last_token_ns}"
 
 
-class _Invalid(Exception):
-    """A record's bytes do not decode to a record consistent with its file name."""
-
-
 def _decode(name: str, raw: bytes) -> TargetLease:
-    try:
-        record = _decoder.decode(raw)
-    except msgspec.DecodeError as error:  # ValidationError is a DecodeError
-        raise _Invalid(str(error) or "empty or truncated") from None
+    record = decode_record(_decoder, raw)
     problem = (
         "wrong schema" if record.schema != TARGET_SCHEMA
         else "target differs from the file name" if record.target <= 0
@@ -172,7 +167,7 @@ def _decode(name: str, raw: bytes) -> TargetLease:
         else None
     )
     if problem:
-        raise _Invalid(problem)
+        raise InvalidRecord(problem)
     return record
 
 
@@ -342,7 +337,7 @@ class FencedTargetLeaseTable:
             return None
         try:
             return _decode(path.stem, raw)
-        except _Invalid:
+        except InvalidRecord:
             with self._locked(target):  # a writer may have been mid-way: decide under the lock
                 return self._load_as_absent(target)[0]
 
@@ -368,7 +363,7 @@ class FencedTargetLeaseTable:
                     continue
                 try:
                     record = _decode(name.removesuffix(".json"), (directory / name).read_bytes())
-                except (FileNotFoundError, _Invalid):
+                except (FileNotFoundError, InvalidRecord):
                     continue
                 found["expired" if record.expired(now) else "leased"] += 1
         return TargetTableStatistics(**self._counts, **found)
@@ -419,7 +414,7 @@ class FencedTargetLeaseTable:
             return None, None
         try:
             return _decode(path.stem, raw), raw
-        except _Invalid as invalid:
+        except InvalidRecord as invalid:
             corrupt = self._quarantine(path, str(invalid))
         if corrupt.quarantined is None:
             raise corrupt

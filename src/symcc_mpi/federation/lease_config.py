@@ -1,0 +1,97 @@
+"""How a several-master job's work-lease table is configured: its TTL, its lock wait and its
+shard count, from the campaign's timeouts or the environment."""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from symcc_mpi.federation.shards import MAX_SHARDS
+
+DEFAULT_SHARDS = 64
+DEFAULT_EXECUTION_TIMEOUT = 10.0
+DEFAULT_SHUTDOWN_GRACE = 5.0
+
+ENV_TTL = "SYMCC_STANDALONE_WORK_LEASE_TTL"
+ENV_LOCK_ACQUIRE_TIMEOUT = "SYMCC_STANDALONE_WORK_LOCK_ACQUIRE_TIMEOUT"
+ENV_SHARDS = "SYMCC_STANDALONE_WORK_LEASE_SHARDS"
+
+
+def default_ttl(execution_timeout: float = DEFAULT_EXECUTION_TIMEOUT) -> float:
+    """F320 §6: `max(120, 4 * timeout)` seconds."""
+    return max(120.0, 4.0 * execution_timeout)
+
+
+def default_lock_acquire_timeout(shutdown_grace: float = DEFAULT_SHUTDOWN_GRACE) -> float:
+    """F320 §6: `min(30, max(1, shutdown_grace / 4))` seconds."""
+    return min(30.0, max(1.0, shutdown_grace / 4.0))
+
+
+def _positive_seconds(text: str) -> float | None:
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if math.isfinite(value) and value > 0 else None
+
+
+def _shard_count(text: str) -> int | None:
+    try:
+        value = int(text, 10)
+    except ValueError:
+        return None
+    return value if 1 <= value <= MAX_SHARDS else None
+
+
+@dataclass(frozen=True)
+class LeaseConfig:
+    """The table's knobs (F320 §6): `FencedWorkLeaseTable(..., **config.options())`.
+
+    `from_env` rule: unset or blank → default. Otherwise TTL and lock timeout must be a finite
+    number of seconds > 0, and the shard count a decimal integer in 1..4096; anything else
+    (`"abc"`, `"0"`, `"-3"`, `"nan"`, `"inf"`, `"1.5"` shards) → default, and the variable's name
+    and value are listed in `rejected` for the caller to log.
+    """
+
+    ttl: float = field(default_factory=default_ttl)
+    lock_timeout: float = field(default_factory=default_lock_acquire_timeout)
+    shards: int = DEFAULT_SHARDS
+    rejected: tuple[str, ...] = ()
+
+    @classmethod
+    def from_env(
+        cls,
+        env: Mapping[str, str] | None = None,
+        *,
+        execution_timeout: float = DEFAULT_EXECUTION_TIMEOUT,
+        shutdown_grace: float = DEFAULT_SHUTDOWN_GRACE,
+    ) -> LeaseConfig:
+        env = os.environ if env is None else env
+        rejected: list[str] = []
+
+        def pick(name: str, parse: Callable[[str], Any], default: Any) -> Any:
+            raw = env.get(name, "").strip()
+            if not raw:
+                return default
+            value = parse(raw)
+            if value is None:
+                rejected.append(f"{name}={raw!r}")
+                return default
+            return value
+
+        return cls(
+            ttl=pick(ENV_TTL, _positive_seconds, default_ttl(execution_timeout)),
+            lock_timeout=pick(ENV_LOCK_ACQUIRE_TIMEOUT, _positive_seconds,
+                              default_lock_acquire_timeout(shutdown_grace)),
+            shards=pick(ENV_SHARDS, _shard_count, DEFAULT_SHARDS),
+            rejected=tuple(rejected),
+        )
+
+    def options(self) -> dict[str, Any]:
+        return {"ttl": self.ttl, "lock_timeout": self.lock_timeout, "shards": self.shards}
+
+
+# --- errors -------------------------------------------------------------------------------------
