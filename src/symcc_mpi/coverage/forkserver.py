@@ -34,7 +34,6 @@ import ctypes
 import ctypes.util
 import math
 import os
-import resource
 import signal
 import struct
 import subprocess
@@ -45,7 +44,7 @@ from pathlib import Path
 import msgspec
 
 from symcc_mpi.coverage.edges import BUCKET_BITS, AflTargetError, FileCoverage, Status, TriageError
-from symcc_mpi.durable.clock import SYSTEM_CLOCK
+from symcc_mpi.processes import limited
 from symcc_mpi.processes.scratch import default_root
 from symcc_mpi.processes.wordpipe import PipeClosed, read_word, write_word
 
@@ -297,20 +296,12 @@ class ForkserverProbe:
             except OSError:
                 continue
             raise TriageError(f"file descriptor {fd}, which the AFL forkserver needs, is in use")
-        limit = self._memory_limit_mb
-
-        def limits() -> None:  # in the child, before exec
-            resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-            if limit is not None:
-                resource.setrlimit(resource.RLIMIT_AS, (limit << 20, limit << 20))
-
         os.dup2(control, FORKSRV_FD, inheritable=False)
         os.dup2(status, FORKSRV_FD + 1, inheritable=False)
         try:
-            return subprocess.Popen(
-                argv, stdin=subprocess.DEVNULL if self._uses_file else self._input_fd,
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
-                cwd=self._cwd or work, start_new_session=True, preexec_fn=limits,
+            return limited.start(
+                argv, env=env, stdin=subprocess.DEVNULL if self._uses_file else self._input_fd,
+                memory_limit_mb=self._memory_limit_mb, no_core=True, cwd=self._cwd or work,
                 pass_fds=(FORKSRV_FD, FORKSRV_FD + 1))
         except OSError as error:
             raise AflTargetError(f"cannot start the AFL target {argv[0]}: "
@@ -351,22 +342,22 @@ class ForkserverProbe:
 
     def _dumped_map_size(self, argv: list[str], env: dict, work: Path) -> int:
         try:
-            shown = subprocess.run(argv, env={**env, "AFL_DUMP_MAP_SIZE": "1"},
-                                   stdin=subprocess.DEVNULL, capture_output=True,
-                                   cwd=self._cwd or work, timeout=HELLO_WITHIN)
-        except (OSError, subprocess.TimeoutExpired) as error:
+            ended, shown = limited.run(argv, {**env, "AFL_DUMP_MAP_SIZE": "1"}, stdin=None,
+                                       timeout=HELLO_WITHIN, cwd=self._cwd or work,
+                                       capture="stdout")
+        except OSError as error:
             raise AflTargetError(f"cannot run the AFL target {argv[0]}: {error}") from None
-        lines = shown.stdout.split()
+        if ended.timed_out:
+            raise AflTargetError(f"cannot run the AFL target {argv[0]}: it did not print its "
+                                 f"map size within {HELLO_WITHIN:g} s (AFL_DUMP_MAP_SIZE=1)")
+        lines = shown.split()
         size = int(lines[-1]) if lines and lines[-1].isdigit() else 0
         return size if 0 < size <= 1 << 28 else MAP_SIZE
 
     def _stop(self) -> None:
         process, self._process = self._process, None
         if process is not None:
-            try:
-                os.killpg(process.pid, signal.SIGKILL)  # its children too, hung or not
-            except (ProcessLookupError, PermissionError):
-                pass
+            limited.kill_group(process.pid)  # its children too, hung or not
             process.wait()
         for name in ("_control", "_status"):
             fd = getattr(self, name)

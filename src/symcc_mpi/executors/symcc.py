@@ -9,7 +9,6 @@ import logging
 import mmap
 import os
 import re
-import resource
 import shutil
 import struct
 import subprocess
@@ -20,8 +19,9 @@ from pathlib import Path
 from symcc_mpi.durable.clock import SYSTEM_CLOCK
 from symcc_mpi.durable.regular import list_regular
 from symcc_mpi.executors.base import ExecutionResult, Outcome
-from symcc_mpi.executors.process import run_once
-from symcc_mpi.executors.symcc_forkserver import Ended, ForkserverDied, SymccForkserver, kill_group
+from symcc_mpi.executors.symcc_forkserver import ForkserverDied, SymccForkserver
+from symcc_mpi.processes import limited
+from symcc_mpi.processes.limited import Ended, kill_group
 from symcc_mpi.processes.wordpipe import PipeClosed
 
 log = logging.getLogger("symcc_mpi.executors.symcc")
@@ -211,7 +211,7 @@ class SymccExecutor:
         self._running: int | None = None  # the process group of an exec'd run in progress
         # A crashing target dumps no core: set here, in the worker, so that every run
         # inherits it (the target runs in a session of its own: a timeout kills the group).
-        resource.setrlimit(resource.RLIMIT_CORE, (0, resource.getrlimit(resource.RLIMIT_CORE)[1]))
+        limited.no_core_dumps()
 
     def _environment(self, input_path: Path, output_dir: Path, uses_file: bool,
                      targets: frozenset[int] | None, pruned: bool) -> dict:
@@ -282,9 +282,9 @@ class SymccExecutor:
 
     def _exec(self, argv: list[str], env: dict, input_path: Path,
               uses_file: bool) -> tuple[Ended, bytes]:
-        return run_once(argv, env, stdin=None if uses_file else input_path,
-                        timeout=self.timeout, memory_limit_mb=self.memory_limit_mb,
-                        started=self._note_running)
+        return limited.run(argv, env, stdin=None if uses_file else input_path,
+                           timeout=self.timeout, memory_limit_mb=self.memory_limit_mb,
+                           started=self._note_running)
 
     def _note_running(self, pid: int | None) -> None:
         self._running = pid

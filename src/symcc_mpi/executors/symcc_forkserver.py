@@ -16,43 +16,20 @@ run's result. The executor then execs every later run.
 from __future__ import annotations
 
 import os
-import resource
-import signal
 import subprocess
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 from symcc_mpi.durable.clock import SYSTEM_CLOCK
+from symcc_mpi.processes.limited import Ended, exit_status, kill_group, start, wait_or_kill
 from symcc_mpi.processes.wordpipe import PipeClosed, read_word, write_word
 
 HELLO = 0x53464D53  # "SMFS", symcc_preload.c's FORKSERVER_HELLO
 ANSWER_WITHIN = 30.0  # seconds for a fork or a killed child's status, however busy the host
 
 
-@dataclass(frozen=True)
-class Ended:
-    """How one run ended: its exit status (-N: killed by signal N) unless it timed out."""
-
-    status: int
-    timed_out: bool
-
-
 class ForkserverDied(Exception):
     """The forkserver ended while a child of it ran: that run's end is unknown."""
-
-
-def _exit_status(wait_status: int) -> int:
-    if os.WIFSIGNALED(wait_status):
-        return -os.WTERMSIG(wait_status)
-    return os.WEXITSTATUS(wait_status)
-
-
-def kill_group(pgid: int) -> None:
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 class SymccForkserver:
@@ -81,14 +58,12 @@ class SymccForkserver:
                "SYMCC_MPI_STDERR": str(self.stderr)}
         if self.stdin is not None:
             env["SYMCC_MPI_STDIN"] = str(self.stdin)
-        limit = self.memory_limit_mb
         try:
             with open(self.stderr, "wb") as stderr, \
                     open(self.stdin or os.devnull, "rb") as stdin:
-                self._process = subprocess.Popen(
-                    self.argv, stdin=stdin, stdout=subprocess.DEVNULL, stderr=stderr, env=env,
-                    start_new_session=True, pass_fds=(control_read, status_write),
-                    preexec_fn=None if limit is None else lambda: limit_memory(limit))
+                self._process = start(self.argv, env=env, stdin=stdin, stderr=stderr,
+                                      memory_limit_mb=self.memory_limit_mb,
+                                      pass_fds=(control_read, status_write))
         finally:
             os.close(control_read)
             os.close(status_write)
@@ -102,16 +77,9 @@ class SymccForkserver:
                 return None
         except PipeClosed:
             pass  # it ended, or closed the pipe: an ordinary run
-        timed_out = False
-        try:
-            status = self._process.wait(max(deadline - SYSTEM_CLOCK.monotonic(), 0.0))
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            kill_group(self._process.pid)
-            status = self._process.wait()
-        kill_group(self._process.pid)  # what it left behind
+        ended = wait_or_kill(self._process, deadline - SYSTEM_CLOCK.monotonic())
         self.close()
-        return Ended(status, timed_out)
+        return ended
 
     def run(self, timeout: float) -> Ended:
         """One child, to its end or killed (with its process group) after `timeout`.
@@ -138,7 +106,7 @@ class SymccForkserver:
         finally:
             self._child = None
         kill_group(pid)  # what the run left behind
-        return Ended(_exit_status(wait_status), timed_out)
+        return Ended(exit_status(wait_status), timed_out)
 
     def cancel(self) -> None:
         """From another thread: end the run in progress (or the start) now."""
@@ -159,10 +127,3 @@ class SymccForkserver:
         if process is not None:
             kill_group(process.pid)
             process.wait()
-
-
-def limit_memory(megabytes: int) -> None:
-    """In a child before exec: at most `megabytes` of address space."""
-    limit = megabytes << 20
-    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-

@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import resource
 import subprocess
 import tempfile
 from collections import Counter, OrderedDict
@@ -22,6 +21,7 @@ from tritondse.types import SmtSolver, SolverStatus
 
 from symcc_mpi.durable.clock import SYSTEM_CLOCK
 from symcc_mpi.executors.base import Outcome
+from symcc_mpi.processes import limited
 
 STDIN_NAME = "stdin"  # tritondse's name for the input file fed on fd 0
 TMP_PREFIX = ".triton-tmp-"  # partially written outputs; a supervisor removes them after a kill
@@ -380,13 +380,6 @@ class NativeRun:
         env: dict | None = None,
         memory_limit_mb: int | None = None,
     ) -> None:
-        preexec = None
-        if memory_limit_mb:
-            limit = memory_limit_mb * 1024 * 1024
-
-            def preexec() -> None:
-                resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-
         stdin = subprocess.DEVNULL
         if stdin_data is not None:
             # A file rather than a pipe: the target may run alongside us and read whenever it likes.
@@ -395,14 +388,10 @@ class NativeRun:
             stdin.seek(0)
         self.t0 = SYSTEM_CLOCK.monotonic()
         try:
-            self.proc: subprocess.Popen | None = subprocess.Popen(
-                argv,
-                stdin=stdin,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-                env=env,
-                preexec_fn=preexec,
-            )
+            # In the caller's process group: the server kills its child's group on a timeout,
+            # this run included (and the shim's supervisor kills the shim's).
+            self.proc: subprocess.Popen | None = limited.start(
+                argv, env=env, stdin=stdin, memory_limit_mb=memory_limit_mb, own_group=False)
         except OSError:
             self.proc = None
         finally:

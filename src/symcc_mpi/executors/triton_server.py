@@ -26,6 +26,7 @@ import sys
 from pathlib import Path
 
 from symcc_mpi.durable.clock import SYSTEM_CLOCK
+from symcc_mpi.processes.limited import kill_group
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
@@ -217,17 +218,11 @@ class Server:
                 killed = "client gone"
                 break
         if killed:
-            try:
-                os.killpg(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            kill_group(pid)
         _, wstatus = os.waitpid(pid, 0)
         _reap_orphans()
         if killed:
-            try:
-                os.killpg(pid, signal.SIGKILL)  # stragglers that outlived the child
-            except ProcessLookupError:
-                pass
+            kill_group(pid)  # stragglers that outlived the child
             buf += _drain(rfd)
             for tmp in out_dir.glob(self.engine.TMP_PREFIX + "*"):
                 tmp.unlink(missing_ok=True)

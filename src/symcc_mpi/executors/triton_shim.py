@@ -20,6 +20,8 @@ import signal
 import sys
 from pathlib import Path
 
+from symcc_mpi.processes.limited import no_core_dumps
+
 USAGE = "usage: python -m symcc_mpi.executors.triton_shim TARGET [ARGS...]"
 
 
@@ -37,11 +39,8 @@ def _die_like(status: int) -> None:
         sig = -status
         signal.signal(sig, signal.SIG_DFL)
         try:
-            # No core dump of a Python process for the target's crash.
-            import resource
-
-            resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-        except (ImportError, ValueError, OSError):
+            no_core_dumps()  # no core dump of a Python process for the target's crash
+        except (ValueError, OSError):
             pass
         os.kill(os.getpid(), sig)
         os._exit(

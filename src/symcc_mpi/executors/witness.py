@@ -23,7 +23,7 @@ from pathlib import Path
 
 from symcc_mpi.coverage.edges import Status
 from symcc_mpi.executors.base import ExecutionResult, Outcome
-from symcc_mpi.executors.process import run_once
+from symcc_mpi.processes import limited
 
 REASON_LENGTH = 240  # characters of a failure's reason: what groups them in the summary
 # What the witness must do on the input for the executor's word to stand.
@@ -94,8 +94,9 @@ def _native_run(target: tuple[str, ...], config, env: dict, *,
     def run(_: bytes, input_path: Path) -> Status:
         argv = [str(input_path) if arg == "@@" else arg for arg in target]
         try:
-            ended, _ = run_once(argv, env, stdin=None if uses_file else input_path,
-                                timeout=config.timeout, memory_limit_mb=config.memory_limit_mb)
+            ended, _ = limited.run(argv, env, stdin=None if uses_file else input_path,
+                                   timeout=config.timeout,
+                                   memory_limit_mb=config.memory_limit_mb)
         except OSError:
             return Status.OK  # the witness cannot run: the executor's word is not confirmed
         finally:
