@@ -22,14 +22,14 @@ from hypothesis.stateful import (
     rule,
 )
 
+from symcc_mpi.config import (
+    WORK_LEASE_SHARDS_ENV,
+    WORK_LEASE_TTL_ENV,
+    WORK_LOCK_ACQUIRE_TIMEOUT_ENV,
+)
 from symcc_mpi.durable.atomic import write_durable
 from symcc_mpi.durable.clock import ManualClock
-from symcc_mpi.federation.lease_config import (
-    ENV_LOCK_ACQUIRE_TIMEOUT,
-    ENV_SHARDS,
-    ENV_TTL,
-    LeaseConfig,
-)
+from symcc_mpi.federation.lease_config import LeaseConfig
 from symcc_mpi.federation.leases import CorruptRecord, FencedWorkLeaseTable, WorkLease
 from symcc_mpi.federation.shards import TableMismatch
 
@@ -397,17 +397,18 @@ def test_write_failure_with_failed_rollback_leaves_a_lease_that_ttl_ends(tmp_pat
     ("env", "want", "rejected"),
     [
         ({}, (120.0, 1.25, 64), ()),
-        ({ENV_TTL: "300", ENV_LOCK_ACQUIRE_TIMEOUT: "0.5", ENV_SHARDS: "16"}, (300.0, 0.5, 16), ()),
-        ({ENV_TTL: "  ", ENV_SHARDS: ""}, (120.0, 1.25, 64), ()),
-        ({ENV_TTL: "abc"}, (120.0, 1.25, 64), (ENV_TTL,)),
-        ({ENV_TTL: "-1", ENV_LOCK_ACQUIRE_TIMEOUT: "0"}, (120.0, 1.25, 64),
-         (ENV_TTL, ENV_LOCK_ACQUIRE_TIMEOUT)),
-        ({ENV_TTL: "nan", ENV_LOCK_ACQUIRE_TIMEOUT: "inf"}, (120.0, 1.25, 64),
-         (ENV_TTL, ENV_LOCK_ACQUIRE_TIMEOUT)),
-        ({ENV_SHARDS: "1.5"}, (120.0, 1.25, 64), (ENV_SHARDS,)),
-        ({ENV_SHARDS: "0"}, (120.0, 1.25, 64), (ENV_SHARDS,)),
-        ({ENV_SHARDS: "5000"}, (120.0, 1.25, 64), (ENV_SHARDS,)),
-        ({ENV_SHARDS: " 4096 "}, (120.0, 1.25, 4096), ()),
+        ({WORK_LEASE_TTL_ENV: "300", WORK_LOCK_ACQUIRE_TIMEOUT_ENV: "0.5",
+          WORK_LEASE_SHARDS_ENV: "16"}, (300.0, 0.5, 16), ()),
+        ({WORK_LEASE_TTL_ENV: "  ", WORK_LEASE_SHARDS_ENV: ""}, (120.0, 1.25, 64), ()),
+        ({WORK_LEASE_TTL_ENV: "abc"}, (120.0, 1.25, 64), (WORK_LEASE_TTL_ENV,)),
+        ({WORK_LEASE_TTL_ENV: "-1", WORK_LOCK_ACQUIRE_TIMEOUT_ENV: "0"}, (120.0, 1.25, 64),
+         (WORK_LEASE_TTL_ENV, WORK_LOCK_ACQUIRE_TIMEOUT_ENV)),
+        ({WORK_LEASE_TTL_ENV: "nan", WORK_LOCK_ACQUIRE_TIMEOUT_ENV: "inf"}, (120.0, 1.25, 64),
+         (WORK_LEASE_TTL_ENV, WORK_LOCK_ACQUIRE_TIMEOUT_ENV)),
+        ({WORK_LEASE_SHARDS_ENV: "1.5"}, (120.0, 1.25, 64), (WORK_LEASE_SHARDS_ENV,)),
+        ({WORK_LEASE_SHARDS_ENV: "0"}, (120.0, 1.25, 64), (WORK_LEASE_SHARDS_ENV,)),
+        ({WORK_LEASE_SHARDS_ENV: "5000"}, (120.0, 1.25, 64), (WORK_LEASE_SHARDS_ENV,)),
+        ({WORK_LEASE_SHARDS_ENV: " 4096 "}, (120.0, 1.25, 4096), ()),
     ],
 )
 def test_config_from_env(env, want, rejected):

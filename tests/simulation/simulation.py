@@ -23,11 +23,9 @@ from collections import Counter
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from symcc_mpi.config import CampaignConfig
-from symcc_mpi.dispatch.watchdog import ENV_WATCHDOG
+from symcc_mpi.config import WATCHDOG_ENV, WORK_LEASE_TTL_ENV, CampaignConfig
 from symcc_mpi.durable.atomic import SYSTEM_DISK
 from symcc_mpi.durable.clock import SYSTEM_CLOCK
-from symcc_mpi.federation.lease_config import ENV_TTL
 from symcc_mpi.job.session import run_rank
 
 from .invariants import Checker, Violation
@@ -45,7 +43,7 @@ from .world import (
 
 WATCHDOG_SECONDS = 0.5
 LEASE_TTL = 1.0  # the masters' work leases (F320), seconds
-ENVIRONMENT = {ENV_WATCHDOG: str(WATCHDOG_SECONDS), ENV_TTL: str(LEASE_TTL)}
+ENVIRONMENT = {WATCHDOG_ENV: str(WATCHDOG_SECONDS), WORK_LEASE_TTL_ENV: str(LEASE_TTL)}
 EXECUTION_TIMEOUT = 0.25  # the campaign's --timeout: the master drains for it + 10 s
 HORIZON = 400.0  # virtual seconds a job may take before it counts as hung
 MAX_TURNS = 1_000_000  # turns a job may take (time that stands still is a livelock)

@@ -94,7 +94,7 @@ def test_session_members_lists_only_live_processes_of_that_session():
 # Stands in for an mpiexec that exits 0, its master having written stats.json as given.
 REPORTING_JOB = """
 import json, os, sys
-from symcc_mpi.campaign.layout import RUN_ID_ENV
+from symcc_mpi.config import RUN_ID_ENV
 phase = sys.argv[2]
 if phase != "none":
     extra = {"run_id": os.environ[RUN_ID_ENV], "phase": phase, "exit_status": 0}
@@ -118,7 +118,7 @@ def test_mpiexec_success_counts_only_with_the_campaigns_final_report(tmp_path, m
 # Fails the way prterun did in CI the first time it is started, then runs a clean campaign.
 FLAKY_START_JOB = """
 import json, os, sys
-from symcc_mpi.campaign.layout import RUN_ID_ENV
+from symcc_mpi.config import RUN_ID_ENV
 out = sys.argv[1]
 marker = os.path.join(out, "started-once")
 if not os.path.exists(marker):

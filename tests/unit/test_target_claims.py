@@ -6,22 +6,23 @@ from __future__ import annotations
 import dataclasses
 import logging
 
+from symcc_mpi.config import TARGET_LEASE_TTL_ENV
 from symcc_mpi.durable.clock import ManualClock
-from symcc_mpi.federation.target_claims import ENV_TTL, ClaimStatistics, TargetClaims, target_ttl
+from symcc_mpi.federation.target_claims import ClaimStatistics, TargetClaims, target_ttl
 
 
 def masters(tmp_path, clock, ttl="3"):
-    env = {ENV_TTL: ttl}
+    env = {TARGET_LEASE_TTL_ENV: ttl}
     return [TargetClaims(tmp_path / "targets", owner=f"master-{k}", work_ttl=120.0,
                          clock=clock, env=env) for k in (0, 1)]
 
 
 def test_the_ttl_defaults_to_the_work_leases_and_a_bad_setting_is_named():
     assert target_ttl(120.0, {}) == (120.0, "")
-    assert target_ttl(120.0, {ENV_TTL: " 2.5 "}) == (2.5, "")
+    assert target_ttl(120.0, {TARGET_LEASE_TTL_ENV: " 2.5 "}) == (2.5, "")
     for bad in ("0", "-1", "nan", "inf", "soon"):
-        ttl, rejected = target_ttl(120.0, {ENV_TTL: bad})
-        assert ttl == 120.0 and rejected == f"{ENV_TTL}={bad!r}"
+        ttl, rejected = target_ttl(120.0, {TARGET_LEASE_TTL_ENV: bad})
+        assert ttl == 120.0 and rejected == f"{TARGET_LEASE_TTL_ENV}={bad!r}"
 
 
 def test_overlapping_groups_of_two_masters_are_refused_until_released(tmp_path):

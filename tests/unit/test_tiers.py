@@ -12,8 +12,9 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
+from symcc_mpi.config import AsideBounds, UsageError, aside_bounds
 from symcc_mpi.scheduling.frontier import Frontier
-from symcc_mpi.scheduling.tiers.pool import AsidePool, Promise, bounds_from_env
+from symcc_mpi.scheduling.tiers.pool import AsidePool, Promise
 from symcc_mpi.scheduling.tiers.schedule import Tier, TierSchedule
 from symcc_mpi.wire.staging import Pack, write_entries
 
@@ -229,10 +230,10 @@ def test_a_resumed_pool_is_rebuilt_from_its_packs(tmp_path):
 def test_pool_bounds_come_from_the_environment(monkeypatch):
     monkeypatch.setenv("SYMCC_ASIDE_MAX_INPUTS", "7")
     monkeypatch.setenv("SYMCC_ASIDE_MAX_MB", "3")
-    assert bounds_from_env() == (7, 3 << 20)
+    assert aside_bounds() == AsideBounds(7, 3 << 20)
     monkeypatch.setenv("SYMCC_ASIDE_MAX_MB", "lots")
-    with pytest.raises(ValueError, match="SYMCC_ASIDE_MAX_MB='lots'"):
-        bounds_from_env()
+    with pytest.raises(UsageError, match="SYMCC_ASIDE_MAX_MB='lots'"):
+        aside_bounds()
 
 
 class PoolMachine(RuleBasedStateMachine):

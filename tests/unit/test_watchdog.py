@@ -13,11 +13,10 @@ from types import SimpleNamespace
 
 import pytest
 
+from symcc_mpi.config import PROTOCOL_RETRIES_ENV, WATCHDOG_ENV
 from symcc_mpi.dispatch.tables import CommitStart, DispatchTables, ParkedWorker, ResultClass
 from symcc_mpi.dispatch.transaction import DispatchTransaction, SendPhase
 from symcc_mpi.dispatch.watchdog import (
-    ENV_PROTOCOL_RETRIES,
-    ENV_WATCHDOG,
     MAX_SECONDS,
     DispatchWatchdog,
     GateVerdict,
@@ -124,7 +123,7 @@ def test_only_a_dispatched_active_transaction_expires_exactly_at_its_deadline():
     ("-Infinity", 120.0), ("ten", 120.0), ("5s", 120.0), ("-1", 0.0), ("-0.001", 0.0),
 ])
 def test_watchdog_seconds_parse_like_the_note_says(text, expected):  # F317 §5.1
-    env = {} if text is None else {ENV_WATCHDOG: text}
+    env = {} if text is None else {WATCHDOG_ENV: text}
     assert WatchdogConfig.from_env(env, execution_timeout=10.0).seconds == expected
 
 
@@ -133,19 +132,19 @@ def test_watchdog_default_and_config_notes():  # F317 §4.1, W9
     assert default_watchdog_seconds(60.0) == 240.0
     assert default_watchdog_seconds(1e6) == MAX_SECONDS
     assert default_watchdog_seconds(math.nan) == 120.0
-    assert WatchdogConfig.from_env({ENV_WATCHDOG: "nan"}, execution_timeout=60.0).seconds == 240.0
+    assert WatchdogConfig.from_env({WATCHDOG_ENV: "nan"}, execution_timeout=60.0).seconds == 240.0
     config = WatchdogConfig.from_env({}, execution_timeout=60.0)
     assert config == WatchdogConfig(240.0, 1, ())
     assert config.enabled
-    config = WatchdogConfig.from_env({ENV_WATCHDOG: "0", ENV_PROTOCOL_RETRIES: "3"},
+    config = WatchdogConfig.from_env({WATCHDOG_ENV: "0", PROTOCOL_RETRIES_ENV: "3"},
                                      execution_timeout=60.0)
     assert (config.seconds, config.protocol_retries, config.enabled) == (0.0, 3, False)
     assert config.notes == ()  # 0 is a valid choice, not an adjustment
-    config = WatchdogConfig.from_env({ENV_WATCHDOG: "Infinity", ENV_PROTOCOL_RETRIES: "x"},
+    config = WatchdogConfig.from_env({WATCHDOG_ENV: "Infinity", PROTOCOL_RETRIES_ENV: "x"},
                                      execution_timeout=10.0)
     assert (config.seconds, config.protocol_retries) == (120.0, 1)
     assert len(config.notes) == 2 and "not finite" in config.notes[0]
-    assert WatchdogConfig.from_env({ENV_PROTOCOL_RETRIES: "-2"},
+    assert WatchdogConfig.from_env({PROTOCOL_RETRIES_ENV: "-2"},
                                    execution_timeout=10.0).protocol_retries == 0
     assert WatchdogConfig.from_env({}, execution_timeout=10.0).protocol_retries == 1
 

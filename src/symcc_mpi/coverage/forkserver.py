@@ -44,6 +44,7 @@ from pathlib import Path
 import msgspec
 
 from symcc_mpi.coverage.edges import BUCKET_BITS, AflTargetError, FileCoverage, Status, TriageError
+from symcc_mpi.durable.clock import SYSTEM_CLOCK
 from symcc_mpi.processes import limited
 from symcc_mpi.processes.scratch import default_root
 from symcc_mpi.processes.wordpipe import PipeClosed, read_word, write_word

@@ -31,20 +31,18 @@ from __future__ import annotations
 import enum
 import logging
 import math
-import os
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
+from symcc_mpi.config import protocol_retries, watchdog_seconds
 from symcc_mpi.dispatch.tables import DispatchTables, ResultClass, Table
 from symcc_mpi.dispatch.transaction import RollbackReport
 from symcc_mpi.durable.clock import Clock
 
 log = logging.getLogger("symcc_mpi.dispatch")
 
-ENV_WATCHDOG = "SYMCC_DISPATCH_WATCHDOG_SEC"
-ENV_PROTOCOL_RETRIES = "SYMCC_DISPATCH_PROTOCOL_RETRIES"
 MIN_DEFAULT_SECONDS = 120.0
 TIMEOUT_FACTOR = 4.0
 MAX_SECONDS = 86400.0
@@ -62,35 +60,6 @@ def default_watchdog_seconds(execution_timeout: float) -> float:
     return min(MAX_SECONDS, max(MIN_DEFAULT_SECONDS, TIMEOUT_FACTOR * timeout))
 
 
-def _parse_seconds(text: str | None, default: float) -> tuple[float, str | None]:
-    if text is None or not text.strip():
-        return default, None
-    try:
-        value = float(text.strip())
-    except ValueError:
-        return default, f"{ENV_WATCHDOG}={text!r} is not a number: default {default:g} s"
-    if not math.isfinite(value):
-        return default, f"{ENV_WATCHDOG}={text!r} is not finite: default {default:g} s"
-    if value < 0:
-        return 0.0, f"{ENV_WATCHDOG}={text!r} is negative: watchdog disabled"
-    if value > MAX_SECONDS:
-        return MAX_SECONDS, f"{ENV_WATCHDOG}={text!r} is above {MAX_SECONDS:g}: capped"
-    return value, None
-
-
-def _parse_retries(text: str | None) -> tuple[int, str | None]:
-    if text is None or not text.strip():
-        return DEFAULT_PROTOCOL_RETRIES, None
-    try:
-        value = int(text.strip())
-    except ValueError:
-        return DEFAULT_PROTOCOL_RETRIES, (f"{ENV_PROTOCOL_RETRIES}={text!r} is not an integer: "
-                                          f"default {DEFAULT_PROTOCOL_RETRIES}")
-    if value < 0:
-        return 0, f"{ENV_PROTOCOL_RETRIES}={text!r} is negative: 0 (defer at once)"
-    return value, None
-
-
 @dataclass(frozen=True)
 class WatchdogConfig:
     seconds: float  # 0: disabled
@@ -104,10 +73,10 @@ class WatchdogConfig:
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, *,
                  execution_timeout: float) -> WatchdogConfig:
-        env = os.environ if env is None else env
-        seconds, note_s = _parse_seconds(env.get(ENV_WATCHDOG),
-                                         default_watchdog_seconds(execution_timeout))
-        retries, note_r = _parse_retries(env.get(ENV_PROTOCOL_RETRIES))
+        seconds, note_s = watchdog_seconds(env,
+                                           default=default_watchdog_seconds(execution_timeout),
+                                           cap=MAX_SECONDS)
+        retries, note_r = protocol_retries(env, default=DEFAULT_PROTOCOL_RETRIES)
         return cls(seconds, retries, tuple(n for n in (note_s, note_r) if n))
 
 

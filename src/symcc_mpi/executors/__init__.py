@@ -3,25 +3,19 @@
 from __future__ import annotations
 
 import importlib.util
-import os
 from pathlib import Path
 
-from symcc_mpi.config import CampaignConfig, UsageError
+from symcc_mpi.config import SKIP_BIN_CHECK_ENV, CampaignConfig, UsageError, skip_bin_check
 from symcc_mpi.executors.base import ExecutionResult, Executor, ExecutorError, Outcome
 
 __all__ = ["ExecutionResult", "Executor", "ExecutorError", "Outcome", "check_executor",
            "make_executor"]
 
-# As AFL++'s AFL_SKIP_BIN_CHECK: the target is a wrapper (a script, `env ...`) that runs a
-# build of the right kind, which the check cannot see through.
-SKIP_BIN_CHECK = "SYMCC_MPI_SKIP_BIN_CHECK"
-
-
 def check_executor(name: str, target: tuple[str, ...]) -> None:
     """Refuse, before launching anything, an executor this machine cannot run, or a target
     not built for it (SymCC's runs need a SymCC build; Triton's a plain one)."""
     _check_available(name)
-    if name in ("symcc", "triton") and os.environ.get(SKIP_BIN_CHECK) != "1":
+    if name in ("symcc", "triton") and not skip_bin_check():
         _check_build(name, Path(target[0]))
 
 
@@ -39,7 +33,7 @@ def _check_build(executor: str, program: Path) -> None:
         raise UsageError(
             f"--executor symcc: {program} is not a SymCC build ({why}): compile it with SymCC "
             f"({HOW_TO_GET_SYMCC}), run it with --executor triton, or, for a wrapper around a "
-            f"SymCC build, set {SKIP_BIN_CHECK}=1")
+            f"SymCC build, set {SKIP_BIN_CHECK_ENV}=1")
     if executor == "triton" and built:
         raise UsageError(
             f"--executor triton: {program} is a SymCC build (it names {symbol}, SymCC's "

@@ -16,6 +16,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from symcc_mpi.config import SYMCC_INPUT_FILE_ENV, SYMCC_OUTPUT_DIR_ENV, build_tools
 from symcc_mpi.durable.clock import SYSTEM_CLOCK
 from symcc_mpi.durable.regular import list_regular
 from symcc_mpi.executors.base import ExecutionResult, Outcome
@@ -145,11 +146,12 @@ def preload_library(cache: Path | None = None) -> Path | None:
     their PLT), so it works with any SymCC build linked the usual way.
     """
     source = PRELOAD_SOURCE.read_bytes()
-    cache = cache or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "symcc-mpi"
+    tools = build_tools()
+    cache = cache or tools.cache_home / "symcc-mpi"
     library = cache / f"symcc-preload-{hashlib.sha256(source).hexdigest()[:12]}.so"
     if library.is_file():
         return library
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    compiler = tools.compiler or shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
         log.warning("no C compiler: every SymCC run is exec'd (no forkserver) and solver "
                     "queries skipped by pruning will not be counted")
@@ -215,15 +217,15 @@ class SymccExecutor:
 
     def _environment(self, input_path: Path, output_dir: Path, uses_file: bool,
                      targets: frozenset[int] | None, pruned: bool) -> dict:
-        env = dict(os.environ, SYMCC_OUTPUT_DIR=str(output_dir))
+        env = dict(os.environ, **{SYMCC_OUTPUT_DIR_ENV: str(output_dir)})
         if self.tmpdir is not None:
             env["TMPDIR"] = str(self.tmpdir)
         for name in _PRUNING_ENV:
             env.pop(name, None)
         if uses_file:
-            env["SYMCC_INPUT_FILE"] = str(input_path)
+            env[SYMCC_INPUT_FILE_ENV] = str(input_path)
         else:
-            env.pop("SYMCC_INPUT_FILE", None)
+            env.pop(SYMCC_INPUT_FILE_ENV, None)
         if targets is not None:
             # Fresh each run: QSYM rewrites the map as it solves.
             self.targets_map.write_bytes(targeted_map(targets))

@@ -25,6 +25,7 @@ import signal
 import sys
 from pathlib import Path
 
+from symcc_mpi.config import SYMCC_INPUT_FILE_ENV
 from symcc_mpi.durable.clock import SYSTEM_CLOCK
 from symcc_mpi.processes.limited import kill_group
 
@@ -171,9 +172,9 @@ class Server:
         input_name = req["input_name"]
         data = Path(req["input"]).read_bytes()
         env = dict(os.environ)
-        env.pop("SYMCC_INPUT_FILE", None)
+        env.pop(SYMCC_INPUT_FILE_ENV, None)
         if input_name != eng.STDIN_NAME:
-            env["SYMCC_INPUT_FILE"] = req["input"]
+            env[SYMCC_INPUT_FILE_ENV] = req["input"]
         # The native result goes first so that a timeout in the emulator cannot hide a crash.
         native = eng.run_native(
             argv,

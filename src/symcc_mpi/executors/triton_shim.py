@@ -20,6 +20,7 @@ import signal
 import sys
 from pathlib import Path
 
+from symcc_mpi.config import symcc_run
 from symcc_mpi.processes.limited import no_core_dumps
 
 USAGE = "usage: python -m symcc_mpi.executors.triton_shim TARGET [ARGS...]"
@@ -61,7 +62,8 @@ def main(args: list[str] | None = None) -> None:
         _die_like(127)
     argv = [target, *args[1:]]
 
-    input_file = os.environ.get("SYMCC_INPUT_FILE")
+    run = symcc_run()
+    input_file = run.input_file
     if input_file and any(input_file in a for a in args[1:]):
         input_name = input_file
         data = Path(input_file).read_bytes()
@@ -69,7 +71,7 @@ def main(args: list[str] | None = None) -> None:
     else:
         data = sys.stdin.buffer.read()
         stdin_data = data
-    out_dir = Path(os.environ.get("SYMCC_OUTPUT_DIR", "/tmp/output"))
+    out_dir = run.output_dir
     out_dir.mkdir(parents=True, exist_ok=True)
 
     try:
@@ -92,7 +94,7 @@ def main(args: list[str] | None = None) -> None:
             data,
             out_dir,
             eng.EngineOptions.from_dict(
-                {"solver": os.environ.get("SYMCC_TRITON_SOLVER", "bitwuzla")}
+                {"solver": run.solver}
             ),
             on_query=_stat_line,
         )

@@ -21,6 +21,7 @@ import signal
 from collections.abc import Callable
 from pathlib import Path
 
+from symcc_mpi.config import SYMCC_NO_SYMBOLIC_INPUT_ENV, SYMCC_OUTPUT_DIR_ENV
 from symcc_mpi.coverage.edges import Status
 from symcc_mpi.executors.base import ExecutionResult, Outcome
 from symcc_mpi.processes import limited
@@ -82,7 +83,8 @@ def make_witness(config, executor_name: str, probe, scratch: Path) -> Witness | 
                        _native_run(config.plain_target, config, dict(os.environ)))
     replay = scratch / "replay"  # SymCC's runtime wants an output directory that exists
     replay.mkdir(exist_ok=True)
-    env = dict(os.environ, SYMCC_NO_SYMBOLIC_INPUT="1", SYMCC_OUTPUT_DIR=str(replay))
+    env = dict(os.environ, **{SYMCC_NO_SYMBOLIC_INPUT_ENV: "1",
+                              SYMCC_OUTPUT_DIR_ENV: str(replay)})
     return Witness("the SymCC build without symbolic input (SYMCC_NO_SYMBOLIC_INPUT=1)",
                    _native_run(config.target, config, env, emptied=replay))
 

@@ -1,14 +1,47 @@
-"""Root's figures of a campaign of several masters: its own and the others' latest, combined."""
+"""A several-master job's figures: each master's federation statistics, and root's of the
+campaign (its own and the others' latest, combined)."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, replace
 
 from symcc_mpi.campaign.report import CampaignSnapshot
+from symcc_mpi.federation.hints import HintStatistics
+from symcc_mpi.federation.master_leases import LeaseFigures
+from symcc_mpi.federation.quiescence import CoordinatorStatistics, ParticipantStatistics
+from symcc_mpi.federation.target_claims import ClaimStatistics
 
 SUMMED = ("executions", "generated", "unique", "interesting", "pending", "crashes", "hangs",
           "crashing_runs", "hanging_runs", "executor_time", "solver_time", "workers")
 LATEST = ("max_depth", "last_find", "last_crash", "last_hang")
+
+
+@dataclass(frozen=True)
+class FederationStatistics:
+    """One master's part of a several-master job; root's also has the quiescence protocol's
+    coordinator and the findings it named for the others."""
+
+    leases: LeaseFigures
+    not_owned: int
+    stale_results: int
+    targets: ClaimStatistics | None
+    hints: HintStatistics
+    quiescence: ParticipantStatistics
+    quiescence_root: CoordinatorStatistics | None
+    root_outcome: str | None
+    findings_named: int | None
+
+    def to_json(self) -> dict:
+        """As stats.json's extra.federation has it: the lease figures at the top level."""
+        figures = asdict(self.leases)
+        figures.update(not_owned=self.not_owned, stale_results=self.stale_results,
+                       targets=asdict(self.targets) if self.targets else {},
+                       hints=asdict(self.hints), quiescence=asdict(self.quiescence))
+        if self.quiescence_root is not None:
+            figures["quiescence_root"] = {**asdict(self.quiescence_root),
+                                          "outcome": self.root_outcome}
+            figures["findings_named"] = self.findings_named
+        return figures
 
 
 def combine(own: CampaignSnapshot, others: dict[int, dict],

@@ -4,21 +4,16 @@ shard count, from the campaign's timeouts or the environment."""
 from __future__ import annotations
 
 import math
-import os
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from symcc_mpi.config import work_lease_settings
 from symcc_mpi.federation.shards import MAX_SHARDS
 
 DEFAULT_SHARDS = 64
 DEFAULT_EXECUTION_TIMEOUT = 10.0
 DEFAULT_SHUTDOWN_GRACE = 5.0
-
-ENV_TTL = "SYMCC_STANDALONE_WORK_LEASE_TTL"
-ENV_LOCK_ACQUIRE_TIMEOUT = "SYMCC_STANDALONE_WORK_LOCK_ACQUIRE_TIMEOUT"
-ENV_SHARDS = "SYMCC_STANDALONE_WORK_LEASE_SHARDS"
-
 
 def default_ttl(execution_timeout: float = DEFAULT_EXECUTION_TIMEOUT) -> float:
     """F320 §6: `max(120, 4 * timeout)` seconds."""
@@ -69,25 +64,13 @@ class LeaseConfig:
         execution_timeout: float = DEFAULT_EXECUTION_TIMEOUT,
         shutdown_grace: float = DEFAULT_SHUTDOWN_GRACE,
     ) -> LeaseConfig:
-        env = os.environ if env is None else env
-        rejected: list[str] = []
-
-        def pick(name: str, parse: Callable[[str], Any], default: Any) -> Any:
-            raw = env.get(name, "").strip()
-            if not raw:
-                return default
-            value = parse(raw)
-            if value is None:
-                rejected.append(f"{name}={raw!r}")
-                return default
-            return value
-
+        settings = work_lease_settings(env, max_shards=MAX_SHARDS)
         return cls(
-            ttl=pick(ENV_TTL, _positive_seconds, default_ttl(execution_timeout)),
-            lock_timeout=pick(ENV_LOCK_ACQUIRE_TIMEOUT, _positive_seconds,
-                              default_lock_acquire_timeout(shutdown_grace)),
-            shards=pick(ENV_SHARDS, _shard_count, DEFAULT_SHARDS),
-            rejected=tuple(rejected),
+            ttl=settings.ttl if settings.ttl is not None else default_ttl(execution_timeout),
+            lock_timeout=settings.lock_timeout if settings.lock_timeout is not None
+            else default_lock_acquire_timeout(shutdown_grace),
+            shards=settings.shards if settings.shards is not None else DEFAULT_SHARDS,
+            rejected=settings.rejected,
         )
 
     def options(self) -> dict[str, Any]:

@@ -25,13 +25,17 @@ from pathlib import Path
 from symcc_mpi.campaign.corpus import CampaignDir
 from symcc_mpi.campaign.layout import LEASE_DIRECTORY_PREFIX
 from symcc_mpi.durable.clock import SYSTEM_CLOCK, Clock
-from symcc_mpi.federation.figures import plain
+from symcc_mpi.federation.figures import FederationStatistics, plain
 from symcc_mpi.federation.hints import HintReader, PublicationLog
 from symcc_mpi.federation.lease_config import LeaseConfig
 from symcc_mpi.federation.leases import FencedWorkLeaseTable
 from symcc_mpi.federation.master_leases import WorkLeases
 from symcc_mpi.federation.ownership import lease_directory, owner
-from symcc_mpi.federation.quiescence import Coordinator, Outcome, Participant
+from symcc_mpi.federation.quiescence import (
+    Coordinator,
+    Outcome,
+    Participant,
+)
 from symcc_mpi.federation.target_claims import TargetClaims
 from symcc_mpi.scheduling.frontier import Frontier
 from symcc_mpi.wire.control import Abort, Ack, Commit, Prepare, Status, Vote
@@ -377,18 +381,16 @@ class Federation:
                         "their last report", ", ".join(map(str, sorted(missing))),
                         FINAL_FIGURES_WAIT)
 
-    def statistics(self) -> dict:
-        figures = asdict(self.leases.statistics())
-        figures.update(not_owned=self.not_owned, stale_results=self.stale_results,
-                       targets=asdict(self.targets.statistics()) if self.targets else {},
-                       hints=asdict(self.hints.statistics()),
-                       quiescence=asdict(self.participant.statistics()))
-        if self.coordinator is not None:
-            coordinator = asdict(self.coordinator.statistics())
-            coordinator["outcome"] = self.coordinator.outcome.value
-            figures["quiescence_root"] = coordinator
-            figures["findings_named"] = self.findings
-        return figures
+    def statistics(self) -> FederationStatistics:
+        root = self.coordinator
+        return FederationStatistics(
+            leases=self.leases.statistics(), not_owned=self.not_owned,
+            stale_results=self.stale_results,
+            targets=self.targets.statistics() if self.targets else None,
+            hints=self.hints.statistics(), quiescence=self.participant.statistics(),
+            quiescence_root=root.statistics() if root is not None else None,
+            root_outcome=root.outcome.value if root is not None else None,
+            findings_named=self.findings if root is not None else None)
 
     def remove_lease_directory(self) -> None:
         """Root, after the final barrier: the job's table is nobody's any more."""

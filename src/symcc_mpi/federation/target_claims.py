@@ -20,31 +20,21 @@ held the group, so two masters' logs show an overlap only if the table allowed o
 from __future__ import annotations
 
 import logging
-import math
-import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from symcc_mpi.config import target_lease_ttl
 from symcc_mpi.durable.clock import SYSTEM_CLOCK, Clock
 from symcc_mpi.federation.target_leases import FencedTargetLeaseTable, heartbeat_interval
 
 log = logging.getLogger("symcc_mpi.targets")
 
-ENV_TTL = "SYMCC_TARGET_LEASE_TTL"  # seconds; default: the work leases' TTL (F311 §9)
 
 
 def target_ttl(work_ttl: float, env: dict | None = None) -> tuple[float, str]:
     """The target leases' TTL, and the rejected setting to warn about ("" if none)."""
-    raw = (os.environ if env is None else env).get(ENV_TTL, "").strip()
-    if not raw:
-        return work_ttl, ""
-    try:
-        value = float(raw)
-    except ValueError:
-        value = math.nan
-    if not math.isfinite(value) or value <= 0:
-        return work_ttl, f"{ENV_TTL}={raw!r}"
-    return value, ""
+    ttl, rejected = target_lease_ttl(env)
+    return (work_ttl if ttl is None else ttl), rejected
 
 
 @dataclass

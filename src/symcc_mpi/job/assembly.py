@@ -11,7 +11,7 @@ from symcc_mpi.campaign.afl_sync import CURSORS_FILE, FleetQueues, Importer, loa
 from symcc_mpi.campaign.checkpoint import load_pruning, load_triage
 from symcc_mpi.campaign.corpus import CampaignDir
 from symcc_mpi.campaign.layout import CampaignError
-from symcc_mpi.config import CampaignConfig, UsageError
+from symcc_mpi.config import CampaignConfig, UsageError, aside_bounds
 from symcc_mpi.coverage.pruning import PruningLedger, PruningMode
 from symcc_mpi.coverage.triage import CoverageMap
 from symcc_mpi.dispatch.watchdog import WatchdogConfig
@@ -28,7 +28,7 @@ from symcc_mpi.job.resume import load_state, master_probe
 from symcc_mpi.roles.host import MACHINE, Host
 from symcc_mpi.roles.master import Master
 from symcc_mpi.scheduling.tiers.lower import LowerTiers
-from symcc_mpi.scheduling.tiers.pool import POOL_DIRECTORY, AsidePool, bounds_from_env
+from symcc_mpi.scheduling.tiers.pool import POOL_DIRECTORY, AsidePool
 from symcc_mpi.scheduling.tiers.schedule import TierSchedule
 from symcc_mpi.wire.protocol import ConfigVerdict, Tag
 
@@ -125,9 +125,9 @@ def _lower_tiers(config: CampaignConfig, campaign: CampaignDir, coverage, federa
                             rerun=config.prunes)
     pool = None
     if coverage is not None:
-        max_inputs, max_bytes = bounds_from_env()
-        pool = AsidePool(config.out / POOL_DIRECTORY, max_inputs=max_inputs,
-                         max_bytes=max_bytes)
+        bounds = aside_bounds()
+        pool = AsidePool(config.out / POOL_DIRECTORY, max_inputs=bounds.max_inputs,
+                         max_bytes=bounds.max_bytes)
     return LowerTiers(campaign.inputs, schedule, pool)
 
 

@@ -8,12 +8,11 @@ import logging
 from symcc_mpi.campaign import snapshot
 from symcc_mpi.campaign.corpus import CampaignDir
 from symcc_mpi.campaign.layout import check_out_dir
-from symcc_mpi.config import CampaignConfig, UsageError, check_numbers, check_seeds
+from symcc_mpi.config import CampaignConfig, UsageError, aside_bounds, check_numbers, check_seeds
 from symcc_mpi.coverage.edges import TriageError, check_afl_target
 from symcc_mpi.executors import check_executor
 from symcc_mpi.processes.scratch import check_scratch
 from symcc_mpi.roles.faults import Faults
-from symcc_mpi.scheduling.tiers.pool import bounds_from_env
 
 log = logging.getLogger(__name__)
 
@@ -26,7 +25,7 @@ def check_config(config: CampaignConfig, *, lock_held: bool = False) -> None:
         check_seeds(config.seeds)
     check_executor(config.executor, config.target)
     check_fault_plan()
-    check_pool_bounds()
+    aside_bounds()  # refuses a bad SYMCC_ASIDE_MAX_* setting
     if config.afl_target:
         try:
             check_afl_target(list(config.afl_target))
@@ -43,13 +42,6 @@ def check_config(config: CampaignConfig, *, lock_held: bool = False) -> None:
         # covers it vouches for it (the run that wrote both checked it at its close).
         if not snapshot.covers_journal(campaign):
             campaign.read_done()
-
-
-def check_pool_bounds() -> None:
-    try:
-        bounds_from_env()
-    except ValueError as error:
-        raise UsageError(str(error)) from None
 
 
 def check_fault_plan() -> None:

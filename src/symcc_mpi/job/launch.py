@@ -21,8 +21,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 from symcc_mpi.campaign.corpus import CampaignDir
-from symcc_mpi.campaign.layout import RUN_ID_ENV
-from symcc_mpi.config import CampaignConfig, UsageError
+from symcc_mpi.config import (
+    COMMAND_TIME_ENV,
+    LAUNCHED_ENV,
+    RUN_ID_ENV,
+    CampaignConfig,
+    UsageError,
+    launch_environment,
+)
 from symcc_mpi.durable.clock import SYSTEM_CLOCK
 from symcc_mpi.durable.storage import STORAGE_EXIT, describe
 
@@ -34,17 +40,16 @@ TERMINATE_GRACE = 15.0  # for mpiexec to take its ranks down after SIGTERM, befo
 KILL_GRACE = 5.0
 RANK_MEMORY = 64 << 20  # bytes a rank needs at the least (check_workers)
 
-# Set by mpiexec/mpirun (Open MPI, MPICH, Intel MPI) and by srun --mpi=pmix.
-_MPI_ENVIRONMENT = ("OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE")
 
 
 def under_mpi() -> bool:
-    return any(name in os.environ for name in _MPI_ENVIRONMENT)
+    return launch_environment().under_mpi
 
 
 def launched_by_us() -> bool:
     """Whether this process is (or will be) a rank of a job that symcc-mpi starts itself."""
-    return not under_mpi() or os.environ.get("SYMCC_MPI_LAUNCHED") == "1"
+    started = launch_environment()
+    return not started.under_mpi or started.by_us
 
 
 def find_mpiexec() -> str:
@@ -68,7 +73,7 @@ def check_workers(workers: int, masters: int = 1, available: int | None = None,
     In a Slurm allocation of several `nodes` (SLURM_JOB_NUM_NODES), this one runs its share
     of the ranks (the first node's, the largest)."""
     available = _available_memory() if available is None else available
-    nodes = _allocated_nodes() if nodes is None else nodes
+    nodes = launch_environment().slurm_nodes if nodes is None else nodes
     ranks = -(-(workers + masters) // nodes)
     if available is None or ranks * RANK_MEMORY <= available:
         return
@@ -78,13 +83,6 @@ def check_workers(workers: int, masters: int = 1, available: int | None = None,
                      f"{ranks * RANK_MEMORY / 2**30:.1f} GiB at {RANK_MEMORY >> 20} MiB each, "
                      f"but only {available / 2**30:.1f} GiB of memory is available: at most "
                      f"{fit} workers fit")
-
-
-def _allocated_nodes() -> int:
-    try:
-        return max(1, int(os.environ.get("SLURM_JOB_NUM_NODES", "1")))
-    except ValueError:
-        return 1
 
 
 def _available_memory() -> int | None:
@@ -121,8 +119,8 @@ def launch(config: CampaignConfig, argv: list[str], *, live: bool) -> int:
 
     command = mpiexec_command(config, argv)
     run_id = secrets.token_hex(8)
-    env = dict(os.environ, SYMCC_MPI_LAUNCHED="1", PYTHONUNBUFFERED="1",
-               SYMCC_MPI_COMMAND_TIME=repr(COMMAND_STARTED), **{RUN_ID_ENV: run_id})
+    env = dict(os.environ, PYTHONUNBUFFERED="1",
+               **{LAUNCHED_ENV: "1", COMMAND_TIME_ENV: repr(COMMAND_STARTED), RUN_ID_ENV: run_id})
     view = LiveView(config.out, live=live)
     job = Job(config.out, run_id, note=view.note)
     previous = {s: signal.signal(s, job.on_signal) for s in HANDLED_SIGNALS}

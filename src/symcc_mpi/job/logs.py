@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import logging
-import os
 import sys
+
+from symcc_mpi.config import log_level
 
 
 def configure_logging(rank: int) -> None:
     logging.basicConfig(
-        level=os.environ.get("SYMCC_MPI_LOG", "INFO").upper(),
+        level=log_level(),
         format=f"%(asctime)s rank {rank} %(levelname)s %(message)s",
         stream=sys.stderr,
     )

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
 from dataclasses import asdict
 from pathlib import Path
@@ -13,7 +12,7 @@ from rich.live import Live
 
 from symcc_mpi.campaign.layout import MARKER, CampaignError
 from symcc_mpi.campaign.report import CampaignSnapshot, ReportWriter, snapshot_from_stats
-from symcc_mpi.config import CampaignConfig
+from symcc_mpi.config import CampaignConfig, launch_environment
 from symcc_mpi.durable.clock import SYSTEM_CLOCK
 from symcc_mpi.job.live import render_live, summary_table
 
@@ -26,7 +25,7 @@ def master_snapshot(master) -> CampaignSnapshot:
     federation = master.federation
     if federation is None:
         return snapshot
-    snapshot.extra["federation"] = federation.statistics()
+    snapshot.extra["federation"] = federation.statistics().to_json()
     if not federation.root:
         return snapshot
     from symcc_mpi.federation.figures import combine
@@ -180,7 +179,7 @@ class CampaignReporter:
 
     def __init__(self, config: CampaignConfig):
         self.writer = ReportWriter(config.out, stats_name=STATS_FILE)
-        self.launched = os.environ.get("SYMCC_MPI_LAUNCHED") == "1"
+        self.launched = launch_environment().by_us
         self.next_line = 0.0
 
     def __call__(self, master, final: bool) -> None:

@@ -4,17 +4,15 @@ from __future__ import annotations
 
 import os
 
+from symcc_mpi.config import launch_environment
 from symcc_mpi.durable.clock import SYSTEM_CLOCK
-
-COMMAND_TIME_ENV = "SYMCC_MPI_COMMAND_TIME"  # set by the launcher (launch.py)
 
 
 def command_time() -> float:
     """When the user's command started: the launcher's clock, else this process's start."""
-    try:
-        return float(os.environ[COMMAND_TIME_ENV])
-    except (KeyError, ValueError):
-        pass
+    started = launch_environment().command_time
+    if started is not None:
+        return started
     try:  # under the user's own launcher: this rank's start, from /proc
         with open("/proc/self/stat") as stat, open("/proc/uptime") as uptime:
             start_ticks = int(stat.read().rsplit(")", 1)[1].split()[19])

@@ -73,6 +73,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from symcc_mpi.config import fault_plan
 from symcc_mpi.durable.clock import SYSTEM_CLOCK
 from symcc_mpi.durable.journal import Writer, write_all
 from symcc_mpi.wire.protocol import ResultField
@@ -95,7 +96,7 @@ log = logging.getLogger("symcc_mpi.roles.faults")
 class Faults:
     def __init__(self, rank: int, spec: str | None = None, *, master_index: int | None = None):
         """The plan for world rank `rank`, which is master `master_index` if a master."""
-        spec = os.environ.get("SYMCC_MPI_FAULTS", "") if spec is None else spec
+        spec = fault_plan() if spec is None else spec
         self.planned: dict[tuple[str, int], str] = {}
         for item in filter(None, (part.strip() for part in spec.split(","))):
             target, _, rest = item.partition(":")

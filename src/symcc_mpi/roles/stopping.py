@@ -6,16 +6,14 @@ from __future__ import annotations
 
 import enum
 import logging
-import os
 import secrets
 from collections.abc import Callable
 
 from symcc_mpi.campaign.checkpoint import Checkpointer
 from symcc_mpi.campaign.corpus import CampaignDir
-from symcc_mpi.campaign.layout import RUN_ID_ENV
 from symcc_mpi.campaign.stats import MasterStats
 from symcc_mpi.campaign.stop import StopRequest
-from symcc_mpi.config import CampaignConfig
+from symcc_mpi.config import CampaignConfig, launch_environment
 from symcc_mpi.dispatch.coordinator import DispatchCoordinator
 from symcc_mpi.durable.clock import SYSTEM_CLOCK
 from symcc_mpi.durable.storage import STOP_ADVICE, STORAGE_EXIT, describe, storage_failing
@@ -79,7 +77,7 @@ class Stopping:
         self.requested_by_signal = False
         self.storage_problem = ""  # set once OUT refused a write: the campaign is stopping
         # A stop request counts only for the run it was made for (corpus.stop_request_verdict).
-        self.run_id = os.environ.get(RUN_ID_ENV) or secrets.token_hex(8)
+        self.run_id = launch_environment().run_id or secrets.token_hex(8)
         self.run_started = command_time()
         # The campaign's clock for --wall-timeout: from the run's first master on, across
         # generations and masters (F443 §4 step 8); open_master sets it from the log.

@@ -17,8 +17,10 @@ from __future__ import annotations
 import enum
 import hashlib
 import json
-import os
+from collections.abc import Mapping
 from dataclasses import dataclass
+
+from symcc_mpi.config import ulfm_launch
 
 ABORT_STATUS = 74  # F443: the job cannot run with the fault tolerance it was asked for
 PROTOCOL = "symcc-generation-fenced-ulfm-recovery-v1"
@@ -51,15 +53,16 @@ class Decision:
     reason: str  # one line, for the log's first lines
 
 
-def launch_problem(environ=os.environ) -> str | None:
+def launch_problem(environ: Mapping[str, str] | None = None) -> str | None:
     """Why the way this job was launched cannot survive a dead rank, or None."""
     from mpi4py import MPI
 
     if "Open MPI" not in MPI.Get_library_version():
         return "recovery is supported with Open MPI's ULFM only"
-    if environ.get("OMPI_MCA_mpi_ft_enable", "").lower() not in ("1", "true", "yes"):
+    launch = ulfm_launch(environ)
+    if not launch.fault_tolerant:
         return "mpiexec was not started with --with-ft ulfm"
-    if environ.get("OMPI_MCA_pml", "") != "ob1":
+    if launch.pml != "ob1":
         return "ULFM needs the ob1 PML (--mca pml ob1)"
     return None
 

@@ -28,14 +28,13 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from symcc_mpi.config import DEFAULT_ASIDE_MAX_INPUTS, DEFAULT_ASIDE_MAX_MB
 from symcc_mpi.durable.regular import open_regular
 from symcc_mpi.wire.staging import Pack, PackRejected, Staged
 
 log = logging.getLogger("symcc_mpi.scheduling.tiers")
 
 POOL_DIRECTORY = "aside"
-DEFAULT_MAX_INPUTS = 100_000
-DEFAULT_MAX_MB = 256
 _SLACK = 1.1  # the bounds are enforced down to 1/_SLACK of them once passed, not per offer
 
 
@@ -58,7 +57,7 @@ class _Entry:
     taken: bool = False  # in flight; analysed or dropped entries are forgotten
 
 
-@dataclass
+@dataclass(frozen=True)
 class PoolStatistics:
     pending: int
     in_flight: int
@@ -71,22 +70,9 @@ class PoolStatistics:
     max_bytes: int
 
 
-def bounds_from_env() -> tuple[int, int]:
-    """(max inputs, max bytes) from SYMCC_ASIDE_MAX_INPUTS and SYMCC_ASIDE_MAX_MB; a value
-    that is not a positive integer is refused in one line (ValueError)."""
-    values = []
-    for name, default in (("SYMCC_ASIDE_MAX_INPUTS", DEFAULT_MAX_INPUTS),
-                          ("SYMCC_ASIDE_MAX_MB", DEFAULT_MAX_MB)):
-        text = os.environ.get(name, str(default))
-        if not text.isdigit() or int(text) < 1:
-            raise ValueError(f"{name}={text!r}: a positive integer, please")
-        values.append(int(text))
-    return values[0], values[1] << 20
-
-
 class AsidePool:
-    def __init__(self, directory: Path, *, max_inputs: int = DEFAULT_MAX_INPUTS,
-                 max_bytes: int = DEFAULT_MAX_MB << 20):
+    def __init__(self, directory: Path, *, max_inputs: int = DEFAULT_ASIDE_MAX_INPUTS,
+                 max_bytes: int = DEFAULT_ASIDE_MAX_MB << 20):
         self.directory = directory
         self.max_inputs = max_inputs
         self.max_bytes = max_bytes

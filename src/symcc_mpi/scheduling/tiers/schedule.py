@@ -42,7 +42,7 @@ class TierFigures:
     seconds: float = 0.0  # the executor's wall time over those executions
 
 
-@dataclass
+@dataclass(frozen=True)
 class TierStatistics:
     enabled: bool
     current: int  # the tier of the last work that went out
