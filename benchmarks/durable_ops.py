@@ -32,7 +32,7 @@ REPEATS = 3
 
 def _record(i: int) -> dict:
     """A done record of the journal's real shape."""
-    return {"sha256": hashlib.sha256(b"%d" % i).hexdigest(), "token": "ab" * 16,
+    return {"digest": hashlib.sha256(b"%d" % i).hexdigest(), "token": "ab" * 16,
             "outcome": "ok", "time": 1_700_000_000.0 + i}
 
 

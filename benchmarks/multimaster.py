@@ -43,7 +43,7 @@ def steady_rate(out: Path) -> tuple[int, int, float]:
         for record in campaign.inspect_journal(path)[0]:
             if "kind" not in record:
                 times.append(record["time"])
-                digests.append(record["sha256"])
+                digests.append(record["digest"])
     span = max(times) - min(times) if len(times) > 1 else 0.0
     return len(digests), len(set(digests)), (len(times) - 1) / span if span > 0 else 0.0
 

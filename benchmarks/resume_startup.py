@@ -85,12 +85,12 @@ def analysed(i: int, digests: list[tuple[str, int]]) -> list[dict]:
     roles/results.py `ResultJudge`; corpus.py `record_work`, `record_done`)."""
     digest, token, rank = digests[i][0], os.urandom(16).hex(), 1 + i % 2
     children = digests[2 * i + 1:2 * i + 3]
-    work = {"sha256": digest, "token": token, "generation": 0, "rank": rank}
+    work = {"digest": digest, "token": token, "generation": 0, "rank": rank}
     return [
         {"kind": "dispatch", **work},
         {"kind": "commit", **work, "outcome": "ok", "exit_status": 0,
          "publish": [[child, size, "ok"] for child, size in children]},
-        {"sha256": digest, "token": token, "outcome": "ok", "time": round(time.time(), 3),
+        {"digest": digest, "token": token, "outcome": "ok", "time": round(time.time(), 3),
          **({"published": [child for child, _ in children]} if children else {})},
     ]
 

@@ -92,14 +92,14 @@ def done_digests(out: Path) -> list[str]:
     """The inputs every master's done journal names, read-only (a torn last line is left
     alone); an input twice in the list was analysed twice."""
     campaign = CampaignDir(out)
-    return [record["sha256"] for path in done_journals(out)
+    return [record["digest"] for path in done_journals(out)
             for record in campaign.inspect_journal(path)[0] if "kind" not in record]
 
 
 def done_keys(out: Path) -> list[tuple[str, int]]:
     """(input, epoch) of every done record: each epoch analyses the corpus again (tiers/)."""
     campaign = CampaignDir(out)
-    return [(record["sha256"], record.get("epoch", 0)) for path in done_journals(out)
+    return [(record["digest"], record.get("epoch", 0)) for path in done_journals(out)
             for record in campaign.inspect_journal(path)[0] if "kind" not in record]
 
 

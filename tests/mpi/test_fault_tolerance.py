@@ -115,9 +115,9 @@ def test_a_master_dying_inside_a_commit_has_it_finished_by_the_next(build, tmp_p
     # the commits before it whose done records were still waiting for the group commit.
     assert stats(out)["extra"]["redone_commits"] >= 1
     journal = CampaignDir(out).inspect_journal()[0]
-    committed_by_the_dead = {r["sha256"] for r in journal
+    committed_by_the_dead = {r["digest"] for r in journal
                              if r.get("kind") == "commit" and r["generation"] == 0}
-    dispatched = Counter(r["sha256"] for r in journal if r.get("kind") == "dispatch")
+    dispatched = Counter(r["digest"] for r in journal if r.get("kind") == "dispatch")
     assert committed_by_the_dead
     assert all(dispatched[digest] == 1 for digest in committed_by_the_dead)
 

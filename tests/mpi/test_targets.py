@@ -88,11 +88,11 @@ def test_a_single_master_splits_its_one_seed_and_analyses_each_input_once(tmp_pa
     campaign = CampaignDir(out)
     records = campaign.inspect_journal(campaign.done_journal)[0]
     parts = [r for r in records if r.get("kind") == "part"]
-    done = {r["sha256"] for r in records if "kind" not in r}
+    done = {r["digest"] for r in records if "kind" not in r}
     # Each split input: its trace and every group but the last on record as parts, then one
     # done record; no part twice.
-    assert parts and {r["sha256"] for r in parts} <= done
-    assert len({(r["sha256"], r["part"]) for r in parts}) == len(parts)
+    assert parts and {r["digest"] for r in parts} <= done
+    assert len({(r["digest"], r["part"]) for r in parts}) == len(parts)
     assert "split inputs" in process.stdout
 
 

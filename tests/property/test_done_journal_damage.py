@@ -23,7 +23,7 @@ SETTINGS = settings(max_examples=150, deadline=None,
 
 
 def record(n: int) -> dict:
-    return {"sha256": hashlib.sha256(b"%d" % n).hexdigest(), "token": "cd" * 16,
+    return {"digest": hashlib.sha256(b"%d" % n).hexdigest(), "token": "cd" * 16,
             "outcome": "ok", "time": float(n)}
 
 
@@ -65,10 +65,10 @@ def test_a_crash_mid_append_loses_at_most_the_torn_line(count, cut):
         kept = b"".join(p.read_bytes() for p in (out / "quarantine").glob("done.jsonl.line*")) \
             if (out / "quarantine").exists() else b""
         assert kept == whole[sum(len(x) for x in lines[:complete]):cut]  # nothing dropped
-        owner.record_done(record(99)["sha256"], "ef" * 16, "crash")
+        owner.record_done(record(99)["digest"], "ef" * 16, "crash")
         owner.close()
-        assert [r["sha256"] for r in CampaignDir(out).read_done()] == \
-            [r["sha256"] for r in records] + [record(99)["sha256"]]
+        assert [r["digest"] for r in CampaignDir(out).read_done()] == \
+            [r["digest"] for r in records] + [record(99)["digest"]]
     finally:
         shutil.rmtree(out.parent)
 

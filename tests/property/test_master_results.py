@@ -126,7 +126,7 @@ class Rig:
             if kind == "upper-name":
                 name = digest.upper()
             size = {"wrong-size": size + 1, "negative-size": -1}.get(kind, size)
-            entry = {"sha256": name, "size": size, "coverage": coverage, "status": status}
+            entry = {"digest": name, "size": size, "coverage": coverage, "status": status}
             staged += [entry, entry] if twice else [entry]
             named.add(digest)
         if pack.is_dir() and not pack.is_symlink():

@@ -294,7 +294,7 @@ class Checker:
             self.judged.add(record.get("token"))
             generation = sent.get(record.get("token"))
             if generation is not None and generation != record.get("generation", 0):
-                self._fail(f"F443: {record['sha256'][:12]} committed from a RESULT of "
+                self._fail(f"F443: {record['digest'][:12]} committed from a RESULT of "
                            f"generation {record.get('generation', 0)} for a WORK of "
                            f"generation {generation}")
         self.records = records
@@ -438,7 +438,7 @@ class Checker:
         requeued = Counter()
         for record in self.records:
             if record.get("kind") == "requeue":
-                requeued[record["sha256"]] += 1
+                requeued[record["digest"]] += 1
             elif record.get("kind") == "recovered":
                 for work in record.get("requeued", ()):
                     requeued[work.split("#")[0]] += 1
@@ -465,6 +465,6 @@ def _size(path: Path) -> int:
 
 
 def _work_id(record: dict) -> str:
-    return record["sha256"] if record.get("part") is None else \
-        f"{record['sha256']}#{record['part']}"
+    return record["digest"] if record.get("part") is None else \
+        f"{record['digest']}#{record['part']}"
 

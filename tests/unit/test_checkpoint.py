@@ -208,7 +208,7 @@ def test_done_records_are_group_committed(campaign, fsyncs):
     campaign.sync_done()
     assert fsyncs[0] == 1
     records = CampaignDir(campaign.out).read_done()
-    assert [r["sha256"] for r in records] == digests
+    assert [r["digest"] for r in records] == digests
     assert [r["token"] for r in records] == [f"{i:032x}" for i in range(5)]
     campaign.sync_done()  # nothing new since: no fsync
     assert fsyncs[0] == 1
@@ -226,7 +226,7 @@ def test_close_syncs_the_done_records(campaign, fsyncs):
     campaign.record_done(digest, "a" * 32, "ok")
     campaign.close()
     assert fsyncs[0] == 1
-    assert [r["sha256"] for r in CampaignDir(campaign.out).read_done()] == [digest]
+    assert [r["digest"] for r in CampaignDir(campaign.out).read_done()] == [digest]
     campaign.close()  # twice: harmless
     assert fsyncs[0] == 1
 
@@ -316,7 +316,7 @@ def test_a_failed_append_keeps_the_records_for_the_next_commit(campaign, monkeyp
         campaign.sync_done()
     assert CampaignDir(campaign.out).read_done() == []  # cut back off the file
     campaign.sync_done()
-    assert [r["sha256"] for r in CampaignDir(campaign.out).read_done()] == [digest]
+    assert [r["digest"] for r in CampaignDir(campaign.out).read_done()] == [digest]
 
 
 def test_the_commit_probe_sees_each_step_of_commits_that_carry_records(campaign):

@@ -354,7 +354,7 @@ def test_commit_records_done_figures_and_pruning(triaged):
     triaged.check_and_commit(result)
     triaged.campaign.sync_done()
     records = triaged.campaign.read_done()
-    assert [(r["sha256"], r["token"], r["outcome"]) for r in records] == \
+    assert [(r["digest"], r["token"], r["outcome"]) for r in records] == \
         [(triaged.parent, TOKEN, "ok")]
     stats = triaged.stats
     assert (stats.executions, stats.generated, stats.solver_queries) == (1, 7, 11)

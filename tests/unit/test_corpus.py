@@ -101,16 +101,16 @@ def test_done_journal_replays_and_drops_a_torn_tail(campaign):
 
     # A reader (no lock) sees the records, reports the torn line and leaves it in place.
     records, damage = campaign.inspect_done()
-    assert [r["sha256"] for r in records] == ["a" * 64, "b" * 64]
+    assert [r["digest"] for r in records] == ["a" * 64, "b" * 64]
     assert damage.line == 3 and damage.kept_at is None
-    assert [r["sha256"] for r in campaign.read_done()] == ["a" * 64, "b" * 64]
+    assert [r["digest"] for r in campaign.read_done()] == ["a" * 64, "b" * 64]
     assert campaign.done_journal.read_bytes() == torn
     assert not campaign.quarantine.exists()
 
     # The lock holder cuts it, and keeps it in quarantine/ under the journal's name and line.
     campaign.lock()
     records = campaign.open_done()
-    assert [r["sha256"] for r in records] == ["a" * 64, "b" * 64]
+    assert [r["digest"] for r in records] == ["a" * 64, "b" * 64]
     assert campaign.done_journal.read_bytes() == torn[:torn.rindex(b"\n") + 1]
     kept = [p for p in campaign.quarantine.iterdir() if p.name.startswith("done.jsonl.line3.")]
     assert len(kept) == 1 and kept[0].read_bytes() == torn[torn.rindex(b"\n") + 1:]
@@ -118,7 +118,7 @@ def test_done_journal_replays_and_drops_a_torn_tail(campaign):
     assert f"{kept[0].name}: {campaign.done_journal}, line 3: torn-tail" in reasons
     campaign.record_done("c" * 64, TOKEN, "ok")
     campaign.close()
-    assert [r["sha256"] for r in campaign.read_done()] == ["a" * 64, "b" * 64, "c" * 64]
+    assert [r["digest"] for r in campaign.read_done()] == ["a" * 64, "b" * 64, "c" * 64]
 
 
 def test_corrupt_done_journal_names_file_and_line(campaign):

@@ -27,7 +27,7 @@ def sha(data: bytes) -> str:
 
 
 def record(n: int) -> dict:
-    return {"sha256": sha(b"%d" % n), "token": TOKEN, "outcome": "ok", "time": 1.5 + n}
+    return {"digest": sha(b"%d" % n), "token": TOKEN, "outcome": "ok", "time": 1.5 + n}
 
 
 @pytest.fixture
@@ -64,7 +64,7 @@ def test_readers_report_a_torn_tail_and_write_nothing(out):
     records, torn = CampaignDir(out).inspect_done()
     assert records == [record(n) for n in range(3)]
     assert torn.kind is DamageKind.TORN_TAIL and torn.line == 4 and torn.kept_at is None
-    assert [r["sha256"] for r in CampaignDir(out).read_done()] == [record(n)["sha256"]
+    assert [r["digest"] for r in CampaignDir(out).read_done()] == [record(n)["digest"]
                                                                     for n in range(3)]
     assert snapshot(out) == before
     assert not (out / "quarantine").exists()
@@ -97,7 +97,7 @@ def test_a_bad_record_in_the_middle_is_one_error_naming_file_and_line(out, damag
     elif damage == "not hex":
         lines[1] = b"zzzzzzzz" + lines[1][8:]
     else:
-        lines[1] = encode_line({"sha256": "short", "token": TOKEN})
+        lines[1] = encode_line({"digest": "short", "token": TOKEN})
     write_journal(out, b"".join(lines))
     before = snapshot(out)
     for read in (lambda c: c.read_done(), lambda c: c.inspect_done()):

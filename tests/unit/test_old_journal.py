@@ -1,17 +1,28 @@
-"""A campaign directory whose done journal an earlier symcc-mpi wrote (done records with no
-"kind", F443's work records beside them) is resumed and verified as it was, and the records
-this version writes are those bytes exactly (campaign/wal.py): the format is pinned here.
+"""A campaign directory of layout 1 (its journal names an input's SHA-256 `sha256`; done
+records with no "kind", F443's work records beside them) is resumed and verified as it was,
+one of a newer layout is refused, and the records this version writes are pinned byte for
+byte (campaign/wal.py).
 No MPI: the master's resume (job/assembly.open_master) over a fake channel."""
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from pathlib import Path
+
+import pytest
 
 from symcc_mpi.campaign import wal
 from symcc_mpi.campaign.afl_names import afl_queue_name
 from symcc_mpi.campaign.corpus import CampaignDir
+from symcc_mpi.campaign.layout import (
+    LAYOUT_VERSION,
+    MARKER,
+    CampaignError,
+    check_out_dir,
+    layout_of,
+)
 from symcc_mpi.campaign.verify import verify_campaign
 from symcc_mpi.config import CampaignConfig
 
@@ -26,9 +37,9 @@ S0, S1, S2 = map(digest, SEEDS)
 C0 = digest(CHILD)
 TOKENS = [f"{n:032x}" for n in range(1, 5)]
 
-# Written by the symcc-mpi before this module's schema, byte for byte: seed-0 analysed (its
-# child published), seed-1 dispatched to a rank that died, requeued by a recovery,
-# dispatched again and analysed (a crash), seed-2 in flight when the run ended.
+# Written in layout 1 (campaign/layout.py: an input's SHA-256 named `sha256`), byte for byte:
+# seed-0 analysed (its child published), seed-1 dispatched to a rank that died, requeued by a
+# recovery, dispatched again and analysed (a crash), seed-2 in flight when the run ended.
 OLD_JOURNAL = (
     b'710d0f31 {"generation":0,"kind":"dispatch","rank":1,"sha256":"8efd6168a055d1e45863c237'
     b'eb3feab2be94f10b7ccdc5bf8bb54305c8b19f7f","token":"00000000000000000000000000000001"}\n'
@@ -56,21 +67,51 @@ OLD_JOURNAL = (
     b'2711c7d23ea6b4ee718364a87e16fad4b3c3a029","token":"00000000000000000000000000000004"}\n'
 )
 
-# The same records as this version's writers make them (roles/master.py, done_log.py).
+# The records OLD_JOURNAL holds, as this version's writers make them.
 RECORDS = [
-    wal.Dispatch(sha256=S0, token=TOKENS[0], generation=0, rank=1),
-    wal.Commit(sha256=S0, token=TOKENS[0], generation=0, rank=1, outcome="ok", exit_status=0,
+    wal.Dispatch(digest=S0, token=TOKENS[0], generation=0, rank=1),
+    wal.Commit(digest=S0, token=TOKENS[0], generation=0, rank=1, outcome="ok", exit_status=0,
                publish=[[C0, 15, "ok"]]),
-    wal.Done(sha256=S0, token=TOKENS[0], outcome="ok", time=1700000000.125, published=[C0]),
-    wal.Dispatch(sha256=S1, token=TOKENS[1], generation=0, rank=2),
+    wal.Done(digest=S0, token=TOKENS[0], outcome="ok", time=1700000000.125, published=[C0]),
+    wal.Dispatch(digest=S1, token=TOKENS[1], generation=0, rank=2),
     wal.Recovered(generation=1, failed=["host/101/1"], requeued=[S1], master="kept",
                   seconds=0.5),
-    wal.Dispatch(sha256=S1, token=TOKENS[2], generation=1, rank=1),
-    wal.Commit(sha256=S1, token=TOKENS[2], generation=1, rank=1, outcome="crash",
+    wal.Dispatch(digest=S1, token=TOKENS[2], generation=1, rank=1),
+    wal.Commit(digest=S1, token=TOKENS[2], generation=1, rank=1, outcome="crash",
                exit_status=None, publish=[]),
-    wal.Done(sha256=S1, token=TOKENS[2], outcome="crash", time=1700000001.5, generation=1),
-    wal.Dispatch(sha256=S2, token=TOKENS[3], generation=1, rank=2),
+    wal.Done(digest=S1, token=TOKENS[2], outcome="crash", time=1700000001.5, generation=1),
+    wal.Dispatch(digest=S2, token=TOKENS[3], generation=1, rank=2),
 ]
+
+
+# The same records as this version's writers make them (roles/records.py, done_log.py), in
+# layout 2, byte for byte.
+JOURNAL = (
+    b'1b2ebff7 {"digest":"8efd6168a055d1e45863c237eb3feab2be94f10b7ccdc5bf8bb54305c8b19f7f",'
+    b'"generation":0,"kind":"dispatch","rank":1,"token":"00000000000000000000000000000001"}\n'
+    b'ba86abb7 {"digest":"8efd6168a055d1e45863c237eb3feab2be94f10b7ccdc5bf8bb54305c8b19f7f",'
+    b'"exit_status":0,"generation":0,"kind":"commit","outcome":"ok","publish":[["1a9f4a2c30d'
+    b'e12da8c8f53e39767ba5e610fa98bb70687d47e03594cffc1e006",15,"ok"]],"rank":1,"token":"000'
+    b'00000000000000000000000000001"}\n'
+    b'92cd4f59 {"digest":"8efd6168a055d1e45863c237eb3feab2be94f10b7ccdc5bf8bb54305c8b19f7f",'
+    b'"outcome":"ok","published":["1a9f4a2c30de12da8c8f53e39767ba5e610fa98bb70687d47e03594cf'
+    b'fc1e006"],"time":1700000000.125,"token":"00000000000000000000000000000001"}\n'
+    b'0f720566 {"digest":"0eb026731d9ea3f870511f8c18daeb814eaa2c9e276082b204f2a962212fb5bd",'
+    b'"generation":0,"kind":"dispatch","rank":2,"token":"00000000000000000000000000000002"}\n'
+    b'b6757a0c {"failed":["host/101/1"],"generation":1,"kind":"recovered","master":"kept","r'
+    b'equeued":["0eb026731d9ea3f870511f8c18daeb814eaa2c9e276082b204f2a962212fb5bd"],"seconds'
+    b'":0.5}\n'
+    b'9f704250 {"digest":"0eb026731d9ea3f870511f8c18daeb814eaa2c9e276082b204f2a962212fb5bd",'
+    b'"generation":1,"kind":"dispatch","rank":1,"token":"00000000000000000000000000000003"}\n'
+    b'457bfac0 {"digest":"0eb026731d9ea3f870511f8c18daeb814eaa2c9e276082b204f2a962212fb5bd",'
+    b'"exit_status":null,"generation":1,"kind":"commit","outcome":"crash","publish":[],"rank'
+    b'":1,"token":"00000000000000000000000000000003"}\n'
+    b'3558a382 {"digest":"0eb026731d9ea3f870511f8c18daeb814eaa2c9e276082b204f2a962212fb5bd",'
+    b'"generation":1,"outcome":"crash","time":1700000001.5,"token":"000000000000000000000000'
+    b'00000003"}\n'
+    b'dab45ee9 {"digest":"532b20b0105c9883348558ed2711c7d23ea6b4ee718364a87e16fad4b3c3a029",'
+    b'"generation":1,"kind":"dispatch","rank":2,"token":"00000000000000000000000000000004"}\n'
+)
 
 
 class FakeChannel:
@@ -94,12 +135,18 @@ def old_campaign(out: Path) -> None:
         os.link(campaign.corpus / digest(data), campaign.queue / name)
     os.link(campaign.corpus / S1, campaign.crashes / afl_queue_name(0, (1,), sig=11))
     campaign.done_journal.write_bytes(OLD_JOURNAL)
+    set_layout(out, 1)
 
 
-def test_this_version_writes_the_old_records_byte_for_byte():
+def set_layout(out: Path, layout: int) -> None:
+    marker = json.loads((out / MARKER).read_bytes())
+    (out / MARKER).write_text(json.dumps({**marker, "layout": layout}))
+
+
+def test_this_version_writes_layout_2_byte_for_byte():
     from symcc_mpi.durable.journal import encode_line
 
-    assert b"".join(encode_line(wal.encode(record)) for record in RECORDS) == OLD_JOURNAL
+    assert b"".join(encode_line(wal.encode(record)) for record in RECORDS) == JOURNAL
     assert [wal.kind_of(wal.encode(record)) for record in RECORDS][2] is wal.Kind.DONE
 
 
@@ -108,7 +155,7 @@ def test_an_old_journal_reads_and_verifies(tmp_path):
     old_campaign(out)
     records, torn = wal.read(out / "state" / "done.jsonl")
     assert torn is None and records == [wal.encode(record) for record in RECORDS]
-    assert [r["sha256"] for r in records if wal.is_done(r)] == [S0, S1]
+    assert [r["digest"] for r in records if wal.is_done(r)] == [S0, S1]
     assert wal.outstanding(records) == {S2}
     problems, facts = verify_campaign(out)
     assert problems == []
@@ -135,10 +182,23 @@ def test_an_old_campaign_resumes_and_verifies(tmp_path):
         master.close()
     journal = (out / "state" / "done.jsonl").read_bytes()
     assert journal.startswith(OLD_JOURNAL)  # the old records are kept as they were
+    assert layout_of(out) == LAYOUT_VERSION == 2  # and OUT says a layout 2 writer appended
     records, _ = wal.read(out / "state" / "done.jsonl")
     requeue, done = records[len(RECORDS):]
-    assert requeue == {"kind": "requeue", "sha256": S2, "reason": "the last run ended"}
-    assert wal.kind_of(done) is wal.Kind.DONE and done["sha256"] == S2
+    assert requeue == {"kind": "requeue", "digest": S2, "reason": "the last run ended"}
+    assert wal.kind_of(done) is wal.Kind.DONE and done["digest"] == S2
     problems, facts = verify_campaign(out)
     assert problems == []
     assert facts["analysed (unique)"] == 3 and facts["out at the end"] == 0
+
+
+def test_a_newer_layout_is_refused_by_resume_and_verify(tmp_path):
+    out = tmp_path / "out"
+    old_campaign(out)
+    set_layout(out, 3)
+    for refuse in (lambda: check_out_dir(out, resume=True), lambda: verify_campaign(out)):
+        with pytest.raises(CampaignError, match="layout 3, which this symcc-mpi cannot read"):
+            refuse()
+    (out / MARKER).write_text("{")
+    with pytest.raises(CampaignError, match="is damaged: it names no layout version"):
+        verify_campaign(out)

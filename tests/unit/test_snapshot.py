@@ -39,7 +39,7 @@ def a_campaign(out, inputs: int = 20) -> list[str]:
     for number, seed in enumerate(seeds):
         campaign.inputs.add(seed)
         if number % 2:
-            campaign.record_work(wal.Dispatch(sha256=seed, token=TOKEN, generation=0, rank=1))
+            campaign.record_work(wal.Dispatch(digest=seed, token=TOKEN, generation=0, rank=1))
             campaign.record_done(seed, TOKEN, "ok")
             campaign.inputs.mark_done(seed)
     campaign.save_finding("crashes", seeds[3], seeds[2], 11)
@@ -65,7 +65,7 @@ def test_a_clean_close_leaves_a_snapshot_the_next_run_restores_and_removes(tmp_p
     campaign.record_done(seeds[0], TOKEN, "ok")
     campaign.close()
     everything = CampaignDir(out).read_done()
-    assert [r["sha256"] for r in everything][-1] == seeds[0] and len(everything) == 11
+    assert [r["digest"] for r in everything][-1] == seeds[0] and len(everything) == 11
 
 
 def test_a_snapshot_of_another_journal_is_not_used(tmp_path):
@@ -73,7 +73,7 @@ def test_a_snapshot_of_another_journal_is_not_used(tmp_path):
     seeds = a_campaign(out)
     campaign = opened(out)
     campaign.open_journal()  # a run that did not close cleanly: it appended and died
-    campaign.record_work(wal.Dispatch(sha256=seeds[0], token=TOKEN, generation=0, rank=1))
+    campaign.record_work(wal.Dispatch(digest=seeds[0], token=TOKEN, generation=0, rank=1))
     campaign.journal.close()
     assert not snapshot.covers_journal(campaign)
     assert snapshot.take(campaign) is None
@@ -127,24 +127,24 @@ def test_a_torn_tail_after_the_snapshot_is_cut_and_a_corrupt_record_refused(tmp_
 
 
 def dispatch(item, token=TOKEN, epoch=0):
-    return {"kind": "dispatch", "sha256": item, "token": token, "generation": 0,
+    return {"kind": "dispatch", "digest": item, "token": token, "generation": 0,
             **({"epoch": epoch} if epoch else {})}
 
 
 def commit(item, epoch=0):
-    return {"kind": "commit", "sha256": item, "token": TOKEN, "generation": 0,
+    return {"kind": "commit", "digest": item, "token": TOKEN, "generation": 0,
             **({"epoch": epoch} if epoch else {})}
 
 
 def done(item, epoch=0):
-    return {"sha256": item, "token": TOKEN, "outcome": "ok", "time": 1.0,
+    return {"digest": item, "token": TOKEN, "outcome": "ok", "time": 1.0,
             **({"epoch": epoch} if epoch else {})}
 
 
 def test_only_the_records_of_work_that_went_cleanly_are_settled():
     a, b, c, d = (digest(x) for x in (b"a", b"b", b"c", b"d"))
     journal = [dispatch(a), commit(a), done(a),  # cleanly: 0, 1
-               dispatch(b), {"kind": "requeue", "sha256": b, "reason": "taken back"},
+               dispatch(b), {"kind": "requeue", "digest": b, "reason": "taken back"},
                dispatch(b), commit(b), done(b),  # twice, declared: kept
                dispatch(c), commit(c),  # in flight: kept
                {"kind": "epoch", "epoch": 1}, dispatch(a, epoch=1), commit(a, epoch=1),
@@ -166,8 +166,8 @@ def test_the_journal_is_compacted_once_it_doubles_and_reads_back_whole(tmp_path,
     inputs = [digest(b"%d" % n) for n in range(60)]
     dropped = 0
     for item in inputs:
-        campaign.record_work(wal.Dispatch(sha256=item, token=TOKEN, generation=0, rank=1))
-        campaign.record_work(wal.Commit(sha256=item, token=TOKEN, generation=0, rank=1,
+        campaign.record_work(wal.Dispatch(digest=item, token=TOKEN, generation=0, rank=1))
+        campaign.record_work(wal.Commit(digest=item, token=TOKEN, generation=0, rank=1,
                                         outcome="ok", exit_status=0, publish=[]))
         campaign.record_done(item, TOKEN, "ok")
         campaign.sync_done()
@@ -176,6 +176,6 @@ def test_the_journal_is_compacted_once_it_doubles_and_reads_back_whole(tmp_path,
     size = campaign.done_journal.stat().st_size
     campaign.close()  # its check of the file passes: the compaction is the owner's write
     records = CampaignDir(out).inspect_journal()[0]
-    assert [r["sha256"] for r in records if "kind" not in r] == inputs
+    assert [r["digest"] for r in records if "kind" not in r] == inputs
     assert size < 60 * 300  # about a done record per execution, not three records
     assert not [p for p in os.listdir(campaign.state) if p.startswith(".tmp-")]

@@ -19,18 +19,18 @@ A, B, C = "a" * 64, "b" * 64, "c" * 64
 
 
 def dispatch(digest, generation=0):
-    return {"kind": "dispatch", "sha256": digest, "token": "t" * 32, "generation": generation}
+    return {"kind": "dispatch", "digest": digest, "token": "t" * 32, "generation": generation}
 
 
 def done(digest, published=()):
-    return {"sha256": digest, "token": "t" * 32, "outcome": "ok", "time": 1.0,
+    return {"digest": digest, "token": "t" * 32, "outcome": "ok", "time": 1.0,
             "published": list(published)}
 
 
 def test_an_input_dispatched_is_outstanding_until_done_or_taken_back():
     assert outstanding([dispatch(A), dispatch(B)]) == {A, B}
     assert outstanding([dispatch(A), done(A)]) == set()
-    assert outstanding([dispatch(A), {"kind": "requeue", "sha256": A, "reason": "x"}]) == set()
+    assert outstanding([dispatch(A), {"kind": "requeue", "digest": A, "reason": "x"}]) == set()
     recovered = {"kind": "recovered", "generation": 1, "failed": [], "requeued": [A]}
     assert outstanding([dispatch(A), dispatch(B), recovered]) == {B}
     assert outstanding([dispatch(A), done(A), dispatch(A)]) == {A}
@@ -78,7 +78,7 @@ def test_a_manifest_holds_what_the_commit_publishes_and_decodes_back():
     fields = encode_manifest(result, accepted)
     assert fields == {"outcome": "ok", "exit_status": 0,
                       "publish": [[C, 4, "ok"], [crash, 5, "crash"]]}
-    record = {"kind": "commit", "sha256": A, "token": "f" * 32, "generation": 3, **fields}
+    record = {"kind": "commit", "digest": A, "token": "f" * 32, "generation": 3, **fields}
     decoded = decode_manifest(record)
     assert [(s.digest, s.size, s.status.value, s.coverage) for s in decoded.staged] == \
         [(C, 4, "ok", None), (crash, 5, "crash", None)]
@@ -100,7 +100,7 @@ def test_an_earlier_versions_whole_result_decodes_with_todays_names():
     old = {"token": "f" * 32, "input_hash": A, "outcome": "ok", "exit_status": 0,
            "wall_time": 1.0, "solver_time": 0.5, "generated": 1, "generation": 2,
            "staged": [{"sha256": B, "size": 3, "status": "ok"}]}
-    record = {"kind": "commit", "sha256": A, "token": "f" * 32, "generation": 2,
+    record = {"kind": "commit", "digest": A, "token": "f" * 32, "generation": 2,
               "result": base64.b64encode(msgspec.msgpack.encode(old)).decode()}
     decoded = decode_manifest(record)
     assert (decoded.digest, decoded.generation) == (A, 2)

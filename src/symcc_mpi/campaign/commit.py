@@ -128,7 +128,7 @@ def decode_manifest(record: dict) -> Result:
     try:
         staged = [{"digest": digest, "size": size, "status": status}
                   for digest, size, status in record["publish"]]
-        fields = {"token": record["token"], "digest": record["sha256"],
+        fields = {"token": record["token"], "digest": record["digest"],
                   "outcome": record["outcome"], "exit_status": record["exit_status"],
                   "wall_time": 0.0, "solver_time": 0.0, "staged": staged,
                   "generated": len(staged), "message": record.get("message", ""),

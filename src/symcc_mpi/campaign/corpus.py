@@ -23,6 +23,7 @@ from symcc_mpi.campaign.layout import (
     MASTER_LOCK,
     CampaignError,
     done_journals,
+    layout_of,
     master_state,
     sha256_bytes,
 )
@@ -66,6 +67,15 @@ class CampaignDir(AflQueues):
                           self.state):
             directory.mkdir(parents=True, exist_ok=True)
         marker = {"layout": LAYOUT_VERSION, "created": SYSTEM_CLOCK.time(), "config": config_json}
+        write_durable(self.out / MARKER, json.dumps(marker, indent=1).encode())
+
+    def upgrade_layout(self) -> None:
+        """The lock holder, resuming: mark OUT as this version's layout before it appends to
+        a journal of an older one (whose records it still reads, wal.check)."""
+        if layout_of(self.out) == LAYOUT_VERSION:
+            return
+        marker = json.loads((self.out / MARKER).read_bytes())
+        marker["layout"] = LAYOUT_VERSION
         write_durable(self.out / MARKER, json.dumps(marker, indent=1).encode())
 
     def lock(self, *, wait: float = 0.0) -> None:
@@ -162,7 +172,7 @@ class CampaignDir(AflQueues):
         for path in done_journals(self.out):
             if path != self.done_journal:
                 records, _ = self.inspect_journal(path)
-                done.update(r["sha256"] for r in records if wal.is_done(r))
+                done.update(r["digest"] for r in records if wal.is_done(r))
         return done
 
     def done_since(self, moment: float) -> int:
@@ -176,7 +186,7 @@ class CampaignDir(AflQueues):
         at the next group commit (`sync_done`), after those results are durable. `published`:
         the children it added to corpus/ (for verify's oracle: none may go missing); `tier`:
         where the input came from (tiers/), and the record carries the epoch it ran in."""
-        self.journal.record(wal.Done(sha256=digest, token=token, outcome=outcome,
+        self.journal.record(wal.Done(digest=digest, token=token, outcome=outcome,
                                      time=round(SYSTEM_CLOCK.time(), 3),
                                      generation=generation, published=published or [],
                                      tier=tier, epoch=self.journal.epoch))
@@ -186,7 +196,7 @@ class CampaignDir(AflQueues):
         """A part of a split input (splitting.py) is analysed and its results published: on
         record at the next group commit, like a done record, but the input is not done
         until its last part's done record."""
-        self.journal.record(wal.Part(sha256=digest, part=part, token=token, outcome=outcome,
+        self.journal.record(wal.Part(digest=digest, part=part, token=token, outcome=outcome,
                                      published=published))
 
     def record_work(self, record: wal.WorkRecord) -> None:

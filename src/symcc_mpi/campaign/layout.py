@@ -19,13 +19,14 @@ Layout (DESIGN §4):
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from pathlib import Path
 
 MARKER = ".symcc-mpi"
-# The run id the launcher gives a job (and writes into the stop requests it makes for it).
-RUN_ID_ENV = "SYMCC_MPI_RUN_ID"
-LAYOUT_VERSION = 1
+# 2: the journals name an input's SHA-256 `digest`; 1 named it `sha256` (wal.check reads both,
+# so a campaign of layout 1 resumes and verifies, and is layout 2 once resumed).
+LAYOUT_VERSION = 2
 DONE_JOURNAL = "done.jsonl"
 MASTER_LOCK = "master.lock"
 LEASE_DIRECTORY_PREFIX = ".standalone-work-"  # + the job epoch: a several-master job's leases
@@ -49,6 +50,23 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
+def layout_of(out: Path) -> int:
+    """The layout version of the campaign in `out`; CampaignError if this version cannot read
+    it (a newer symcc-mpi wrote it) or the marker is damaged."""
+    marker = out / MARKER
+    try:
+        layout = json.loads(marker.read_bytes())["layout"]
+    except OSError as error:
+        raise CampaignError(f"cannot read {marker}: {error.strerror}") from None
+    except (ValueError, KeyError, TypeError):
+        raise CampaignError(f"{marker} is damaged: it names no layout version") from None
+    if not isinstance(layout, int) or not 1 <= layout <= LAYOUT_VERSION:
+        raise CampaignError(f"{out} holds a campaign of layout {layout!r}, which this symcc-mpi "
+                            f"cannot read (layouts 1 to {LAYOUT_VERSION}): use the version "
+                            "that wrote it")
+    return layout
+
+
 def check_out_dir(out: Path, *, resume: bool) -> None:
     """Refuse an output directory we must not write into, before anything is launched."""
     if out.exists() and not out.is_dir():
@@ -56,6 +74,7 @@ def check_out_dir(out: Path, *, resume: bool) -> None:
     if resume:
         if not (out / MARKER).is_file():
             raise CampaignError(f"--resume: {out} holds no symcc-mpi campaign to resume")
+        layout_of(out)
         _probe_writable(out)
         return
     if out.exists():

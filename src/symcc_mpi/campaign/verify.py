@@ -12,6 +12,7 @@ from symcc_mpi.campaign.layout import (
     MARKER,
     CampaignError,
     done_journals,
+    layout_of,
     sha256_file,
 )
 from symcc_mpi.campaign.wal import Kind, is_done, kind_of, outstanding, work_of
@@ -38,6 +39,7 @@ def verify_campaign(out: Path) -> tuple[list[str], dict]:
     gets its only line) but never leaves two."""
     if not (out / MARKER).is_file():
         raise CampaignError(f"{out} holds no symcc-mpi campaign")
+    layout_of(out)
     campaign = CampaignDir(out)
     problems: list[str] = []
     corpus = {}
@@ -57,18 +59,18 @@ def verify_campaign(out: Path) -> tuple[list[str], dict]:
     torn_elsewhere = [f"{path.parent.name}: line {damage.line}"
                       for path, (_, damage) in journals.items() if damage is not None]
     # Once per epoch (tiers/): each epoch analyses the corpus again, under a fresh map.
-    per_epoch = Counter((r["sha256"], r.get("epoch", 0)) for r in records)
+    per_epoch = Counter((r["digest"], r.get("epoch", 0)) for r in records)
     twice = sorted(d for (d, _), n in per_epoch.items() if n > 1)
     if twice:
         problems.append(f"{len(twice)} inputs analysed more than once in an epoch, "
                         f"e.g. {twice[0]}")
-    observations = Counter(r["sha256"] for r in records)
+    observations = Counter(r["digest"] for r in records)
     # The aside pool's inputs (tier 2) are not kept: their bytes were checked by the worker
     # that ran them, their pack removed after.
-    unknown = sorted({r["sha256"] for r in records if r.get("tier") != 2} - set(corpus))
+    unknown = sorted({r["digest"] for r in records if r.get("tier") != 2} - set(corpus))
     if unknown:
         problems.append(f"{len(unknown)} analysed inputs are missing from corpus/")
-    done = [r["sha256"] for r in records]
+    done = [r["digest"] for r in records]
     queue_digests = {sha256_file(p) for p in campaign.queue.iterdir() if p.name.startswith("id:")}
     unqueued = sorted(set(corpus) - queue_digests)
     if unqueued:

@@ -53,7 +53,7 @@ class _Record(msgspec.Struct, kw_only=True, omit_defaults=True, frozen=True):
 
 
 class Done(_Record):
-    sha256: Digest
+    digest: Digest
     token: str
     outcome: str
     time: float
@@ -67,7 +67,7 @@ class _Work(_Record, tag_field="kind"):
 
 
 class Part(_Work, tag="part"):
-    sha256: Digest
+    digest: Digest
     part: int
     token: str
     outcome: str
@@ -75,7 +75,7 @@ class Part(_Work, tag="part"):
 
 
 class Dispatch(_Work, tag="dispatch"):
-    sha256: Digest
+    digest: Digest
     token: str
     generation: int
     rank: int | None = None
@@ -86,7 +86,7 @@ class Commit(_Work, tag="commit"):
     """Its manifest's fields are campaign/commit.py's (`encode_manifest`); a commit of an
     earlier version holds the whole RESULT instead, under `result`."""
 
-    sha256: Digest
+    digest: Digest
     token: str
     generation: int
     rank: int | None = None
@@ -100,7 +100,7 @@ class Commit(_Work, tag="commit"):
 
 
 class Requeue(_Work, tag="requeue"):
-    sha256: Digest
+    digest: Digest
     reason: str
     part: int | None = None
 
@@ -148,7 +148,11 @@ def encode(record: Record) -> dict:
 
 
 def check(record: dict) -> dict:
-    """`record` if it holds to the schema of its kind, else ValueError saying why."""
+    """`record` if it holds to the schema of its kind, else ValueError saying why. A record of
+    layout 1 (campaign/layout.py), which named the input's SHA-256 `sha256`, is returned as
+    this layout names it."""
+    if "sha256" in record and "digest" not in record:
+        record["digest"] = record.pop("sha256")
     try:
         msgspec.convert(record, SCHEMA[kind_of(record)])
     except msgspec.ValidationError as error:
@@ -182,7 +186,7 @@ class CorruptJournal(CampaignError):
 def work_of(record: dict) -> str:
     """The work id a dispatch, requeue, commit or part record is about (splitting.py)."""
     part = record.get("part")
-    return record["sha256"] if part is None else part_id(record["sha256"], part)
+    return record["digest"] if part is None else part_id(record["digest"], part)
 
 
 @dataclass(frozen=True)
@@ -203,8 +207,8 @@ def replay_epochs(journal: list[dict], *, epoch: int = 0) -> Epochs:
     epoch = max((r["epoch"] for r in journal if r.get("kind") == Kind.EPOCH.value),
                 default=epoch)
     current = [r for r in journal if r.get("epoch", 0) == epoch]
-    done = {r["sha256"] for r in current if is_done(r)}
-    before = {r["sha256"] for r in journal if is_done(r) and r.get("epoch", 0) < epoch}
+    done = {r["digest"] for r in current if is_done(r)}
+    before = {r["digest"] for r in journal if is_done(r) and r.get("epoch", 0) < epoch}
     return Epochs(epoch, done, before - done, current)
 
 
@@ -218,15 +222,15 @@ def settled_work_lines(journal: list[dict]) -> set[int]:
     for number, record in enumerate(journal):
         kind, epoch = kind_of(record), record.get("epoch", 0)
         if kind in (Kind.DISPATCH, Kind.COMMIT) and record.get("part") is None:
-            key = (epoch, record["sha256"])
+            key = (epoch, record["digest"])
             open_lines.setdefault(key, []).append(number)
             dispatches[key] += kind is Kind.DISPATCH
         elif kind is Kind.REQUEUE:
-            declared.add((epoch, record["sha256"]))
+            declared.add((epoch, record["digest"]))
         elif kind is Kind.RECOVERED:
             declared.update((epoch, parse_work_id(work)[0]) for work in record["requeued"])
         elif kind is Kind.DONE:
-            key = (epoch, record["sha256"])
+            key = (epoch, record["digest"])
             lines = open_lines.pop(key, [])
             if dispatches.pop(key, 0) == 1 and key not in declared:
                 settled.update(lines)
@@ -247,5 +251,5 @@ def outstanding(journal: list[dict]) -> set[str]:
         elif kind in (Kind.REQUEUE, Kind.PART):
             out.discard(work_of(record))
         elif kind is Kind.DONE:  # the input is done: so are all its parts
-            out = {work for work in out if parse_work_id(work)[0] != record["sha256"]}
+            out = {work for work in out if parse_work_id(work)[0] != record["digest"]}
     return out

@@ -80,6 +80,8 @@ def open_master(channel, config: CampaignConfig, *, fault_tolerant: bool = False
     try:
         if not config.resume:
             campaign.create(config.to_json())
+        elif not joining:
+            campaign.upgrade_layout()
         campaign.keep_queue_names = config.hybrid
         saved = snapshot.take(campaign) if config.resume else None  # it serves once
         if saved is not None and federation is None and not taking_over:

@@ -74,14 +74,14 @@ def load_state(master, config: CampaignConfig, campaign: CampaignDir,
                                           if parse_work_id(work)[0] not in done)
     # An input split and not finished is split anew: each part it had goes out again.
     split_again = {work_of(r) for r in journal if kind_of(r) is Kind.PART
-                   and r["sha256"] not in done} - set(master.in_flight_at_takeover)
+                   and r["digest"] not in done} - set(master.in_flight_at_takeover)
     for work in sorted(split_again):
         digest, part = parse_work_id(work)
-        campaign.record_work(wal.Requeue(sha256=digest, part=part, reason=SPLIT_ANEW))
+        campaign.record_work(wal.Requeue(digest=digest, part=part, reason=SPLIT_ANEW))
     if not taking_over:  # a resumed run: the last run's master died, or was stopped so
         for work in master.in_flight_at_takeover:
             digest, part = parse_work_id(work)
-            campaign.record_work(wal.Requeue(sha256=digest, reason="the last run ended",
+            campaign.record_work(wal.Requeue(digest=digest, reason="the last run ended",
                                              part=part))
     campaign.clear_staging()  # nothing is in flight before we start
     log.info("campaign %s: %d inputs, %d already analysed, %d in the frontier%s",
@@ -97,7 +97,7 @@ def _rebuild_frontier(master, campaign: CampaignDir, past, done: set[str],
         if campaign.inputs.queue_id(digest) is None:  # promoted, then killed before queueing
             campaign.add_to_queue(digest, parent="")
     ordered = sorted(corpus, key=campaign.inputs.queue_id)
-    committing = {r["sha256"] for r in journal
+    committing = {r["digest"] for r in journal
                   if kind_of(r) is Kind.COMMIT and r.get("part") is None} - done
     for digest in ordered:  # a commit left half done is finished below, not analysed again
         if digest in past.done_before and digest not in done and digest not in committing:
@@ -120,7 +120,7 @@ def _redo_commits(master, journal: list[dict], done: set[str]) -> set[str]:
     redone: set[str] = set()
     parts_done = {work_of(r) for r in journal if kind_of(r) is Kind.PART}
     pending = {work_of(r): r for r in journal if kind_of(r) is Kind.COMMIT
-               and r["sha256"] not in done and work_of(r) not in parts_done}
+               and r["digest"] not in done and work_of(r) not in parts_done}
     for work, record in pending.items():
         digest, part = parse_work_id(work)
         try:

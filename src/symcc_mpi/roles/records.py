@@ -35,7 +35,7 @@ class WorkRecords:
             return
         try:
             self.campaign.record_work(wal.Dispatch(
-                sha256=work.digest, token=work.token, generation=work.generation,
+                digest=work.digest, token=work.token, generation=work.generation,
                 rank=rank, part=parse_work_id(work_id)[1]))
         except OSError as error:
             if storage_failing(error):
@@ -48,13 +48,13 @@ class WorkRecords:
         if self.enabled:
             digest, part = parse_work_id(work_id)
             with self.guard:
-                self.campaign.record_work(wal.Requeue(sha256=digest, reason=why, part=part))
+                self.campaign.record_work(wal.Requeue(digest=digest, reason=why, part=part))
 
     def commit(self, result: Result, accepted: Accepted, rank: int, part: int | None) -> None:
         """F443 §3 step 6: the manifest, before the commit publishes anything."""
         if self.enabled:
             self.campaign.record_work(wal.Commit(
-                sha256=result.digest, token=result.token, generation=result.generation,
+                digest=result.digest, token=result.token, generation=result.generation,
                 rank=rank, part=part, **encode_manifest(result, accepted)))
 
     def recovered(self, generation: int, failed: list[str], requeued: list[str], master: str,
