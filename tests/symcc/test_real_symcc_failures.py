@@ -115,7 +115,7 @@ def test_a_dying_runtime_is_an_executor_failure_and_a_real_crash_still_a_crash(
     assert groups[died]["count"] + groups[solving]["count"] == extra_figures["executor_errors"]
     assert figures["executions"] - extra_figures["executor_errors"] <= figures["crashing_runs"]
     example = groups[died]
-    assert example["example_sha256"] in example["example_path"]
+    assert example["example_digest"] in example["example_path"]
     assert (out / example["example_path"]).is_file()
     assert "executor failures" in process.stdout and RUNTIME_LINE[:60] in process.stdout
 

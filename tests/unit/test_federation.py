@@ -99,15 +99,15 @@ def test_root_combines_every_masters_figures():
 
 
 def test_root_combines_the_masters_executor_failures_by_reason():
-    z3 = {"reason": "SIGABRT: z3", "count": 2, "example_sha256": "a" * 64, "example_path": None}
+    z3 = {"reason": "SIGABRT: z3", "count": 2, "example_digest": "a" * 64, "example_path": None}
     own = CampaignSnapshot(start_time=1.0, now=5.0,
                            extra={"executor_errors": 2, "executor_failures": [z3]})
     other = {"extra": {"executor_errors": 4, "executor_failures": [
-        {"reason": "SIGSEGV", "count": 1, "example_sha256": "b" * 64, "example_path": None},
-        dict(z3, count=3, example_sha256="c" * 64)]}}
+        {"reason": "SIGSEGV", "count": 1, "example_digest": "b" * 64, "example_path": None},
+        dict(z3, count=3, example_digest="c" * 64)]}}
     extra = combine(own, {1: other}, [range(0, 2), range(2, 3)]).extra
     assert extra["executor_errors"] == 6
-    assert [(g["reason"], g["count"], g["example_sha256"][0]) for g in
+    assert [(g["reason"], g["count"], g["example_digest"][0]) for g in
             extra["executor_failures"]] == [("SIGABRT: z3", 5, "a"), ("SIGSEGV", 1, "b")]
     assert z3["count"] == 2  # the masters' own figures are left alone
 

@@ -361,7 +361,7 @@ def test_summary_names_dispatch_recovery_only_when_something_was_repaired():
 
 def test_summary_groups_executor_failures_by_reason_only_when_there_are_any():
     assert "executor failures" not in _render(summary_table(snapshot()))
-    groups = [{"reason": f"reason {index}", "count": 10 - index, "example_sha256": "ab" * 32,
+    groups = [{"reason": f"reason {index}", "count": 10 - index, "example_digest": "ab" * 32,
                "example_path": f"corpus/{'ab' * 32}" if index == 0 else None}
               for index in range(7)]
     table = _render(summary_table(snapshot(extra={"executor_errors": 49,
@@ -371,3 +371,10 @@ def test_summary_groups_executor_failures_by_reason_only_when_there_are_any():
     assert "reason 1 (e.g. abababababababab)" in table
     assert "reason 4" in table and "reason 5" not in table
     assert "2 more reasons in stats.json" in table
+
+
+def test_a_stats_json_of_layout_1_names_its_failure_examples_as_it_did():
+    group = {"reason": "SIGSEGV", "count": 2, "example_sha256": "cd" * 32, "example_path": None}
+    table = _render(summary_table(snapshot(extra={"executor_errors": 2,
+                                                  "executor_failures": [group]})))
+    assert "SIGSEGV (e.g. cdcdcdcdcdcdcdcd)" in table

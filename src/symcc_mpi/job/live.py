@@ -149,7 +149,7 @@ def _executor_failures(extra: Mapping[str, Any]) -> list[tuple[str, str]]:
     rows = [("executor failures", f"{total:,} runs failed in the executor, not in the target"
                                   f" ({len(groups):,} reason{'s' if len(groups) != 1 else ''})")]
     for group in groups[:SHOWN_REASONS]:
-        example = group.get("example_path") or group["example_sha256"][:16]
+        example = group.get("example_path") or example_digest(group)[:16]
         rows.append((f"  {group['count']:,} ×", f"{group['reason']} (e.g. {example})"))
     if len(groups) > SHOWN_REASONS:
         rows.append(("  …", f"{len(groups) - SHOWN_REASONS:,} more reasons in stats.json"))
@@ -314,3 +314,8 @@ def _figure(value: object) -> str:
     if isinstance(value, int) and not isinstance(value, bool):
         return f"{value:,}"
     return str(value)
+
+
+def example_digest(group: dict) -> str:
+    """A failure group's example input, in a stats.json of today or of layout 1."""
+    return group.get("example_digest") or group["example_sha256"]

@@ -14,7 +14,7 @@ from symcc_mpi.campaign.layout import MARKER, CampaignError
 from symcc_mpi.campaign.report import CampaignSnapshot, ReportWriter, snapshot_from_stats
 from symcc_mpi.config import CampaignConfig, launch_environment
 from symcc_mpi.durable.clock import SYSTEM_CLOCK
-from symcc_mpi.job.live import render_live, summary_table
+from symcc_mpi.job.live import example_digest, render_live, summary_table
 
 STATS_FILE = "stats.json"
 
@@ -112,15 +112,16 @@ def _failures_by_reason(groups: dict[str, dict], campaign) -> list[dict]:
     for reason, group in sorted(groups.items(), key=lambda item: -item[1]["count"]):
         digest = group["example"]
         path = campaign.corpus / digest
-        figures.append({"reason": reason, "count": group["count"], "example_sha256": digest,
+        figures.append({"reason": reason, "count": group["count"], "example_digest": digest,
                         "example_path": str(path.relative_to(campaign.out))
                         if path.exists() else None})
     return figures
 
 
 def _carried_failures(figures) -> dict[str, dict]:
-    return {group["reason"]: {"count": group["count"], "example": group["example_sha256"]}
+    return {group["reason"]: {"count": group["count"], "example": example_digest(group)}
             for group in figures or ()}
+
 
 
 def _tiers(master) -> dict | None:
