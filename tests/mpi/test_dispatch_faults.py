@@ -17,7 +17,7 @@ pytestmark = [pytest.mark.mpi, pytest.mark.timeout(600)]
 # - every ordinary execution must answer before the deadline, or it is timed out as if hung:
 #   a magic execution takes well under a second on a quiet machine and a few seconds with
 #   both cores busy, so the deadline is far above that;
-# - the stopped rank's answer must come after the deadline: the `stop` fault holds it until
+# - the stopped rank's answer must come after the deadline: the `pause` fault holds it until
 #   STOPPED_FOR seconds after its WORK arrived (later than the master sent it), whatever
 #   the execution took. The master acknowledges a late rank only until SHUTDOWN_GRACE after
 #   its STOP, which goes out no earlier than the deadline: the hold ends halfway between.
@@ -64,7 +64,7 @@ def test_a_stopped_worker_is_timed_out_parked_and_taken_back_by_its_exact_ready(
         build, tmp_path, workers):
     # Rank 1 answers its 2nd input only after the watchdog gave up on it.
     figures, dispatch, process = campaign(
-        build, tmp_path / "out", workers, f"1:stop@2={STOPPED_FOR:g}",
+        build, tmp_path / "out", workers, f"1:pause@2={STOPPED_FOR:g}",
         SYMCC_DISPATCH_WATCHDOG_SEC=str(WATCHDOG_SECONDS))
     only(dispatch, watchdog_timeouts=1, worker_recoveries=1, protocol_requeued=1,
          stale_results=1)  # its late RESULT
@@ -149,7 +149,7 @@ def test_a_rank_that_never_answers_stays_parked_and_the_job_ends_without_losing_
     # F317 W10: rank 1 stays silent past the end of the campaign. Rank 2 does all the work;
     # the master cannot finish MPI with a silent rank, so it ends the job, and nothing is lost.
     out = tmp_path / "out"
-    env = dict(os.environ, SYMCC_MPI_FAULTS=f"1:stop@2={SILENT_FOR}",
+    env = dict(os.environ, SYMCC_MPI_FAULTS=f"1:pause@2={SILENT_FOR}",
                SYMCC_DISPATCH_WATCHDOG_SEC=str(WATCHDOG_SECONDS))
     process = explore(out, "--target", f"{build / 'magic'} @@", "--seeds",
                       build.parent / "seeds" / "magic", "--workers", 2, "--timeout", 20,

@@ -127,7 +127,7 @@ def test_a_paused_master_blocks_its_target_group_only_until_the_ttl(tmp_path):
     out = tmp_path / "out"
     seeds = seeds_owned(tmp_path, [b"GT0000abc", b"GT0000abe", b"GT0000abd", b"GT0001abc"])
     env = dict(os.environ, SYMCC_MPI_LOG="DEBUG", SYMCC_TARGET_LEASE_TTL=str(TTL),
-               SYMCC_MPI_FAULTS="m1:pause@2=12,1:stop@1=5,2:stop@1=5")
+               SYMCC_MPI_FAULTS="m1:pause@2=12,1:pause@1=5,2:pause@1=5")
     process = explore(out, "--target", f"{BUILD / 'gate'} @@", "--seeds", seeds,
                       "--split", "--workers", 4, "--masters", 2, "--wall-timeout", 30,
                       "--fault-tolerance", "off",

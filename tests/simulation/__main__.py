@@ -83,7 +83,10 @@ def _replay(arguments) -> int:
 def _plain(schedule: Schedule) -> dict:
     from dataclasses import asdict
 
-    return asdict(schedule)
+    plain = asdict(schedule)
+    for fault in plain["faults"]:
+        fault["kind"] = fault["kind"].value
+    return plain
 
 
 def _progress(run) -> None:

@@ -27,6 +27,7 @@ from symcc_mpi.config import WATCHDOG_ENV, WORK_LEASE_TTL_ENV, CampaignConfig
 from symcc_mpi.durable.atomic import SYSTEM_DISK
 from symcc_mpi.durable.clock import SYSTEM_CLOCK
 from symcc_mpi.job.session import run_rank
+from symcc_mpi.roles.faults import FaultKind
 
 from .invariants import Checker, Violation
 from .world import (
@@ -50,28 +51,40 @@ MAX_TURNS = 1_000_000  # turns a job may take (time that stands still is a livel
 EXPOSURE_SLACK = 2 * max(WATCHDOG_SECONDS, LEASE_TTL)  # a fault's effects outlast it so long
 FAULT_WINDOW = 0.8  # faults fall in the first virtual seconds, while work is in flight
 
-FAULT_KINDS = ("kill-worker", "kill-master", "pause-worker", "pause-master", "slow-link",
-               "clock-jump", "suspend", "stale-generation", "send-error", "disk-error",
-               "disk-full", "torn-write", "slow-disk")
-LEASE_FAULTS = ("lease-write-error", "slow-lease-write", "stall-in-commit")  # >1 master
-WINDOW_FAULTS = ("pause-worker", "pause-master", "slow-link", "suspend", "slow-disk",
-                 "slow-lease-write", "stall-in-commit")
-LASTING_FAULTS = ("slow-link", "disk-full")  # until the job ends
-MASTER_FAULTS = ("kill-master", "pause-master", "send-error", "disk-error", "disk-full",
-                 "torn-write", "slow-disk", *LEASE_FAULTS)
+K = FaultKind
+# What may be drawn for a schedule, and whom it strikes: a worker (the rank drawn), a master
+# (the rank drawn, modulo the masters alive), or the machine. The order is the draw's: a
+# schedule of a seed is the same from one revision to the next (test_simulation's CAUGHT_BY).
+FAULT_KINDS = ((K.DIE, "worker"), (K.DIE, "master"), (K.PAUSE, "worker"), (K.PAUSE, "master"),
+               (K.SLOW_LINK, "worker"), (K.CLOCK_JUMP, "machine"), (K.SUSPEND, "machine"),
+               (K.STALE_GENERATION, "worker"), (K.SEND_FAIL, "master"),
+               (K.DISK_ERROR, "master"), (K.DISK_FULL, "master"), (K.TORN_WRITE, "master"),
+               (K.SLOW_DISK, "master"))
+LEASE_FAULTS = ((K.LEASE_WRITE_ERROR, "master"), (K.SLOW_LEASE_WRITE, "master"),
+                (K.STALL_IN_COMMIT, "master"))  # with more than one master
+WINDOW_FAULTS = {K.PAUSE, K.SLOW_LINK, K.SUSPEND, K.SLOW_DISK, K.SLOW_LEASE_WRITE,
+                 K.STALL_IN_COMMIT}
+LASTING_FAULTS = {K.SLOW_LINK, K.DISK_FULL}  # until the job ends
 
 
 @dataclass(frozen=True)
 class Fault:
     at: float  # virtual seconds since the job began
-    kind: str
+    kind: FaultKind
     rank: int = 0  # a world rank (a worker's), where the kind names one
     seconds: float = 0.0
+    whom: str = "worker"  # "worker", "master" or "machine"
+
+    def __post_init__(self):
+        object.__setattr__(self, "kind", FaultKind(self.kind))  # as JSON replays give it
+
+    @property
+    def name(self) -> str:
+        return self.kind.value if self.whom == "machine" else f"{self.kind.value} ({self.whom})"
 
     def __str__(self) -> str:
-        who = f" rank {self.rank}" if self.kind in ("kill-worker", "pause-worker",
-                                                      "slow-link") else ""
-        return f"{self.kind}{who} at {self.at:.3f} s ({self.seconds:+.2f} s)"
+        who = f" rank {self.rank}" if self.whom == "worker" else ""
+        return f"{self.name}{who} at {self.at:.3f} s ({self.seconds:+.2f} s)"
 
 
 @dataclass(frozen=True)
@@ -94,23 +107,24 @@ class Schedule:
         workers = masters * rng.choice((1, 2, 2, 3)) if masters > 1 else rng.choice((1, 2, 3, 4))
         faults = []
         for _ in range(rng.choice((0, 1, 1, 2, 2, 3, 4))):
-            kind = rng.choice(FAULT_KINDS + (LEASE_FAULTS if masters > 1 else ()))
+            kind, whom = rng.choice(FAULT_KINDS + (LEASE_FAULTS if masters > 1 else ()))
             at = rng.uniform(0.0, FAULT_WINDOW)
             rank = rng.randint(1, workers)
+            # Every entry draws, in this order, whatever the kind: a seed's schedule is so.
             seconds = {
-                "pause-worker": rng.uniform(0.2, 3.0) * WATCHDOG_SECONDS,
-                "pause-master": rng.uniform(0.2, 3.0) * WATCHDOG_SECONDS,
-                "slow-link": rng.uniform(0.5, 2.5) * WATCHDOG_SECONDS,
-                "clock-jump": rng.choice((-1, 1)) * rng.uniform(1.0, 3600.0),
-                "suspend": rng.uniform(0.5, 3.0) * WATCHDOG_SECONDS,
-                "slow-disk": rng.uniform(0.5, 3.0) * LEASE_TTL,
-                "slow-lease-write": rng.uniform(1.0, 3.0) * LEASE_TTL,
-                "stall-in-commit": rng.uniform(1.0, 3.0) * LEASE_TTL,
-                "lease-write-error": rng.randint(1, 2),
-                "disk-error": rng.randint(1, 3),
-                "send-error": rng.randint(1, 3),
-            }.get(kind, 0.0)
-            faults.append(Fault(round(at, 4), kind, rank, round(seconds, 3)))
+                (K.PAUSE, "worker"): rng.uniform(0.2, 3.0) * WATCHDOG_SECONDS,
+                (K.PAUSE, "master"): rng.uniform(0.2, 3.0) * WATCHDOG_SECONDS,
+                (K.SLOW_LINK, "worker"): rng.uniform(0.5, 2.5) * WATCHDOG_SECONDS,
+                (K.CLOCK_JUMP, "machine"): rng.choice((-1, 1)) * rng.uniform(1.0, 3600.0),
+                (K.SUSPEND, "machine"): rng.uniform(0.5, 3.0) * WATCHDOG_SECONDS,
+                (K.SLOW_DISK, "master"): rng.uniform(0.5, 3.0) * LEASE_TTL,
+                (K.SLOW_LEASE_WRITE, "master"): rng.uniform(1.0, 3.0) * LEASE_TTL,
+                (K.STALL_IN_COMMIT, "master"): rng.uniform(1.0, 3.0) * LEASE_TTL,
+                (K.LEASE_WRITE_ERROR, "master"): rng.randint(1, 2),
+                (K.DISK_ERROR, "master"): rng.randint(1, 3),
+                (K.SEND_FAIL, "master"): rng.randint(1, 3),
+            }.get((kind, whom), 0.0)
+            faults.append(Fault(round(at, 4), kind, rank, round(seconds, 3), whom))
         faults.sort(key=lambda f: f.at)
         return cls(seed, workers=workers, masters=masters, seeds=rng.choice((1, 2, 3)),
                    faults=tuple(faults))
@@ -298,55 +312,57 @@ class Simulation:
 
     def _inject(self, fault: Fault, processes: list[Process]) -> None:
         scheduler = self.scheduler
-        self.outcome.faults[fault.kind] += 1
+        self.outcome.faults[fault.name] += 1
         self.trace.update(str(fault).encode())
         lasts = float("inf") if fault.kind in LASTING_FAULTS else \
             fault.seconds if fault.kind in WINDOW_FAULTS else 0.0
         self.checker.fault_injected(scheduler.now + lasts + EXPOSURE_SLACK)
-        if fault.kind == "kill-worker" or fault.kind == "pause-worker" \
-                or fault.kind == "slow-link" or fault.kind == "stale-generation":
+        if fault.whom == "worker":
             process = processes[fault.rank] if fault.rank < len(processes) else None
             if process is None or self.checker_role(process) == "master":
                 return  # that rank took the campaign over: the fault names a worker
-        if fault.kind in MASTER_FAULTS:
+        elif fault.whom == "master":
             masters = [p for p in processes if p.alive and self.checker_role(p) == "master"]
             if not masters:
                 return
             process = masters[fault.rank % len(masters)]
-        if fault.kind.startswith("kill"):
+        kind = fault.kind
+        if kind is K.DIE:
             if process.finished:
                 return  # it exited before: nothing to kill, its messages are sent
             self.checker.note_kill(process)
             scheduler.kill(process)
             self._lose_messages(process)
-        elif fault.kind.startswith("pause"):
+        elif kind is K.PAUSE:
             scheduler.pause(process, fault.seconds)
-        elif fault.kind == "slow-link":
+        elif kind is K.SLOW_LINK:
             scheduler.slow[process.index] = fault.seconds
-        elif fault.kind == "clock-jump":
+        elif kind is K.CLOCK_JUMP:
             scheduler.wall_offset += fault.seconds
-        elif fault.kind == "suspend":  # the whole machine stops: both clocks jump
+        elif kind is K.SUSPEND:  # the whole machine stops: both clocks jump
             for process in processes:
                 if process.alive:
                     scheduler.pause(process, fault.seconds)
-        elif fault.kind == "stale-generation":
+        elif kind is K.STALE_GENERATION:
             scheduler.stale_results.add(process.index)
-        elif fault.kind == "send-error":
+        elif kind is K.SEND_FAIL:
             scheduler.send_errors[process.index] = int(fault.seconds)
-        elif fault.kind == "disk-error":
+        elif kind is K.DISK_ERROR:
             process.disk_fault = ("error", int(fault.seconds))
-        elif fault.kind == "disk-full":
+        elif kind is K.DISK_FULL:
             process.disk_fault = ("full",)
-        elif fault.kind == "torn-write":
+        elif kind is K.TORN_WRITE:
             process.disk_fault = ("tear",)
-        elif fault.kind == "slow-disk":
+        elif kind is K.SLOW_DISK:
             process.disk_fault = ("stall", fault.seconds)
-        elif fault.kind == "lease-write-error":
+        elif kind is K.LEASE_WRITE_ERROR:
             process.disk_fault = ("error", int(fault.seconds), LEASES)
-        elif fault.kind == "slow-lease-write":
+        elif kind is K.SLOW_LEASE_WRITE:
             process.disk_fault = ("stall", fault.seconds, LEASES)
-        elif fault.kind == "stall-in-commit":
+        elif kind is K.STALL_IN_COMMIT:
             process.disk_fault = ("stall", fault.seconds, COMMITTING)
+        else:
+            raise ValueError(f"the simulation cannot inject {fault.name}")
 
     def _lose_messages(self, process: Process) -> None:
         """A killed rank's messages still on their way arrive, or are lost, as the schedule

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from symcc_mpi.roles.faults import FaultKind
+
 from .mutations import MUTATIONS, apply
 from .runner import run_many, run_one, shrink
 from .simulation import Fault, Schedule
@@ -87,8 +89,9 @@ def test_a_failing_schedule_shrinks_and_still_fails():
     schedule = Schedule.generate(seed)
     schedule = Schedule(seed, workers=schedule.workers, masters=schedule.masters,
                         seeds=schedule.seeds,
-                        faults=schedule.faults + (Fault(0.05, "clock-jump", 1, 30.0),
-                                                  Fault(0.06, "slow-link", 1, 0.1)))
+                        faults=schedule.faults + (
+                            Fault(0.05, FaultKind.CLOCK_JUMP, 1, 30.0, "machine"),
+                            Fault(0.06, FaultKind.SLOW_LINK, 1, 0.1)))
     assert run_one(seed, name, schedule).violation
     smaller = shrink(schedule, name)
     assert run_one(seed, name, smaller).violation

@@ -158,9 +158,9 @@ def test_corrupt_state_file_is_refused_before_launch(setup):
 
 def test_unparsable_fault_plan(setup, monkeypatch):
     tmp, seeds, target = setup
-    monkeypatch.setenv("SYMCC_MPI_FAULTS", "1:stop@2=forever")
+    monkeypatch.setenv("SYMCC_MPI_FAULTS", "1:pause@2=forever")
     one_line_error(run("--target", f"{target} @@", "--seeds", seeds, "--out", tmp / "o"),
-                   "SYMCC_MPI_FAULTS: cannot parse '1:stop@2=forever'")
+                   "SYMCC_MPI_FAULTS: cannot parse '1:pause@2=forever'")
     assert not (tmp / "o").exists()
 
 

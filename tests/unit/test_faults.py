@@ -1,31 +1,32 @@
 import pytest
 
-from symcc_mpi.roles.faults import DEFAULT_STOP_SECONDS, Faults
+from symcc_mpi.roles.faults import DEFAULT_PAUSE_SECONDS, FaultKind, Faults
 
 
 def test_faults_apply_to_their_rank_only():
     faults = Faults(1, "1:foreign-result@2, 2:malformed-result@1")
-    assert faults.fire("foreign-result", 2)
-    assert not faults.fire("foreign-result", 1)
-    assert not faults.fire("malformed-result", 1)
-    assert Faults(2, "1:foreign-result@2,2:malformed-result@1").fire("malformed-result", 1)
+    assert faults.fire(FaultKind.FOREIGN_RESULT, 2)
+    assert not faults.fire(FaultKind.FOREIGN_RESULT, 1)
+    assert not faults.fire(FaultKind.MALFORMED_RESULT, 1)
+    assert Faults(2, "1:foreign-result@2,2:malformed-result@1").fire(FaultKind.MALFORMED_RESULT, 1)
 
 
 def test_master_faults_belong_to_rank_zero():
     faults = Faults(0, "0:send-fail@3,0:object-send-fail@1,1:stale-result@2")
-    assert faults.fire("send-fail", 3) and faults.fire("object-send-fail", 1)
-    assert not faults.fire("stale-result", 2)
+    assert faults.fire(FaultKind.SEND_FAIL, 3) and faults.fire(FaultKind.OBJECT_SEND_FAIL, 1)
+    assert not faults.fire(FaultKind.STALE_RESULT, 2)
 
 
-def test_a_stop_lasts_its_seconds_or_the_default():
-    faults = Faults(1, "1:stop@2=3.5,1:stop@4")
-    assert faults.fire("stop", 2) and faults.stop_seconds(2) == 3.5
-    assert faults.stop_seconds(4) == DEFAULT_STOP_SECONDS
+def test_a_pause_lasts_its_seconds_or_the_default():
+    faults = Faults(1, "1:pause@2=3.5,1:pause@4")
+    assert faults.fire(FaultKind.PAUSE, 2) and faults.pause_seconds(2) == 3.5
+    assert faults.pause_seconds(4) == DEFAULT_PAUSE_SECONDS
 
 
 @pytest.mark.parametrize("spec", ["1:explode@2", "x:foreign-result@1", "1:foreign-result",
-                                  "1:send-fail@1", "0:stop@1", "1:stop@1=never",
-                                  "1:stop@1=-2", "1:malformed-result@1=3"])
+                                  "1:send-fail@1", "0:foreign-result@1", "1:pause@1=never",
+                                  "1:pause@1=-2", "1:malformed-result@1=3", "1:stop@1",
+                                  "0:slow-link@1"])
 def test_bad_fault_spec_is_refused(spec):
     with pytest.raises(ValueError, match="SYMCC_MPI_FAULTS"):
         Faults(1, spec)

@@ -113,7 +113,7 @@ def test_root_combines_the_masters_executor_failures_by_reason():
 
 
 def test_a_master_plan_is_addressed_by_index_whatever_its_rank():
-    assert Faults(3, "m1:pause@2=4", master_index=1).stop_seconds(2, "pause") == 4.0
+    assert Faults(3, "m1:pause@2=4", master_index=1).pause_seconds(2) == 4.0
     assert not Faults(3, "m1:pause@2=4", master_index=2).planned
     assert not Faults(1, "m1:pause@2=4").planned  # a worker: no master plan
     with pytest.raises(ValueError, match="SYMCC_MPI_FAULTS"):

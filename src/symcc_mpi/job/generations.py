@@ -11,7 +11,7 @@ from symcc_mpi.durable.clock import SYSTEM_CLOCK
 from symcc_mpi.durable.storage import STORAGE_EXIT
 from symcc_mpi.job.assembly import open_master, open_or_refuse
 from symcc_mpi.job.progress import carry_stats
-from symcc_mpi.roles.faults import die
+from symcc_mpi.roles.faults import FaultKind, die
 from symcc_mpi.roles.host import MACHINE, Host
 from symcc_mpi.roles.worker import Worker
 from symcc_mpi.ulfm.generations import GENERATIONS_JOURNAL, GenerationLog, GenerationLogError
@@ -118,7 +118,7 @@ class Generations:
                         generation.rank, ended.body["reason"])
             raise JobEnded(ended.body["status"])
         self.recoveries += 1
-        if (self.master or self.worker).faults.fire_at("die", "recovery", self.recoveries):
+        if (self.master or self.worker).faults.fire_at(FaultKind.DIE, "recovery", self.recoveries):
             die(f"fault: SIGKILL of rank {generation.rank} inside recovery #{self.recoveries}")
         repaired, repair = recover(generation, self.log, errhandler=self.errhandler)
         self.channel = Channel(repaired.comm)

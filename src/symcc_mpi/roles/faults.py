@@ -1,8 +1,9 @@
 """Fault injection by configuration, for the real-mpiexec tests.
 
 `SYMCC_MPI_FAULTS` is a comma-separated list of `RANK:KIND@N` (or `RANK:KIND@N=SECONDS` for
-`stop`, `RANK:hostile@N=FIELD` for `hostile`). N counts dispatches as the faulty side sees
-them, from 1. Worker kinds:
+`pause`, `RANK:hostile@N=FIELD` for `hostile`). KIND is a `FaultKind`: one vocabulary for these
+faults of real ranks and those the simulation (tests/simulation) injects. N counts dispatches
+as the faulty side sees them, from 1. Worker kinds:
 
 - `foreign-result`: before the real RESULT of its N-th dispatch, send a RESULT with a token
   it was never given, carrying a real staged file;
@@ -10,7 +11,7 @@ them, from 1. Worker kinds:
   previous dispatch (already answered), carrying a new staged file;
 - `malformed-result`: send garbage instead of the RESULT of its N-th dispatch (its next READY
   then echoes the token);
-- `stop`: after running its N-th dispatch, stop itself (SIGSTOP) until SECONDS (default 5)
+- `pause`: after running its N-th dispatch, stop itself (SIGSTOP) until SECONDS (default 5)
   after that dispatch's WORK arrived, then send its RESULT as if nothing happened. The hold
   is counted from the arrival, not from the end of the execution, so a test knows when the
   RESULT comes however slowly the execution ran (a busy machine); if the execution alone
@@ -66,6 +67,7 @@ Master kinds (rank 0), counting the group commits of the done journal that carry
 
 from __future__ import annotations
 
+import enum
 import logging
 import os
 import signal
@@ -78,15 +80,51 @@ from symcc_mpi.durable.clock import SYSTEM_CLOCK
 from symcc_mpi.durable.journal import Writer, write_all
 from symcc_mpi.wire.protocol import ResultField
 
-WORKER_KINDS = ("foreign-result", "stale-result", "malformed-result", "stop", "hostile", "die")
+
+class FaultKind(enum.Enum):
+    """Every fault symcc-mpi is tested under, one name each."""
+
+    # Planned in real ranks (SYMCC_MPI_FAULTS) and injected by the simulation alike.
+    DIE = "die"  # SIGKILL of a rank
+    PAUSE = "pause"  # SIGSTOP of a rank, for SECONDS
+    SEND_FAIL = "send-fail"  # a WORK send raises instead of sending
+    # Real ranks only: faults at a point of the protocol's code.
+    FOREIGN_RESULT = "foreign-result"
+    STALE_RESULT = "stale-result"
+    MALFORMED_RESULT = "malformed-result"
+    HOSTILE = "hostile"
+    SEND_AMBIGUOUS = "send-ambiguous"
+    OBJECT_SEND_FAIL = "object-send-fail"
+    TORN_DONE_APPEND = "torn-done-append"
+    KILL_BEFORE_CHILDREN_SYNC = "kill-before-children-sync"
+    KILL_BEFORE_DONE_APPEND = "kill-before-done-append"
+    KILL_AFTER_DONE_FSYNC = "kill-after-done-fsync"
+    # The simulation only: faults of the machine it simulates (links, clocks, disks).
+    SLOW_LINK = "slow-link"
+    CLOCK_JUMP = "clock-jump"
+    SUSPEND = "suspend"  # the whole machine stops for SECONDS
+    STALE_GENERATION = "stale-generation"
+    DISK_ERROR = "disk-error"
+    DISK_FULL = "disk-full"
+    TORN_WRITE = "torn-write"
+    SLOW_DISK = "slow-disk"
+    LEASE_WRITE_ERROR = "lease-write-error"
+    SLOW_LEASE_WRITE = "slow-lease-write"
+    STALL_IN_COMMIT = "stall-in-commit"
+
+
+K = FaultKind
+WORKER_KINDS = frozenset({K.FOREIGN_RESULT, K.STALE_RESULT, K.MALFORMED_RESULT, K.PAUSE,
+                          K.HOSTILE, K.DIE})
 DIE_POINTS = ("", "recovery", "after-recovery", "after-manifest", "after-publish", "closing")
 # What `malformed-result` already covers (garbage bytes) is not a hostile field.
 HOSTILE_FIELDS = tuple(f.value for f in ResultField if f is not ResultField.UNDECODABLE)
 HOSTILE_MARK = b"hostile result: must never reach the corpus "
 COMMIT_KILL_STEPS = ("before-children-sync", "before-done-append", "after-done-fsync")
-MASTER_KINDS = ("send-fail", "send-ambiguous", "object-send-fail", "torn-done-append", "die",
-                "pause", *(f"kill-{step}" for step in COMMIT_KILL_STEPS))
-DEFAULT_STOP_SECONDS = 5.0
+MASTER_KINDS = frozenset({K.SEND_FAIL, K.SEND_AMBIGUOUS, K.OBJECT_SEND_FAIL, K.TORN_DONE_APPEND,
+                          K.DIE, K.PAUSE, K.KILL_BEFORE_CHILDREN_SYNC, K.KILL_BEFORE_DONE_APPEND,
+                          K.KILL_AFTER_DONE_FSYNC})
+DEFAULT_PAUSE_SECONDS = 5.0
 RELEASE_FILE = ".fault-release"
 RELEASE_WAIT = 3600.0
 
@@ -97,42 +135,43 @@ class Faults:
     def __init__(self, rank: int, spec: str | None = None, *, master_index: int | None = None):
         """The plan for world rank `rank`, which is master `master_index` if a master."""
         spec = fault_plan() if spec is None else spec
-        self.planned: dict[tuple[str, int], str] = {}
+        self.planned: dict[tuple[FaultKind, int], str] = {}
         for item in filter(None, (part.strip() for part in spec.split(","))):
             target, _, rest = item.partition(":")
-            kind, _, when = rest.partition("@")
+            name, _, when = rest.partition("@")
             number, _, argument = when.partition("=")
             master = target[1:] if target.startswith("m") else None
             kinds = MASTER_KINDS if target == "0" or master is not None else WORKER_KINDS
+            kind = _KINDS.get(name)
             if kind not in kinds or not (master or target).isdigit() or not number.isdigit() \
                     or not _argument_fits(kind, argument):
                 raise ValueError(f"SYMCC_MPI_FAULTS: cannot parse {item!r}")
             if (int(master) == master_index) if master is not None else int(target) == rank:
                 self.planned[(kind, int(number))] = argument
 
-    def fire(self, kind: str, number: int) -> bool:
+    def fire(self, kind: FaultKind, number: int) -> bool:
         """Whether `kind` is planned at `number` (with no argument, for `die`)."""
-        return self.planned.get((kind, number)) == "" if kind == "die" \
+        return self.planned.get((kind, number)) == "" if kind is FaultKind.DIE \
             else (kind, number) in self.planned
 
-    def fire_at(self, kind: str, point: str, number: int) -> bool:
+    def fire_at(self, kind: FaultKind, point: str, number: int) -> bool:
         """Whether `kind@number=point` is planned."""
         return self.planned.get((kind, number)) == point
 
-    def stop_seconds(self, number: int, kind: str = "stop") -> float:
-        return float(self.planned.get((kind, number)) or DEFAULT_STOP_SECONDS)
+    def pause_seconds(self, number: int) -> float:
+        return float(self.planned.get((FaultKind.PAUSE, number)) or DEFAULT_PAUSE_SECONDS)
 
     def hostile_field(self, number: int) -> str | None:
         """The field to make hostile in the RESULT of dispatch `number`, if any."""
-        return self.planned.get(("hostile", number))
+        return self.planned.get((FaultKind.HOSTILE, number))
 
     def commit_probe(self):
         """What `CampaignDir.commit_probe` calls, or None when no commit kill is planned."""
-        if not any(kind.startswith("kill-") for kind, _ in self.planned):
+        if not any(kind.value.startswith("kill-") for kind, _ in self.planned):
             return None
 
         def probe(step: str, commit_number: int) -> None:
-            if self.fire(f"kill-{step}", commit_number):
+            if self.fire(FaultKind(f"kill-{step}"), commit_number):
                 log.warning("fault: SIGKILL of the master %s of group commit %d", step,
                             commit_number)
                 sys.stderr.flush()
@@ -142,7 +181,7 @@ class Faults:
 
     def done_writer(self, out: Path) -> Writer | None:
         """The done journal's write step, or None when no torn append is planned."""
-        torn = [number for kind, number in self.planned if kind == "torn-done-append"]
+        torn = [number for kind, number in self.planned if kind is FaultKind.TORN_DONE_APPEND]
         if not torn:
             return None
         writes = 0
@@ -173,14 +212,17 @@ def die(reason: str) -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-def _argument_fits(kind: str, argument: str) -> bool:
-    if kind == "pause":
+_KINDS = {kind.value: kind for kind in FaultKind}
+
+
+def _argument_fits(kind: FaultKind, argument: str) -> bool:
+    if kind is FaultKind.PAUSE:
         return not argument or _is_seconds(argument)
-    if kind == "hostile":
+    if kind is FaultKind.HOSTILE:
         return argument in HOSTILE_FIELDS
-    if kind == "die":  # any rank: a worker may become the master (ulfm/)
+    if kind is FaultKind.DIE:  # any rank: a worker may become the master (ulfm/)
         return argument in DIE_POINTS
-    return not argument or (kind == "stop" and _is_seconds(argument))
+    return not argument
 
 
 def _is_seconds(text: str) -> bool:

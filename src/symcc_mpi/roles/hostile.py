@@ -13,7 +13,7 @@ import msgspec
 from symcc_mpi.campaign.corpus import sha256_bytes
 from symcc_mpi.config import CampaignConfig
 from symcc_mpi.coverage.edges import FileCoverage
-from symcc_mpi.roles.faults import HOSTILE_MARK, Faults, stop_self
+from symcc_mpi.roles.faults import HOSTILE_MARK, FaultKind, Faults, stop_self
 from symcc_mpi.wire.protocol import Result, StagedFile, Tag
 from symcc_mpi.wire.staging import Pack, Staged, write_entries
 from symcc_mpi.wire.transport import Channel
@@ -25,16 +25,16 @@ def misbehave(channel: Channel, config: CampaignConfig, faults: Faults, number: 
               result: Result, previous_token: str | None, received: float) -> bool:
     """The worker faults of faults.py planned after execution #`number`, whose RESULT is
     `result`; True when that RESULT is not to be sent."""
-    if faults.fire("foreign-result", number):
+    if faults.fire(FaultKind.FOREIGN_RESULT, number):
         _send_unowned_result(channel, config, result, secrets.token_hex(16))
-    if faults.fire("stale-result", number) and previous_token is not None:
+    if faults.fire(FaultKind.STALE_RESULT, number) and previous_token is not None:
         _send_unowned_result(channel, config, result, previous_token)
-    if faults.fire("stop", number):
-        stop_self(until=received + faults.stop_seconds(number))
+    if faults.fire(FaultKind.PAUSE, number):
+        stop_self(until=received + faults.pause_seconds(number))
     if hostile := faults.hostile_field(number):
         channel.send_raw(MASTER, Tag.RESULT, _hostile_result(config, result, hostile))
         return True
-    if faults.fire("malformed-result", number):
+    if faults.fire(FaultKind.MALFORMED_RESULT, number):
         channel.send_raw(MASTER, Tag.RESULT, b"\xc1 not msgpack")
         return True
     return False

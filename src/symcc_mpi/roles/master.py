@@ -23,7 +23,7 @@ from symcc_mpi.dispatch.coordinator import DispatchCoordinator
 from symcc_mpi.dispatch.watchdog import WatchdogConfig
 from symcc_mpi.durable.clock import SYSTEM_CLOCK
 from symcc_mpi.federation.masters import CONFLICT_EXIT, OwnMaster
-from symcc_mpi.roles.faults import Faults, die
+from symcc_mpi.roles.faults import FaultKind, Faults, die
 from symcc_mpi.roles.ranks import Ranks
 from symcc_mpi.roles.records import DispatchNotRecorded, WorkRecords
 from symcc_mpi.roles.recovery import Recovery
@@ -359,7 +359,7 @@ class Master:
                         failure)
 
     def close(self) -> None:
-        if self.faults.fire_at("die", "closing", 1):
+        if self.faults.fire_at(FaultKind.DIE, "closing", 1):
             die("fault: SIGKILL of the master while it closes the campaign")
         if self.importer is not None and self.importer.probe is not None:
             self.importer.probe.close()

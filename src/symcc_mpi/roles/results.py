@@ -21,7 +21,7 @@ from symcc_mpi.dispatch.coordinator import DispatchCoordinator
 from symcc_mpi.dispatch.tables import CommitStart, ResultClass
 from symcc_mpi.durable.storage import storage_refused
 from symcc_mpi.executors import Outcome
-from symcc_mpi.roles.faults import Faults, die
+from symcc_mpi.roles.faults import FaultKind, Faults, die
 from symcc_mpi.roles.records import WorkRecords
 from symcc_mpi.roles.stopping import Stopping
 from symcc_mpi.scheduling.splitting import TRACE, WorkSource, parse_work_id
@@ -139,7 +139,7 @@ class ResultJudge:
 
     def _fault_in_commit(self, point: str) -> None:
         self.commits_seen[point] += 1
-        if self.faults.fire_at("die", point, self.commits_seen[point]):
+        if self.faults.fire_at(FaultKind.DIE, point, self.commits_seen[point]):
             die(f"fault: SIGKILL of the master {point} of commit #{self.commits_seen[point]}")
 
     def _on_commit_failure(self, rank: int, result: Result, error: OSError) -> None:

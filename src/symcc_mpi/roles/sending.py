@@ -11,7 +11,7 @@ from symcc_mpi.campaign.stats import MasterStats
 from symcc_mpi.dispatch.coordinator import DispatchCoordinator
 from symcc_mpi.durable.clock import SYSTEM_CLOCK
 from symcc_mpi.processes.started import command_time
-from symcc_mpi.roles.faults import Faults, die, stop_self
+from symcc_mpi.roles.faults import FaultKind, Faults, die, stop_self
 from symcc_mpi.roles.ranks import Ranks
 from symcc_mpi.roles.records import WorkRecords
 from symcc_mpi.roles.timing import TaskTimes
@@ -41,8 +41,8 @@ class WorkSender:
         faults = self.faults
         self.work_sends += 1
         self.object_sends += bool(work.objects)
-        if faults.fire("send-fail", self.work_sends) or (
-                work.objects and faults.fire("object-send-fail", self.object_sends)):
+        if faults.fire(FaultKind.SEND_FAIL, self.work_sends) or (
+                work.objects and faults.fire(FaultKind.OBJECT_SEND_FAIL, self.object_sends)):
             raise OSError(f"injected failure of WORK send #{self.work_sends} to rank {rank}")
         self.records.dispatch(work, self.dispatch.work_of(rank, preparing=True), rank)
         try:
@@ -66,17 +66,17 @@ class WorkSender:
     def _after_send(self, rank: int) -> None:
         """The faults planned after a WORK send (faults.py)."""
         faults, number = self.faults, self.work_sends
-        if faults.fire("die", number):
+        if faults.fire(FaultKind.DIE, number):
             die(f"fault: SIGKILL of the master after WORK send #{number}")
         if self.since_recovery is not None:
             self.since_recovery += 1
-            if faults.fire_at("die", "after-recovery", self.since_recovery):
+            if faults.fire_at(FaultKind.DIE, "after-recovery", self.since_recovery):
                 die("fault: SIGKILL of the master after WORK send "
                     f"#{self.since_recovery} since its first recovery")
-        if faults.fire("pause", number):
+        if faults.fire(FaultKind.PAUSE, number):
             log.warning("fault: SIGSTOP of the master after WORK send #%d", number)
             # stop_self's deadline is the process's own clock's, as its helper reads it.
-            stop_self(SYSTEM_CLOCK.monotonic() + faults.stop_seconds(number, "pause"))
-        if faults.fire("send-ambiguous", number):
+            stop_self(SYSTEM_CLOCK.monotonic() + faults.pause_seconds(number))
+        if faults.fire(FaultKind.SEND_AMBIGUOUS, number):
             raise OSError(f"injected: WORK send #{number} to rank {rank} "
                           "delivered, then reported failure")

@@ -20,7 +20,7 @@ from symcc_mpi.executors import ExecutorError
 from symcc_mpi.executors.witness import make_witness
 from symcc_mpi.processes.scratch import make_scratch
 from symcc_mpi.roles.execute import PhaseClock, SkippedEntries, execute, failed, failed_around
-from symcc_mpi.roles.faults import Faults, die
+from symcc_mpi.roles.faults import FaultKind, Faults, die
 from symcc_mpi.roles.host import MACHINE, Host
 from symcc_mpi.roles.hostile import misbehave
 from symcc_mpi.wire.protocol import (
@@ -155,7 +155,7 @@ class Worker:
         return 0
 
     def _run(self, channel: Channel, work: Work, watch: bool) -> Result:
-        if self.faults.fire("die", self.executions + 1):
+        if self.faults.fire(FaultKind.DIE, self.executions + 1):
             die(f"rank {self.rank}: fault: SIGKILL during its execution #{self.executions + 1}")
         run = functools.partial(execute, work, self.config, self.executor, self.probe,
                                 self.scratch, self.objects, self.skipped, self.qsym_map,
