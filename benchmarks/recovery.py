@@ -42,6 +42,12 @@ what fault tolerance costs the master per task when nothing fails.
    written before each WORK, the Get_failed polls). Goal: on - off <= +0.2 ms per task.
    Configurations alternate within each repetition, so a load change on the shared machine
    hits them alike; each figure is the median over --repeats (default 2) runs.
+
+3. `--previous-tree DIR` (a git worktree of another revision): every kill campaign and every
+   overhead run is made at both revisions, this one and DIR's (its `src` through PYTHONPATH
+   in the campaign's environment), one after the other, so that both see the same machine;
+   every table has a `revision` column, and a last table puts the figures side by side as
+   this / previous.
 """
 
 from __future__ import annotations
@@ -136,10 +142,11 @@ def _names_pid(record: dict, pid: int) -> bool:
 
 
 def kill_campaign(scratch: Path, number: int, plan: tuple[str, ...], seeds: Path,
-                  chooser: random.Random, env: dict) -> tuple[list[dict], dict]:
+                  chooser: random.Random, env: dict,
+                  revision: str = "this") -> tuple[list[dict], dict]:
     """Run one campaign through `plan`'s kills: (one figure per kill, the campaign's end)."""
-    out = scratch / f"kills{number}"
-    log = (scratch / f"kills{number}.log").open("w")
+    out = scratch / f"kills{number}-{revision}"
+    log = (scratch / f"kills{number}-{revision}.log").open("w")
     command = [*CLI, "explore", "--out", str(out), "--no-live", "--fault-tolerance", "on",
                "--executor", "symcc", "--pruning", "off", "--target", f"/bin/sleep {EXECUTION}",
                "--seeds", str(seeds), "--workers", str(WORKERS), "--wall-timeout", "3600"]
@@ -169,7 +176,7 @@ def kill_campaign(scratch: Path, number: int, plan: tuple[str, ...], seeds: Path
                 raise CampaignHung(f"{out}: the recovery after killing world rank {victim} "
                                    f"(pid {pids[victim]}) records {record}")
             kills.append({
-                "campaign": number, "kind": kind, "world_rank": victim,
+                "revision": revision, "campaign": number, "kind": kind, "world_rank": victim,
                 "to_first_dispatch": record["first_dispatch"] - killed_at,
                 "to_detected": record["detected"] - killed_at,
                 "recovery": record["recovery_seconds"],
@@ -193,10 +200,11 @@ def kill_campaign(scratch: Path, number: int, plan: tuple[str, ...], seeds: Path
     finally:
         log.close()
     verify = subprocess.run([*CLI, "verify", str(out)], capture_output=True, text=True,
-                            cwd=ROOT)
+                            cwd=ROOT, env=env)
     if verify.returncode != 0:
         print(f"{out}: verify failed:\n{verify.stdout}{verify.stderr}", file=sys.stderr)
-    end = {"campaign": number, "plan": "/".join(plan), "exit_status": exit_status,
+    end = {"revision": revision, "campaign": number, "plan": "/".join(plan),
+           "exit_status": exit_status,
            "verify_ok": verify.returncode == 0, "executions": _stats(out)["executions"]}
     return kills, end
 
@@ -217,13 +225,13 @@ def _end(launcher: subprocess.Popen) -> None:
 
 
 def summaries(kills: list[dict]) -> list[dict]:
-    """Per kind of kill: count, median and worst of each time."""
+    """Per revision and kind of kill: count, median and worst of each time."""
     figures = []
-    for kind in ("worker", "master"):
-        chosen = [k for k in kills if k["kind"] == kind]
+    for revision, kind in ((r, k) for r in REVISIONS for k in ("worker", "master")):
+        chosen = [k for k in kills if k["kind"] == kind and k["revision"] == revision]
         if not chosen:
             continue
-        figure: dict = {"kind": kind, "kills": len(chosen)}
+        figure: dict = {"revision": revision, "kind": kind, "kills": len(chosen)}
         for name in ("to_first_dispatch", "to_detected", "recovery"):
             values = [k[name] for k in chosen]
             figure[f"{name}_median_s"] = statistics.median(values)
@@ -244,6 +252,14 @@ def detector_setting(text: str) -> str:
                                      "PERIOD > 0 and TIMEOUT > 3 x PERIOD")
 
 
+REVISIONS = ("this", "previous")
+
+
+def revision_env(env: dict, tree: Path | None) -> dict:
+    """`env` for a campaign of this checkout (tree None) or of the source tree `tree`."""
+    return env if tree is None else {**env, "PYTHONPATH": str(tree / "src")}
+
+
 def detector_env(setting: str | None) -> dict:
     env = dict(os.environ)
     if setting is not None:
@@ -256,7 +272,7 @@ def detector_env(setting: str | None) -> dict:
 # --------------------------------------------------------------------------- overhead
 
 
-def _own_mpiexec(out: Path, seeds: Path, workers: int) -> dict:
+def _own_mpiexec(out: Path, seeds: Path, workers: int, env: dict) -> dict:
     """`--fault-tolerance off` under this benchmark's mpiexec, over ULFM's transport."""
     command = [find_mpiexec(), "-n", str(workers + 1), "--oversubscribe", "--bind-to", "none",
                "--mca", "pml", "ob1", "--mca", "btl", "tcp,self"]
@@ -265,7 +281,7 @@ def _own_mpiexec(out: Path, seeds: Path, workers: int) -> dict:
     command += [*CLI, "explore", "--out", str(out), "--no-live", "--fault-tolerance", "off",
                 "--target", "/bin/true", "--seeds", str(seeds), "--executor", "noop"]
     started = time.monotonic()
-    process = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
+    process = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, env=env)
     if process.returncode != 0:
         sys.exit(f"campaign failed ({process.returncode}):\n{process.stdout}\n{process.stderr}")
     stats = json.loads((out / "stats.json").read_text())
@@ -276,14 +292,15 @@ def _own_mpiexec(out: Path, seeds: Path, workers: int) -> dict:
 OVERHEAD_CONFIGS = ("off", "off over tcp", "on")
 
 
-def overhead_run(scratch: Path, seeds: Path, config: str, workers: int, repeat: int) -> dict:
-    out = scratch / f"overhead-{config.replace(' ', '-')}-{workers}w-{repeat}"
+def overhead_run(scratch: Path, seeds: Path, config: str, workers: int, repeat: int,
+                 revision: str, env: dict) -> dict:
+    out = scratch / f"overhead-{config.replace(' ', '-')}-{workers}w-{repeat}-{revision}"
     if config == "off over tcp":
-        stats = _own_mpiexec(out, seeds, workers)
+        stats = _own_mpiexec(out, seeds, workers, env)
     else:
         stats = run_campaign(out, "--target", "/bin/true", "--seeds", str(seeds),
                              "--executor", "noop", "--workers", str(workers),
-                             "--fault-tolerance", config)
+                             "--fault-tolerance", config, env=env)
     if stats["executions"] != TASKS:
         sys.exit(f"{out}: {stats['executions']} executions, not {TASKS}")
     extra = stats["extra"]
@@ -291,28 +308,32 @@ def overhead_run(scratch: Path, seeds: Path, config: str, workers: int, repeat: 
             "cpu_ms": extra["master_loop_cpu_seconds"] * 1e3 / TASKS}
 
 
-def overhead(scratch: Path, repeats: int = REPEATS) -> list[dict]:
+def overhead(scratch: Path, trees: dict[str, Path | None],
+             repeats: int = REPEATS) -> list[dict]:
     seeds = scratch / "noop-seeds"
     seeds.mkdir()
     for i in range(TASKS):
         (seeds / f"s{i:05d}").write_bytes(os.urandom(32))
-    runs: dict[tuple[str, int], list[dict]] = {}
+    runs: dict[tuple[str, str, int], list[dict]] = {}
     for repeat in range(repeats):
         for workers in OVERHEAD_WORKERS:
             for config in OVERHEAD_CONFIGS:
-                runs.setdefault((config, workers), []).append(
-                    overhead_run(scratch, seeds, config, workers, repeat))
+                for revision, tree in trees.items():
+                    runs.setdefault((revision, config, workers), []).append(overhead_run(
+                        scratch, seeds, config, workers, repeat, revision,
+                        revision_env(dict(os.environ), tree)))
     figures = []
-    for workers in OVERHEAD_WORKERS:
-        row: dict = {"workers": workers}
+    for revision, workers in ((r, w) for r in trees for w in OVERHEAD_WORKERS):
+        row: dict = {"revision": revision, "workers": workers}
         for config in OVERHEAD_CONFIGS:
             key = config.replace(" ", "_")
-            row[f"{key}_ms"] = statistics.median(r["median_ms"] for r in runs[config, workers])
-            row[f"{key}_cpu_ms"] = statistics.median(r["cpu_ms"] for r in runs[config, workers])
+            chosen = runs[revision, config, workers]
+            row[f"{key}_ms"] = statistics.median(r["median_ms"] for r in chosen)
+            row[f"{key}_cpu_ms"] = statistics.median(r["cpu_ms"] for r in chosen)
         row["on_minus_off_ms"] = row["on_ms"] - row["off_ms"]
         row["transport_part_ms"] = row["off_over_tcp_ms"] - row["off_ms"]
         row["recovery_part_ms"] = row["on_ms"] - row["off_over_tcp_ms"]
-        row["runs_ms"] = {c: [round(r["median_ms"], 4) for r in runs[c, workers]]
+        row["runs_ms"] = {c: [round(r["median_ms"], 4) for r in runs[revision, c, workers]]
                           for c in OVERHEAD_CONFIGS}
         figures.append(row)
     return figures
@@ -332,7 +353,8 @@ def print_kills(kills: list[dict], campaigns: list[dict], detector: str | None) 
     print()
     summary = summaries(kills)
     print_table(list(summary[0]), [list(s.values()) for s in summary])
-    medians = {s["kind"]: s["to_first_dispatch_median_s"] for s in summary}
+    medians = {s["kind"]: s["to_first_dispatch_median_s"] for s in summary
+               if s["revision"] == "this"}  # the goal is this revision's
     met = all(m <= GOAL_SECONDS for m in medians.values())
     print(f"goal: median kill -> first dispatch <= {GOAL_SECONDS:g} s: "
           + ", ".join(f"{k} {m:.2f} s" for k, m in medians.items())
@@ -345,11 +367,34 @@ def print_overhead(figures: list[dict]) -> bool:
     """The on/off table; whether the goal was met."""
     columns = [c for c in figures[0] if c != "runs_ms"]
     print_table(columns, [[f[c] for c in columns] for f in figures])
-    worst = max(f["on_minus_off_ms"] for f in figures)
+    worst = max(f["on_minus_off_ms"] for f in figures if f["revision"] == "this")
     met = worst <= GOAL_MS
     print(f"goal: master time per task, on - off <= +{GOAL_MS:g} ms: worst {worst:+.3f} ms"
           + (" ok" if met else " MISSED"))
     return met
+
+
+def compare(summary: list[dict], overhead_figures: list[dict]) -> list[dict]:
+    """The figures of both revisions side by side, with this / previous."""
+    rows = []
+
+    def row(figure: str, this: float, previous: float) -> None:
+        rows.append({"figure": figure, "this": round(this, 4), "previous": round(previous, 4),
+                     "ratio": round(this / previous, 3) if previous else None})
+
+    by = {(s["revision"], s["kind"]): s for s in summary}
+    for kind in ("worker", "master"):
+        if ("this", kind) in by and ("previous", kind) in by:
+            for name in ("to_first_dispatch_median_s", "to_first_dispatch_worst_s",
+                         "recovery_median_s"):
+                row(f"{kind} kill: {name}", by["this", kind][name], by["previous", kind][name])
+    per = {(f["revision"], f["workers"]): f for f in overhead_figures}
+    for workers in OVERHEAD_WORKERS:
+        if ("this", workers) in per and ("previous", workers) in per:
+            for name in ("off_ms", "on_ms", "on_minus_off_ms", "off_cpu_ms", "on_cpu_ms"):
+                row(f"{workers} workers: {name}", per["this", workers][name],
+                    per["previous", workers][name])
+    return rows
 
 
 def main() -> None:
@@ -364,7 +409,21 @@ def main() -> None:
                         help=f"overhead runs per configuration (default {REPEATS})")
     parser.add_argument("--skip-overhead", action="store_true",
                         help="only the kills (part 1); --campaigns 0: only the overhead")
+    parser.add_argument("--previous-tree", type=Path, metavar="DIR",
+                        help="also run every campaign at the revision checked out in DIR, "
+                             "side by side (part 3)")
     args = parser.parse_args()
+    trees: dict[str, Path | None] = {"this": None}
+    if args.previous_tree is not None:
+        if not (args.previous_tree / "src" / "symcc_mpi").is_dir():
+            sys.exit(f"recovery: {args.previous_tree} holds no symcc-mpi source tree")
+        trees["previous"] = args.previous_tree.resolve()
+        where = subprocess.run([*CLI[:1], "-c", "import symcc_mpi; print(symcc_mpi.__file__)"],
+                               capture_output=True, text=True,
+                               env=revision_env(dict(os.environ), trees["previous"])).stdout
+        if not where.startswith(str(trees["previous"])):
+            sys.exit(f"recovery: with PYTHONPATH={trees['previous'] / 'src'}, symcc_mpi is "
+                     f"{where.strip()!r}")
     load = os.getloadavg()
     chooser = random.Random(10)
     with tempfile.TemporaryDirectory(prefix="symcc-mpi-recovery-") as name:
@@ -375,19 +434,25 @@ def main() -> None:
             (seeds / f"s{i:05d}").write_bytes(os.urandom(32))
         kills, campaigns = [], []
         env = detector_env(args.detector)
-        for number in range(args.campaigns):
+        for number, (revision, tree) in ((n, r) for n in range(args.campaigns)
+                                         for r in trees.items()):
             try:
                 done, end = kill_campaign(scratch, number, PLANS[number % len(PLANS)], seeds,
-                                          chooser, env)
+                                          chooser, revision_env(env, tree), revision)
             except (CampaignHung, subprocess.TimeoutExpired) as error:
-                log = scratch / f"kills{number}.log"
-                sys.exit(f"campaign {number}: {error}\n--- its log (tail) ---\n"
+                log = scratch / f"kills{number}-{revision}.log"
+                sys.exit(f"campaign {number} ({revision}): {error}\n--- its log (tail) ---\n"
                          f"{log.read_text(errors='replace')[-4000:]}")
             kills += done
             campaigns.append(end)
-        overhead_figures = [] if args.skip_overhead else overhead(scratch, args.repeats)
+        overhead_figures = [] if args.skip_overhead else overhead(scratch, trees, args.repeats)
     recovery_goal = print_kills(kills, campaigns, args.detector) if kills else None
     overhead_goal = print_overhead(overhead_figures) if overhead_figures else None
+    side_by_side = compare(summaries(kills), overhead_figures) if len(trees) > 1 else []
+    if side_by_side:
+        print()
+        print(f"this revision against {args.previous_tree} (ratio: this / previous)")
+        print_table(list(side_by_side[0]), [list(row.values()) for row in side_by_side])
     end_load = os.getloadavg()
     print(f"load average at start {load[0]:.2f}, at the end {end_load[0]:.2f} "
           f"({os.cpu_count()} cpus)")
@@ -397,7 +462,9 @@ def main() -> None:
         "goal_seconds": GOAL_SECONDS, "recovery_goal_met": recovery_goal,
         "kills": kills, "campaigns": campaigns, "summary": summaries(kills),
         "overhead_goal_ms": GOAL_MS, "overhead_goal_met": overhead_goal,
-        "overhead": overhead_figures, "tasks": TASKS, "cpus": os.cpu_count(),
+        "overhead": overhead_figures, "side_by_side": side_by_side,
+        "previous_tree": str(args.previous_tree) if args.previous_tree else None,
+        "tasks": TASKS, "cpus": os.cpu_count(),
         "load_average_at_start": list(load), "load_average_at_end": list(end_load)}))
 
 
