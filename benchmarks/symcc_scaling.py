@@ -15,7 +15,7 @@ two at once), five configurations:
   probed on the AFL build and queued only if it brings a new edge or hit-count class to the
   loop's coverage map;
 - `previous`: `explore --executor symcc --workers 2 --afl-target ... --timeout 10
-  --wall-timeout BUDGET` at the previous revision (PREVIOUS_REVISION, a git worktree run
+  --wall-timeout BUDGET` at the previous revision (--previous-revision, a git worktree run
   through PYTHONPATH);
 - `this`: the same at this checkout.
 A loop writes each input it queues, with its discovery time on the loop's clock, to a
@@ -201,16 +201,16 @@ def loop(config: str, symcc: Path, afl: Path, seeds: Path, budget: float,
 # --------------------------------------------------------------------------- campaigns
 
 
-def previous_env(tree: Path) -> dict:
-    """The environment that runs PREVIOUS_REVISION's symcc_mpi from the worktree `tree`
+def previous_env(tree: Path, previous: str) -> dict:
+    """The environment that runs `previous`'s symcc_mpi from the worktree `tree`
     (added if missing, checked, its modules compiled so that no campaign pays that)."""
     if not (tree / "src" / "symcc_mpi").is_dir():
         subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(tree),
-                        PREVIOUS_REVISION], check=True, capture_output=True)
+                        previous], check=True, capture_output=True)
     head = subprocess.run(["git", "-C", str(tree), "rev-parse", "HEAD"], capture_output=True,
                           text=True, check=True).stdout.strip()
-    if not head.startswith(PREVIOUS_REVISION):
-        sys.exit(f"symcc_scaling: {tree} is at {head[:12]}, not {PREVIOUS_REVISION}")
+    if not head.startswith(previous):
+        sys.exit(f"symcc_scaling: {tree} is at {head[:12]}, not {previous}")
     env = dict(os.environ, PYTHONPATH=str(tree / "src"))
     where = subprocess.run([sys.executable, "-c", "import symcc_mpi; print(symcc_mpi.__file__)"],
                            env=env, cwd=ROOT, capture_output=True, text=True).stdout.strip()
@@ -519,14 +519,16 @@ def main() -> None:
     parser.add_argument("--examples", type=Path, default=EXAMPLES, metavar="DIR",
                         help="take build/NAME.symcc, build/NAME.afl and seeds/NAME*/ from DIR "
                              "(default examples/, after `make -s -C examples`)")
+    parser.add_argument("--previous-revision", default=PREVIOUS_REVISION, metavar="REV",
+                        help=f"the revision `previous` runs (default {PREVIOUS_REVISION})")
     parser.add_argument("--previous-tree", type=Path, default=PREVIOUS_TREE, metavar="DIR",
-                        help=f"git worktree of {PREVIOUS_REVISION} (added if missing; "
+                        help="git worktree of the previous revision (added if missing; "
                              f"default {PREVIOUS_TREE})")
     args = parser.parse_args()
     if not args.budget > 0:
         parser.error("--budget must be positive")
     with keep_stdout("symcc_scaling") as copy:
-        env = previous_env(args.previous_tree)
+        env = previous_env(args.previous_tree, args.previous_revision)
         targets = build_targets("symcc_scaling", args.target or list(DEFAULT_TARGETS),
                                 args.examples)
         todo, skipped = cases(targets, ["small", "large"] if args.seeds == "both"
@@ -534,7 +536,7 @@ def main() -> None:
         load = os.getloadavg()
         print(f"symcc_scaling: {len(todo)} target/seed set(s) x {len(CONFIGURATIONS)} "
               f"configurations, {args.budget:g} s each; this = {revision()}, previous = "
-              f"{PREVIOUS_REVISION}; {os.cpu_count()} CPUs, load average at start "
+              f"{args.previous_revision}; {os.cpu_count()} CPUs, load average at start "
               f"{load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
         for line in skipped:
             print(line)
@@ -547,7 +549,7 @@ def main() -> None:
         print(f"output kept in {copy}")
         print(json.dumps({
             "benchmark": "symcc_scaling", "revision": revision(),
-            "previous_revision": PREVIOUS_REVISION, "budget_seconds": args.budget,
+            "previous_revision": args.previous_revision, "budget_seconds": args.budget,
             "cpus": os.cpu_count(), "load_average_at_start": list(load),
             "load_average_at_end": list(end_load), "skipped": skipped,
             "targets": {"speedup_vs_bare_pruning": SPEEDUP_TARGET,
