@@ -40,7 +40,7 @@ from _campaign import keep_stdout, print_table, run_campaign
 from symcc_mpi.campaign.afl_names import afl_queue_name
 from symcc_mpi.campaign.corpus import CampaignDir
 from symcc_mpi.campaign.snapshot import covers_journal
-from symcc_mpi.durable.journal import encode_line
+from symcc_mpi.durable.lines import encode_line
 
 TARGET_SECONDS = 5.0
 GOAL_INPUTS = 1_000_000

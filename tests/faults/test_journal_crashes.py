@@ -18,14 +18,16 @@ from pathlib import Path
 
 import pytest
 
-from symcc_mpi.durable.journal import DamageKind, LineLog, encode_line
+from symcc_mpi.durable.journal import DamageKind, LineLog
+from symcc_mpi.durable.lines import encode_line
 
 # The child: runs one scenario from JSON arguments, printing "ack ..." after every call that
 # returned, and kills itself with SIGKILL at the chosen point.
 CHILD = r"""
 import json, os, signal, sys
 from pathlib import Path
-from symcc_mpi.durable.journal import LineLog, write_all
+from symcc_mpi.durable.journal import LineLog
+from symcc_mpi.durable.lines import write_all
 
 args = json.loads(sys.argv[1])
 path = Path(args["dir"]) / "done.jsonl"

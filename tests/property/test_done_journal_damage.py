@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from symcc_mpi.campaign.corpus import CampaignDir
 from symcc_mpi.campaign.layout import CampaignError
-from symcc_mpi.durable.journal import encode_line
+from symcc_mpi.durable.lines import encode_line
 
 SETTINGS = settings(max_examples=150, deadline=None,
                     suppress_health_check=[HealthCheck.function_scoped_fixture])

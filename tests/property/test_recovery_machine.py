@@ -40,7 +40,7 @@ from hypothesis.stateful import (
 )
 from mpi4py import MPI
 
-from symcc_mpi.durable.journal import write_all
+from symcc_mpi.durable.lines import write_all
 from symcc_mpi.ulfm.generations import ForkRefused, GenerationLog, RecordKind, digest_of
 from symcc_mpi.ulfm.runtime import Generation, recover
 

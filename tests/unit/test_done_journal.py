@@ -11,13 +11,8 @@ import pytest
 
 from symcc_mpi.campaign.corpus import CampaignDir
 from symcc_mpi.campaign.layout import CampaignError, check_out_dir
-from symcc_mpi.durable.journal import (
-    DamageKind,
-    JournalCorrupt,
-    LineLog,
-    encode_line,
-    inspect,
-)
+from symcc_mpi.durable.journal import DamageKind, JournalCorrupt, LineLog, inspect
+from symcc_mpi.durable.lines import encode_line
 
 TOKEN = "ab" * 16
 

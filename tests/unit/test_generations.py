@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from symcc_mpi.durable.journal import encode_line, write_all
+from symcc_mpi.durable.lines import encode_line, write_all
 from symcc_mpi.ulfm.generations import (
     ForkRefused,
     GenerationLog,

@@ -12,16 +12,8 @@ import pytest
 from symcc_mpi.campaign.corpus import CampaignDir
 from symcc_mpi.durable.clock import ManualClock
 from symcc_mpi.durable.deferred import DEFERRED_JOURNAL_NAME, Deferral, DeferredWorkJournal
-from symcc_mpi.durable.journal import (
-    Damage,
-    DamageKind,
-    JournalBroken,
-    LineError,
-    LineLog,
-    decode_line,
-    encode_line,
-    write_all,
-)
+from symcc_mpi.durable.journal import Damage, DamageKind, JournalBroken, LineLog
+from symcc_mpi.durable.lines import LineError, decode_line, encode_line, write_all
 
 
 class FailingWriter:

@@ -144,7 +144,7 @@ def set_layout(out: Path, layout: int) -> None:
 
 
 def test_this_version_writes_layout_2_byte_for_byte():
-    from symcc_mpi.durable.journal import encode_line
+    from symcc_mpi.durable.lines import encode_line
 
     assert b"".join(encode_line(wal.encode(record)) for record in RECORDS) == JOURNAL
     assert [wal.kind_of(wal.encode(record)) for record in RECORDS][2] is wal.Kind.DONE

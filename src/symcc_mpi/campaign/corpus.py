@@ -30,7 +30,8 @@ from symcc_mpi.campaign.layout import (
 from symcc_mpi.campaign.queues import AflQueues
 from symcc_mpi.durable.atomic import write_durable
 from symcc_mpi.durable.clock import SYSTEM_CLOCK
-from symcc_mpi.durable.journal import Damage, Writer, note_reason
+from symcc_mpi.durable.journal import Damage, note_reason
+from symcc_mpi.durable.lines import Writer
 from symcc_mpi.durable.locks import FileLock, FlockHeld, check_unlocked
 from symcc_mpi.durable.regular import DIRECTORY_FLAGS
 from symcc_mpi.scheduling.frontier import Frontier

@@ -28,7 +28,8 @@ from symcc_mpi.campaign import wal
 from symcc_mpi.campaign.wal import CorruptJournal
 from symcc_mpi.durable.atomic import fsync_directory, fsync_once
 from symcc_mpi.durable.clock import SYSTEM_CLOCK
-from symcc_mpi.durable.journal import Damage, DamageKind, JournalCorrupt, LineLog, Writer
+from symcc_mpi.durable.journal import Damage, DamageKind, JournalCorrupt, LineLog
+from symcc_mpi.durable.lines import Writer
 
 log = logging.getLogger("symcc_mpi.campaign.done_log")
 

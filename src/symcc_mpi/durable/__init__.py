@@ -6,6 +6,7 @@ What the package holds:
   log stands on it: the done journal and F443's work WAL (campaign/done_log.py, its records
   campaign/wal.py), the deferred-work journal (F317), the generation log (ulfm/generations.py),
   the masters' publication hints (federation/hints.py), AFL's plot_data, quarantine/REASONS.
+- `lines.py`: the journals' checksummed line format, and the write step a test may replace.
 - `atomic.py`: the one atomic-write helper (`write_durable`), its hard-link variant
   (`publish_link`, AFL's queue/) and the group commit's deferred fsync (`fsync_once`).
 - `locks.py`: every lock: the campaign's flock (`FileLock` on `OUT/state/master.lock`), the

@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from symcc_mpi.durable.clock import SYSTEM_CLOCK, Clock
-from symcc_mpi.durable.journal import Damage, LineLog, Writer
+from symcc_mpi.durable.journal import Damage, LineLog
+from symcc_mpi.durable.lines import Writer
 
 log = logging.getLogger(__name__)
 

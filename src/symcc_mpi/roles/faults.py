@@ -77,7 +77,7 @@ from pathlib import Path
 
 from symcc_mpi.config import fault_plan
 from symcc_mpi.durable.clock import SYSTEM_CLOCK
-from symcc_mpi.durable.journal import Writer, write_all
+from symcc_mpi.durable.lines import Writer, write_all
 from symcc_mpi.wire.protocol import ResultField
 
 

@@ -34,7 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from symcc_mpi.durable.journal import LineError, LineLog, decode_line, write_all
+from symcc_mpi.durable.journal import LineLog
+from symcc_mpi.durable.lines import LineError, decode_line, write_all
 from symcc_mpi.durable.locks import flocked
 
 GENERATIONS_JOURNAL = "generations.jsonl"
