@@ -15,7 +15,8 @@ import pytest
 
 from symcc_mpi.durable.atomic import temporary_for, write_durable
 from symcc_mpi.durable.clock import ManualClock
-from symcc_mpi.federation.leases import FencedWorkLeaseTable, WorkLease
+from symcc_mpi.federation.leases import FencedWorkLeaseTable
+from symcc_mpi.federation.work_leases import WorkLease
 
 FORK = multiprocessing.get_context("fork")
 T0 = 2_000_000_000.0  # the ManualClock start shared by a child and the parent that reopens

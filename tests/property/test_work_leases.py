@@ -30,8 +30,9 @@ from symcc_mpi.config import (
 from symcc_mpi.durable.atomic import write_durable
 from symcc_mpi.durable.clock import ManualClock
 from symcc_mpi.federation.lease_config import LeaseConfig
-from symcc_mpi.federation.leases import CorruptRecord, FencedWorkLeaseTable, WorkLease
-from symcc_mpi.federation.shards import TableMismatch
+from symcc_mpi.federation.leases import FencedWorkLeaseTable
+from symcc_mpi.federation.shards import CorruptRecord, TableMismatch
+from symcc_mpi.federation.work_leases import WorkLease
 
 IDS = [hashlib.sha256(f"input-{i}".encode()).hexdigest() for i in range(6)]
 TTLS = [10.0, 10.0, 4.0]  # masters may disagree on TTL: each record carries its own expiry

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from symcc_mpi.dispatch.coordinator import DispatchCoordinator
 from symcc_mpi.dispatch.tables import DispatchTables
-from symcc_mpi.federation.leases import WorkLease
+from symcc_mpi.federation.work_leases import WorkLease
 from symcc_mpi.roles.results import ResultJudge
 from symcc_mpi.roles.stopping import Stopping
 

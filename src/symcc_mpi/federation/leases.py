@@ -42,14 +42,12 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-import math
 import os
-import re
 import secrets
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import msgspec
 
@@ -62,56 +60,25 @@ from symcc_mpi.federation.shards import (
     CorruptRecord,
     InvalidRecord,
     check_seconds,
-    decode_record,
     open_sharded_table,
     unlink_record,
+)
+from symcc_mpi.federation.work_leases import (
+    DIGEST,
+    WORK_PAYLOAD_SCHEMA,
+    WORK_SCHEMA,
+    Origin,
+    WorkLease,
+    WorkPayload,
+    check_digest,
+    decode_lease,
+    encode_lease,
 )
 
 log = logging.getLogger(__name__)
 
 TABLE_SCHEMA = "symcc-work-lease-table-v1"
-WORK_SCHEMA = "symcc-work-lease-v1"
-WORK_PAYLOAD_SCHEMA = "symcc-work-v1"
-
-_DIGEST = re.compile(r"[0-9a-f]{64}")
 _MAX_NAME = 200
-
-Origin = Literal["initial", "generated"]
-
-
-# --- configuration ------------------------------------------------------------------------------
-
-
-# --- records ------------------------------------------------------------------------------------
-
-
-
-class WorkPayload(msgspec.Struct, frozen=True):
-    """F320 §2.2 payload: schema, the input's digest, and where it came from."""
-
-    schema: str
-    digest: str
-    origin: Origin
-
-
-class WorkLease(msgspec.Struct, frozen=True):
-    """One work record (F320 §2.2). `status` only moves leased → committing → done."""
-
-    schema: str
-    digest: str
-    status: Literal["leased", "committing", "done"]
-    owner: str
-    token: str
-    updated: float  # wall clock, comparable across hosts
-    expires: float  # wall clock; meaningful only while `leased` (committing is not stealable)
-    attempts: int  # claims so far, takeovers included
-    steals: int  # takeovers of an expired lease
-    payload: WorkPayload
-
-    def expired(self, now: float) -> bool:
-        return self.status == "leased" and now >= self.expires
-
-
 @dataclass(frozen=True)
 class TableStatistics:
     """Counters of one table object (this process's view of what it did)."""
@@ -134,12 +101,6 @@ class TableStatistics:
     corrupt_paths: tuple[str, ...] = ()  # the last 16 quarantined
 
 
-def _check_digest(digest: str) -> str:
-    if not isinstance(digest, str) or not _DIGEST.fullmatch(digest):
-        raise ValueError(f"a digest is a lowercase hex SHA-256 (got {digest!r})")
-    return digest
-
-
 def _new_token(owner: str) -> str:
     # owner:pid:time_ns plus randomness: unique even if two claims read the same clock.
     return f"{owner}:{os.getpid()}:{SYSTEM_CLOCK.time_ns()}:{secrets.token_hex(8)}"
@@ -148,31 +109,7 @@ def _new_token(owner: str) -> str:
 Writer = Callable[[Path, bytes], None]
 Remover = Callable[[Path], None]
 
-_encoder = msgspec.json.Encoder()
-_decoder = msgspec.json.Decoder(WorkLease)
 _DELETE = object()
-
-
-def _decode(digest: str, raw: bytes) -> WorkLease:
-    record = decode_record(_decoder, raw)
-    problem = (
-        "wrong schema" if record.schema != WORK_SCHEMA
-        else "digest differs from the file name" if record.digest != digest
-        else "payload digest differs from the record's" if record.payload.digest != digest
-        else "wrong payload schema" if record.payload.schema != WORK_PAYLOAD_SCHEMA
-        else "empty token or owner" if not (record.token and record.owner)
-        else "impossible counters" if not 0 <= record.steals < record.attempts
-        else "non-finite time" if not (math.isfinite(record.updated)
-                                       and math.isfinite(record.expires))
-        else None
-    )
-    if problem:
-        raise InvalidRecord(problem)
-    return record
-
-
-def _encode(record: WorkLease) -> bytes:
-    return _encoder.encode(record) + b"\n"
 
 
 # --- the table ----------------------------------------------------------------------------------
@@ -242,7 +179,7 @@ class FencedWorkLeaseTable:
         """
         if origin not in ("initial", "generated"):
             raise ValueError(f"origin must be 'initial' or 'generated' (got {origin!r})")
-        wanted = list(dict.fromkeys(_check_digest(d) for d in digests))
+        wanted = list(dict.fromkeys(check_digest(d) for d in digests))
         return self._claim_grouped(wanted, origin, takeover_only=False)
 
     def recover_expired(self, *, limit: int | None = None) -> list[WorkLease]:
@@ -319,10 +256,10 @@ class FencedWorkLeaseTable:
 
     def read(self, digest: str) -> WorkLease | None:
         """The current record (no lock needed: records are replaced whole)."""
-        return self._peek(_check_digest(digest))
+        return self._peek(check_digest(digest))
 
     def path(self, digest: str) -> Path:
-        return self._record_dirs[self._shard(_check_digest(digest))] / f"{digest}.json"
+        return self._record_dirs[self._shard(check_digest(digest))] / f"{digest}.json"
 
     def statistics(self) -> TableStatistics:
         return TableStatistics(**self._counts, corrupt_paths=tuple(self._corrupt))
@@ -362,7 +299,7 @@ class FencedWorkLeaseTable:
         except FileNotFoundError:
             return None, None
         try:
-            return _decode(digest, raw), raw
+            return decode_lease(digest, raw), raw
         except InvalidRecord as invalid:
             raise self._quarantine(path, str(invalid)) from None
 
@@ -374,7 +311,7 @@ class FencedWorkLeaseTable:
         except FileNotFoundError:
             return None
         try:
-            return _decode(digest, raw)
+            return decode_lease(digest, raw)
         except InvalidRecord:
             with self._locked(self._shard(digest)):
                 return self._load(digest)[0]
@@ -400,7 +337,7 @@ class FencedWorkLeaseTable:
             if debris:
                 self._sweep_temporaries(shard, directory, debris)
             for name in names:
-                if name.endswith(".json") and _DIGEST.fullmatch(name[: -len(".json")]):
+                if name.endswith(".json") and DIGEST.fullmatch(name[: -len(".json")]):
                     yield name[: -len(".json")]
 
     def _sweep_temporaries(self, shard: int, directory: Path, names: list[str]) -> None:
@@ -456,20 +393,20 @@ class FencedWorkLeaseTable:
             return None
         record = WorkLease(WORK_SCHEMA, digest, "leased", self.owner, _new_token(self.owner),
                            now, now + self.ttl, attempts, steals, payload)
-        self._put(digest, _encode(record), raw)
+        self._put(digest, encode_lease(record), raw)
         self._add("claims")
         self._add("taken_over", int(old is not None))
         return record
 
     def _mutate(self, digest: str, decide: Callable[[WorkLease | None, float], tuple]) -> Any:
-        _check_digest(digest)
+        check_digest(digest)
         with self._locked(self._shard(digest)):
             old, raw = self._load(digest)
             result, new = decide(old, self.clock.time())
             if new is _DELETE:
                 self._drop(digest, raw)
             elif new is not None:
-                self._put(digest, _encode(new), raw)
+                self._put(digest, encode_lease(new), raw)
             return result
 
     def _put(self, digest: str, data: bytes, previous: bytes | None) -> None:

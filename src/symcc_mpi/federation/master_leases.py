@@ -20,7 +20,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from symcc_mpi.federation.leases import CorruptRecord, FencedWorkLeaseTable, Origin
+from symcc_mpi.federation.leases import FencedWorkLeaseTable
+from symcc_mpi.federation.shards import CorruptRecord
+from symcc_mpi.federation.work_leases import Origin
 
 LONGEST_HEARTBEAT_INTERVAL = 30.0
 
