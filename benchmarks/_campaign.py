@@ -25,6 +25,13 @@ RESULTS = ROOT / "benchmarks" / "results"
 CLI = [sys.executable, "-m", "symcc_mpi"]
 
 
+def compile_sources(tree: Path = ROOT) -> None:
+    """Byte-compile `tree`'s symcc_mpi ahead, so that no campaign's ranks compile it at start
+    (with PYTHONDONTWRITEBYTECODE set, each rank of each campaign would, every time): a
+    comparison of two trees compiles both."""
+    subprocess.run([sys.executable, "-m", "compileall", "-q", str(tree / "src")], check=True)
+
+
 def run_campaign(out: Path, *args: str, env: dict | None = None) -> dict:
     """One `explore` to its end; its stats.json, with `command_seconds` (the launch to the
     exit) and `launch_time` (time.time() just before the launch)."""

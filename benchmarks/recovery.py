@@ -64,7 +64,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _campaign import CLI, ROOT, print_table, run_campaign
+from _campaign import CLI, ROOT, compile_sources, print_table, run_campaign
 
 from symcc_mpi.campaign.corpus import CampaignDir
 from symcc_mpi.job.launch import find_mpiexec
@@ -414,10 +414,12 @@ def main() -> None:
                              "side by side (part 3)")
     args = parser.parse_args()
     trees: dict[str, Path | None] = {"this": None}
+    compile_sources()
     if args.previous_tree is not None:
         if not (args.previous_tree / "src" / "symcc_mpi").is_dir():
             sys.exit(f"recovery: {args.previous_tree} holds no symcc-mpi source tree")
         trees["previous"] = args.previous_tree.resolve()
+        compile_sources(trees["previous"])
         where = subprocess.run([*CLI[:1], "-c", "import symcc_mpi; print(symcc_mpi.__file__)"],
                                capture_output=True, text=True,
                                env=revision_env(dict(os.environ), trees["previous"])).stdout

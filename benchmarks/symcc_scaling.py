@@ -63,6 +63,7 @@ from _campaign import (
     EXAMPLES,
     ROOT,
     build_targets,
+    compile_sources,
     edges_at,
     gnuplot_terminal,
     keep_stdout,
@@ -216,7 +217,7 @@ def previous_env(tree: Path, previous: str) -> dict:
                            env=env, cwd=ROOT, capture_output=True, text=True).stdout.strip()
     if not Path(where).resolve().is_relative_to(tree.resolve()):
         sys.exit(f"symcc_scaling: with PYTHONPATH={tree / 'src'}, symcc_mpi is {where!r}")
-    subprocess.run([sys.executable, "-m", "compileall", "-q", str(tree / "src")], check=True)
+    compile_sources(tree)
     return env
 
 
@@ -529,6 +530,7 @@ def main() -> None:
         parser.error("--budget must be positive")
     with keep_stdout("symcc_scaling") as copy:
         env = previous_env(args.previous_tree, args.previous_revision)
+        compile_sources()
         targets = build_targets("symcc_scaling", args.target or list(DEFAULT_TARGETS),
                                 args.examples)
         todo, skipped = cases(targets, ["small", "large"] if args.seeds == "both"

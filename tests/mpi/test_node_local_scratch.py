@@ -1,5 +1,9 @@
 """--scratch under real mpiexec: each worker's temporary files stay in a directory of its own
-under DIR, OUT gets only its staging, and a DIR a rank cannot use is said in one line."""
+under DIR, OUT gets only its staging, and a DIR a rank cannot use is said in one line.
+
+What a worker keeps in DIR is looked at while both workers are held after their first run
+(SYMCC_MPI_FAULTS pause@1=release): the campaign cannot move on before the test has looked,
+so no observation depends on how fast the machine runs it."""
 
 from __future__ import annotations
 
@@ -7,7 +11,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -15,6 +18,7 @@ from harness import ROOT, _explore_command, assert_oracles, explore, stats
 
 from symcc_mpi.campaign.layout import MARKER
 from symcc_mpi.durable.atomic import is_temporary
+from symcc_mpi.roles.faults import HELD_FILE, RELEASE_FILE
 
 pytestmark = [pytest.mark.mpi, pytest.mark.timeout(600)]
 
@@ -26,6 +30,11 @@ LAYOUT = {".staging", MARKER, "aside", "corpus", "queue", "crashes", "hangs", "s
 def _master_temporary(name: str) -> bool:
     """A whole-file write of the master's in progress (durable/atomic.py, report.py)."""
     return is_temporary(Path(name)) or any(name.startswith(f".{n}.") for n in LAYOUT)
+
+
+def _fault_protocol(name: str) -> bool:
+    """The files by which the held workers and this test speak (roles/faults.py)."""
+    return name == RELEASE_FILE or name.startswith(HELD_FILE.format(""))
 
 
 def _tmpdirs_under(root: Path) -> set[str]:
@@ -48,17 +57,26 @@ def test_workers_keep_their_files_under_scratch_and_only_stage_in_out(build, tmp
     started_in.mkdir()  # the directory the campaign is started from (on a cluster, shared)
     args = ["--target", f"{build / 'tlv'} @@", "--afl-target", f"{build / 'tlv.afl'} @@",
             "--workers", 2, "--timeout", 20]
-    seeds = ["--seeds", build.parent / "seeds" / "tlv"]
+    # Two seeds, so that each worker is sent one at once and both can be held.
+    seed_dir = tmp_path / "seeds"
+    seed_dir.mkdir()
+    seed = next((build.parent / "seeds" / "tlv").iterdir()).read_bytes()
+    (seed_dir / "a").write_bytes(seed)
+    (seed_dir / "b").write_bytes(seed + b"\x00")
+    seeds = ["--seeds", seed_dir]
+    held = [out / HELD_FILE.format(rank) for rank in (1, 2)]
+    environment = dict(os.environ, SYMCC_MPI_FAULTS="1:pause@1=release,2:pause@1=release")
     launcher = subprocess.Popen(_explore_command(out, [*args, *seeds, "--scratch", scratch]),
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                cwd=started_in)
+                                cwd=started_in, env=environment)
     in_scratch: set[str] = set()  # entries of DIR, then of each worker's directory in it
     in_workers: set[str] = set()
     stray_in_out: set[str] = set()
     stray_in_cwd: set[str] = set()
     tmpdirs: set[str] = set()
-    next_proc_scan = 0.0
+    looked_while_held = False
     while launcher.poll() is None:
+        both_held = not looked_while_held and all(path.exists() for path in held)
         entries = set(os.listdir(scratch))
         in_scratch |= entries
         for name in entries:
@@ -68,15 +86,24 @@ def test_workers_keep_their_files_under_scratch_and_only_stage_in_out(build, tmp
                 except FileNotFoundError:
                     pass
         if out.is_dir():
-            stray_in_out |= {n for n in os.listdir(out)
-                             if n not in LAYOUT and not _master_temporary(n)}
+            stray_in_out |= {n for n in os.listdir(out) if n not in LAYOUT
+                             and not _master_temporary(n) and not _fault_protocol(n)}
         stray_in_cwd |= set(os.listdir(started_in))
-        if time.monotonic() >= next_proc_scan:
+        if both_held:  # everything above was seen with both workers held: let them go
             tmpdirs |= _tmpdirs_under(scratch)
-            next_proc_scan = time.monotonic() + 0.5
-        time.sleep(0.05)
+            looked_while_held = True
+            (out / RELEASE_FILE).touch()
+        elif looked_while_held and (out / RELEASE_FILE).exists() \
+                and not any(path.exists() for path in held):
+            (out / RELEASE_FILE).unlink()
+        try:
+            launcher.wait(timeout=0.05)
+        except subprocess.TimeoutExpired:
+            pass
     output, _ = launcher.communicate()
     process = subprocess.CompletedProcess(launcher.args, launcher.returncode, output, "")
+    assert looked_while_held, output
+    (out / RELEASE_FILE).unlink(missing_ok=True)  # the campaign ended before it was removed
     assert_oracles(out, process)  # `symcc-mpi verify OUT` passes, .staging is empty
     assert stats(out)["extra"]["stop_reason"] == "frontier exhausted"
 

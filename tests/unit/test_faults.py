@@ -26,6 +26,7 @@ def test_a_pause_lasts_its_seconds_or_the_default():
 @pytest.mark.parametrize("spec", ["1:explode@2", "x:foreign-result@1", "1:foreign-result",
                                   "1:send-fail@1", "0:foreign-result@1", "1:pause@1=never",
                                   "1:pause@1=-2", "1:malformed-result@1=3", "1:stop@1",
+                                  "0:pause@1=release",
                                   "0:slow-link@1"])
 def test_bad_fault_spec_is_refused(spec):
     with pytest.raises(ValueError, match="SYMCC_MPI_FAULTS"):
@@ -53,3 +54,23 @@ def test_a_torn_append_writes_half_then_the_rest_once_released(tmp_path):
         for data in (b"first\n", b"second\n"):
             writer(handle.fileno(), data)
     assert path.read_bytes() == b"first\nsecond\n"
+
+
+def test_a_worker_held_until_released_says_so_and_waits_for_the_test(tmp_path):
+    import threading
+
+    from symcc_mpi.roles.faults import HELD_FILE, RELEASE_FILE, hold_until_released
+
+    faults = Faults(2, "2:pause@1=release")
+    assert faults.paused_until_released(1) and not faults.paused_until_released(2)
+    holder = threading.Thread(target=hold_until_released, args=(tmp_path, 2))
+    holder.start()
+    held = tmp_path / HELD_FILE.format(2)
+    while not held.exists():  # it says it holds before it waits
+        assert holder.is_alive()
+        holder.join(0.01)
+    holder.join(0.2)
+    assert holder.is_alive()  # and waits for the release, however long it takes
+    (tmp_path / RELEASE_FILE).touch()
+    holder.join()
+    assert not held.exists()

@@ -96,7 +96,6 @@ def explore(target, seeds, out, afl_sync, name, workers, masters, executor, afl_
     from symcc_mpi.campaign.afl_sync import check_instance_name
     from symcc_mpi.job.checks import check_config
     from symcc_mpi.job.launch import check_workers, launch, launched_by_us, under_mpi
-    from symcc_mpi.job.session import run_rank
 
     try:
         if afl_sync is not None:
@@ -137,6 +136,10 @@ def explore(target, seeds, out, afl_sync, name, workers, masters, executor, afl_
             # ~5% of the master's CPU), and nothing imported walked by them.
             gc.freeze()
             gc.set_threshold(GC_YOUNG_THRESHOLD, *gc.get_threshold()[1:])
+            # Only a rank loads the session: it initialises MPI on import, which would cost
+            # the launcher a second and give mpiexec's children a singleton's environment.
+            from symcc_mpi.job.session import run_rank
+
             sys.exit(run_rank(config))
         check_config(config)
         check_workers(config.workers, config.masters)

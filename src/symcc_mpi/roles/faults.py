@@ -15,7 +15,10 @@ as the faulty side sees them, from 1. Worker kinds:
   after that dispatch's WORK arrived, then send its RESULT as if nothing happened. The hold
   is counted from the arrival, not from the end of the execution, so a test knows when the
   RESULT comes however slowly the execution ran (a busy machine); if the execution alone
-  took longer, there is no stop. A worker killed while stopped leaves no helper behind;
+  took longer, there is no stop. A worker killed while stopped leaves no helper behind.
+  `pause@N=release`: instead, say so in OUT/.fault-held-RANK and wait (not stopped, for at
+  most an hour) until OUT/.fault-release exists, then remove that file: a test then looks at
+  a campaign that cannot move on until it says so;
 - `hostile`: instead of the RESULT of its N-th dispatch, send one whose FIELD is made hostile,
   around a file it plants in its staging directory (the bytes start with HOSTILE_MARK and
   must never reach the corpus). FIELD is a `protocol.ResultField` value: `outcome`, `status`
@@ -126,6 +129,7 @@ MASTER_KINDS = frozenset({K.SEND_FAIL, K.SEND_AMBIGUOUS, K.OBJECT_SEND_FAIL, K.T
                           K.KILL_AFTER_DONE_FSYNC})
 DEFAULT_PAUSE_SECONDS = 5.0
 RELEASE_FILE = ".fault-release"
+HELD_FILE = ".fault-held-{}"  # + the world rank: it waits for RELEASE_FILE
 RELEASE_WAIT = 3600.0
 
 log = logging.getLogger("symcc_mpi.roles.faults")
@@ -135,6 +139,7 @@ class Faults:
     def __init__(self, rank: int, spec: str | None = None, *, master_index: int | None = None):
         """The plan for world rank `rank`, which is master `master_index` if a master."""
         spec = fault_plan() if spec is None else spec
+        self.rank = rank
         self.planned: dict[tuple[FaultKind, int], str] = {}
         for item in filter(None, (part.strip() for part in spec.split(","))):
             target, _, rest = item.partition(":")
@@ -144,7 +149,7 @@ class Faults:
             kinds = MASTER_KINDS if target == "0" or master is not None else WORKER_KINDS
             kind = _KINDS.get(name)
             if kind not in kinds or not (master or target).isdigit() or not number.isdigit() \
-                    or not _argument_fits(kind, argument):
+                    or not _argument_fits(kind, argument, worker=kinds is WORKER_KINDS):
                 raise ValueError(f"SYMCC_MPI_FAULTS: cannot parse {item!r}")
             if (int(master) == master_index) if master is not None else int(target) == rank:
                 self.planned[(kind, int(number))] = argument
@@ -157,6 +162,9 @@ class Faults:
     def fire_at(self, kind: FaultKind, point: str, number: int) -> bool:
         """Whether `kind@number=point` is planned."""
         return self.planned.get((kind, number)) == point
+
+    def paused_until_released(self, number: int) -> bool:
+        return self.planned.get((FaultKind.PAUSE, number)) == "release"
 
     def pause_seconds(self, number: int) -> float:
         return float(self.planned.get((FaultKind.PAUSE, number)) or DEFAULT_PAUSE_SECONDS)
@@ -197,12 +205,25 @@ class Faults:
             last_line = data.rfind(b"\n", 0, len(data) - 1) + 1
             cut = last_line + max(1, (len(data) - last_line) // 2)
             write_all(fd, data[:cut])
-            deadline = SYSTEM_CLOCK.monotonic() + RELEASE_WAIT
-            while not (out / RELEASE_FILE).exists() and SYSTEM_CLOCK.monotonic() < deadline:
-                SYSTEM_CLOCK.sleep(0.05)
+            wait_for_release(out)
             write_all(fd, data[cut:])
 
         return write
+
+
+def wait_for_release(out: Path) -> None:
+    """Until OUT/RELEASE_FILE exists (a test's say), for at most RELEASE_WAIT."""
+    deadline = SYSTEM_CLOCK.monotonic() + RELEASE_WAIT
+    while not (out / RELEASE_FILE).exists() and SYSTEM_CLOCK.monotonic() < deadline:
+        SYSTEM_CLOCK.sleep(0.05)
+
+
+def hold_until_released(out: Path, rank: int) -> None:
+    """Say in OUT that world rank `rank` is held, wait for the release, then say it is not."""
+    held = out / HELD_FILE.format(rank)
+    held.touch()
+    wait_for_release(out)
+    held.unlink(missing_ok=True)
 
 
 def die(reason: str) -> None:
@@ -215,9 +236,9 @@ def die(reason: str) -> None:
 _KINDS = {kind.value: kind for kind in FaultKind}
 
 
-def _argument_fits(kind: FaultKind, argument: str) -> bool:
-    if kind is FaultKind.PAUSE:
-        return not argument or _is_seconds(argument)
+def _argument_fits(kind: FaultKind, argument: str, *, worker: bool) -> bool:
+    if kind is FaultKind.PAUSE:  # held until released: a worker's only
+        return not argument or (worker and argument == "release") or _is_seconds(argument)
     if kind is FaultKind.HOSTILE:
         return argument in HOSTILE_FIELDS
     if kind is FaultKind.DIE:  # any rank: a worker may become the master (ulfm/)

@@ -13,7 +13,13 @@ import msgspec
 from symcc_mpi.campaign.corpus import sha256_bytes
 from symcc_mpi.config import CampaignConfig
 from symcc_mpi.coverage.edges import FileCoverage
-from symcc_mpi.roles.faults import HOSTILE_MARK, FaultKind, Faults, stop_self
+from symcc_mpi.roles.faults import (
+    HOSTILE_MARK,
+    FaultKind,
+    Faults,
+    hold_until_released,
+    stop_self,
+)
 from symcc_mpi.wire.protocol import Result, StagedFile, Tag
 from symcc_mpi.wire.staging import Pack, Staged, write_entries
 from symcc_mpi.wire.transport import Channel
@@ -29,7 +35,9 @@ def misbehave(channel: Channel, config: CampaignConfig, faults: Faults, number: 
         _send_unowned_result(channel, config, result, secrets.token_hex(16))
     if faults.fire(FaultKind.STALE_RESULT, number) and previous_token is not None:
         _send_unowned_result(channel, config, result, previous_token)
-    if faults.fire(FaultKind.PAUSE, number):
+    if faults.paused_until_released(number):
+        hold_until_released(config.out, faults.rank)
+    elif faults.fire(FaultKind.PAUSE, number):
         stop_self(until=received + faults.pause_seconds(number))
     if hostile := faults.hostile_field(number):
         channel.send_raw(MASTER, Tag.RESULT, _hostile_result(config, result, hostile))
