@@ -3,7 +3,6 @@ shard count, from the campaign's timeouts or the environment."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,6 +14,7 @@ DEFAULT_SHARDS = 64
 DEFAULT_EXECUTION_TIMEOUT = 10.0
 DEFAULT_SHUTDOWN_GRACE = 5.0
 
+
 def default_ttl(execution_timeout: float = DEFAULT_EXECUTION_TIMEOUT) -> float:
     """F320 §6: `max(120, 4 * timeout)` seconds."""
     return max(120.0, 4.0 * execution_timeout)
@@ -23,22 +23,6 @@ def default_ttl(execution_timeout: float = DEFAULT_EXECUTION_TIMEOUT) -> float:
 def default_lock_acquire_timeout(shutdown_grace: float = DEFAULT_SHUTDOWN_GRACE) -> float:
     """F320 §6: `min(30, max(1, shutdown_grace / 4))` seconds."""
     return min(30.0, max(1.0, shutdown_grace / 4.0))
-
-
-def _positive_seconds(text: str) -> float | None:
-    try:
-        value = float(text)
-    except ValueError:
-        return None
-    return value if math.isfinite(value) and value > 0 else None
-
-
-def _shard_count(text: str) -> int | None:
-    try:
-        value = int(text, 10)
-    except ValueError:
-        return None
-    return value if 1 <= value <= MAX_SHARDS else None
 
 
 @dataclass(frozen=True)
