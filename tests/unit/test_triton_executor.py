@@ -252,13 +252,16 @@ def _processes_running(needle: str) -> list[int]:
 STAT = re.compile(r'\[STAT\] SMT: \{ "solving_time": (\d+)(, "total_time": \d+)? \}')
 
 
+SHIM = Path(__file__).resolve().parents[1] / "triton_shim.py"  # a SymCC binary look-alike
+
+
 def shim(argv, out: Path, *, stdin: bytes = b"", input_file: Path | None = None):
     env = dict(os.environ, SYMCC_OUTPUT_DIR=str(out))
     env.pop("SYMCC_INPUT_FILE", None)
     if input_file is not None:
         env["SYMCC_INPUT_FILE"] = str(input_file)
     return subprocess.Popen(
-        [sys.executable, "-m", "symcc_mpi.executors.triton_shim", *map(str, argv)],
+        [sys.executable, str(SHIM), *map(str, argv)],
         stdin=subprocess.PIPE,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,

@@ -1,4 +1,4 @@
-"""A SymCC-binary look-alike: `python -m symcc_mpi.executors.triton_shim TARGET [ARGS...]`.
+"""A SymCC-binary look-alike: `python tests/triton_shim.py TARGET [ARGS...]`.
 
 It behaves like TARGET compiled with SymCC (QSYM backend): the input is the file named by
 SYMCC_INPUT_FILE when that path appears in ARGS, else its own stdin; new inputs land in
@@ -23,7 +23,7 @@ from pathlib import Path
 from symcc_mpi.config import symcc_run
 from symcc_mpi.processes.limited import no_core_dumps
 
-USAGE = "usage: python -m symcc_mpi.executors.triton_shim TARGET [ARGS...]"
+USAGE = "usage: python tests/triton_shim.py TARGET [ARGS...]"
 
 
 def _stat_line(solving: float, total: float | None) -> None:
