@@ -207,6 +207,14 @@ def test_merge_returns_new_entries_and_ignores_known_bits():
     assert ledger.merge(1, Delta(full=whole({3: 1, 4: 4}))) == 1
 
 
+def test_merge_of_an_index_named_twice_ors_both_and_counts_its_byte_once():
+    ledger = PruningLedger(PruningMode.SHARED)
+    twice = Delta(array.array("I", [5, 5, 6]).tobytes(), bytes([0b01, 0b10, 0b100]))
+    assert ledger.merge(1, twice) == 3
+    assert ledger.maps()[SHARED_SCOPE] == whole({5: 0b11, 6: 0b100})
+    assert ledger.statistics().map_bytes_set == 2
+
+
 def test_plan_changes_nothing_until_confirm():
     ledger = PruningLedger(PruningMode.SHARED)
     ledger.merge(1, sparse({10: 1}))

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import msgspec
+import numpy as np
 
 from symcc_mpi.durable.atomic import write_durable
 
@@ -45,6 +46,7 @@ _ENTRY_BYTES = 5  # a u32 index and its byte of bits on the wire
 # Once a log holds this many entries, shipping the whole map is cheaper than the log.
 _LOG_CAP = MAP_SIZE // _ENTRY_BYTES
 _NONZERO = re.compile(rb"[^\x00]")
+_U32 = np.dtype("<u4")  # the wire's indices
 CHUNK = 4096  # bytes of map compared at once when looking for what a run changed
 
 
@@ -276,32 +278,31 @@ class PruningLedger:
             return 0
         self._merged += 1
         scope = self._scope(rank)
-        target = scope.map
+        # Vectorised: a run's contribution holds hundreds of entries, and this runs for
+        # every commit (a Python loop over them was 6% of the master's CPU on toml).
+        target = np.frombuffer(scope.map, dtype=np.uint8)  # a view: writes reach the map
         if delta.full:
-            indices = range(MAP_SIZE)
-            bits_of = delta.full
+            indices = np.arange(MAP_SIZE, dtype=_U32)
+            bits = np.frombuffer(delta.full, dtype=np.uint8)
         else:
-            indices = memoryview(delta.indices).cast("I")
-            bits_of = delta.bits
-        new_indices, new_bits = [], bytearray()
-        for k, index in enumerate(indices):
-            old = target[index]
-            gained = bits_of[k] & ~old
-            if gained:
-                if not old:
-                    scope.set_bytes += 1
-                target[index] = old | gained
-                new_indices.append(index)
-                new_bits.append(gained)
-        if new_indices:
-            scope.seq += 1
-            scope.log.append(_Segment(scope.seq, _pack(new_indices), bytes(new_bits)))
-            scope.log_entries += len(new_indices)
-            while scope.log_entries > _LOG_CAP:  # beyond this the whole map ships instead
-                scope.log_entries -= len(scope.log.popleft().bits)
-            self._new_entries += len(new_indices)
-            self.dirty = True
-        return len(new_indices)
+            indices = np.frombuffer(delta.indices, dtype=_U32)
+            bits = np.frombuffer(delta.bits, dtype=np.uint8)
+        gained = bits & ~target[indices]
+        hit = np.flatnonzero(gained)
+        if not len(hit):
+            return 0
+        new_indices, new_bits = indices[hit], gained[hit]
+        # A worker's delta may name an index twice: count each map byte once, OR both.
+        scope.set_bytes += len(np.unique(new_indices[target[new_indices] == 0]))
+        np.bitwise_or.at(target, new_indices, new_bits)
+        scope.seq += 1
+        scope.log.append(_Segment(scope.seq, new_indices.tobytes(), new_bits.tobytes()))
+        scope.log_entries += len(hit)
+        while scope.log_entries > _LOG_CAP:  # beyond this the whole map ships instead
+            scope.log_entries -= len(scope.log.popleft().bits)
+        self._new_entries += len(hit)
+        self.dirty = True
+        return len(hit)
 
     def plan(self, rank: int) -> Shipment:
         """What `rank` lacks of its scope's map. Changes nothing until `confirm`."""
