@@ -179,3 +179,36 @@ def test_the_journal_is_compacted_once_it_doubles_and_reads_back_whole(tmp_path,
     assert [r["digest"] for r in records if "kind" not in r] == inputs
     assert size < 60 * 300  # about a done record per execution, not three records
     assert not [p for p in os.listdir(campaign.state) if p.startswith(".tmp-")]
+
+
+def test_a_resumed_journal_is_compacted_only_once_it_has_doubled(tmp_path, monkeypatch):
+    """A resume does not read a large journal whole in its first rounds, before it
+    dispatches: what it opened counts as compacted, and it compacts once that doubled."""
+    monkeypatch.setattr(done_log, "COMPACT_FLOOR", 4096)
+    out = tmp_path / "out"
+    campaign = opened(out, create=True)
+    campaign.open_journal()
+
+    def analyse(item: str) -> None:
+        campaign.record_work(wal.Dispatch(digest=item, token=TOKEN, generation=0, rank=1))
+        campaign.record_work(wal.Commit(digest=item, token=TOKEN, generation=0, rank=1,
+                                        outcome="ok", exit_status=0, publish=[]))
+        campaign.record_done(item, TOKEN, "ok")
+        campaign.sync_done()
+
+    for n in range(40):  # no compaction: the journal as a crash can leave it
+        analyse(digest(b"%d" % n))
+    campaign.close()
+    size_at_resume = campaign.done_journal.stat().st_size
+    assert size_at_resume > 4096
+
+    campaign = opened(out)
+    campaign.open_journal()
+    assert campaign.compact_if_due() == 0
+    n = 40
+    while campaign.done_journal.stat().st_size < 2 * size_at_resume:
+        assert campaign.compact_if_due() == 0
+        analyse(digest(b"%d" % n))
+        n += 1
+    assert campaign.compact_if_due() > 0
+    campaign.close()

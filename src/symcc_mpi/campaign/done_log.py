@@ -34,7 +34,8 @@ from symcc_mpi.durable.lines import Writer
 log = logging.getLogger("symcc_mpi.campaign.done_log")
 
 # The journal is compacted once it reaches this size and twice its size after the last
-# compaction: each compaction reads it whole, so their cost stays proportional to growth.
+# compaction (or as the run opened it): each compaction reads it whole, so their cost stays
+# proportional to growth.
 COMPACT_FLOOR = 4 << 20
 _JSON = msgspec.json.Decoder()
 
@@ -81,6 +82,9 @@ class DoneLog:
         if self._log is not None:
             self._log.close()
         self._log = done_log
+        # What a resume found counts as compacted: compacting it in the first rounds would
+        # read it whole before the first dispatch (3.7 s at a million executions).
+        self._compacted_size = done_log.size
         return records
 
     @property
