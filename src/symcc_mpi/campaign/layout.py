@@ -23,6 +23,8 @@ import json
 import os
 from pathlib import Path
 
+from ..durable.atomic import TEMPORARY_PREFIX
+
 MARKER = ".symcc-mpi"
 # 2: the journals name an input's SHA-256 `digest`; 1 named it `sha256` (wal.check reads both,
 # so a campaign of layout 1 resumes and verifies, and is layout 2 once resumed).
@@ -96,7 +98,7 @@ def check_out_dir(out: Path, *, resume: bool) -> None:
 
 def _probe_writable(out: Path) -> None:
     try:
-        probe = out / f".write-probe-{os.getpid()}"
+        probe = out / f"{TEMPORARY_PREFIX}write-probe-{os.getpid()}"
         probe.write_bytes(b"")
         probe.unlink()
     except OSError as error:
