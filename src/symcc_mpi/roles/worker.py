@@ -143,7 +143,7 @@ class Worker:
                 if misbehave(channel, config, self.faults, self.executions, result,
                              previous_token, received):
                     continue
-                channel.send(MASTER, Tag.RESULT, result)
+                channel.send(MASTER, Tag.RESULT, result, ring=False)  # the READY rings
                 clock.lap("messages")
                 self.executor_time += result.wall_time
             if last_token is not None:  # STOP comes after the master is done with it

@@ -139,13 +139,15 @@ class Channel:
         """Ring `dest`'s doorbell after each message to it (doorbell.py)."""
         self._doorbells[dest] = ringer
 
-    def send(self, dest: int, tag: Tag, message: msgspec.Struct) -> None:
+    def send(self, dest: int, tag: Tag, message: msgspec.Struct, *, ring: bool = True) -> None:
+        """`ring=False`: the sender's next message to `dest` follows at once and rings for
+        both (a worker's RESULT, then its READY), so `dest` wakes once for the pair."""
         payload = encode(message)
         with failures_raised():
             request = self.comm.Isend([payload, MPI.BYTE], dest=dest, tag=int(tag))
             if not request.Test():
                 self._sending.append((request, payload))
-        if dest in self._doorbells:  # after the send: a ring must not precede its message
+        if ring and dest in self._doorbells:  # after the send: a ring must not precede its message
             self._doorbells[dest].ring()
 
     def _progress_sends(self) -> None:
