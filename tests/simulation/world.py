@@ -567,7 +567,10 @@ class SimDoorbell:
             process.waiting_for_ring = True
             self.scheduler.sleep(timeout)
             process.waiting_for_ring = False
-        rang, process.rang = process.rang, False
+        return self.drain()
+
+    def drain(self) -> bool:
+        rang, self.process.rang = self.process.rang, False
         return rang
 
     def close(self) -> None:

@@ -87,6 +87,21 @@ def test_a_ring_wakes_the_waiting_master_and_every_pending_ring_is_drained():
         bell.close()
 
 
+def test_rings_drained_before_a_probe_do_not_wake_the_next_wait():
+    bell = Doorbell()
+    try:
+        ringer = Ringer(bell.address)
+        bell.drain()  # the ring Ringer() sends to learn whether the bell answers
+        assert not bell.drain()
+        ringer.ring()
+        ringer.ring()
+        assert bell.drain()  # the master's round, before it probes MPI
+        assert not bell.wait(0.01)  # nothing left to wake it for the messages it handled
+        ringer.close()
+    finally:
+        bell.close()
+
+
 def test_without_a_ring_the_wait_ends_at_its_timeout():
     bell = Doorbell()
     try:

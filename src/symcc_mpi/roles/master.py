@@ -202,6 +202,7 @@ class Master:
     def _round(self) -> None:
         """One round of the loop: messages, the join, dispatch, deadlines, reports, a nap."""
         handled = 0
+        self.rang = self.doorbell.drain() or self.rang
         while (incoming := self.channel.poll()) is not None:
             self._handle(incoming)
             handled += 1

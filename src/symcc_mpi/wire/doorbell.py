@@ -29,14 +29,20 @@ class Doorbell:
     def wait(self, timeout: float) -> bool:
         """Sleep until a ring or `timeout`; True (all pending rings drained) if it rang."""
         readable, _, _ = select.select([self._socket], [], [], timeout)
-        if not readable:
-            return False
+        return bool(readable) and self.drain()
+
+    def drain(self) -> bool:
+        """Take the pending rings without waiting; True if there were any. The master drains
+        just before it probes MPI: the rings of the messages that probe finds then cannot
+        wake it again, for nothing, after a round that handled them."""
+        rang = False
         try:
             while True:
                 self._socket.recv(64)
+                rang = True
         except BlockingIOError:
             pass
-        return True
+        return rang
 
     def close(self) -> None:
         self._socket.close()
