@@ -361,8 +361,8 @@ def _opt(value, fmt: str = "{:.2f}", none: str = "-") -> str:
 
 
 COLUMNS = ["config", "execs", "execs/s", "x_bare+pruning", "x_bare", "master_ms/exec",
-           "master_us/child", "edges", "t_helper_edges_s", "x_helper_time", "t_bare+pruning_edges_s",
-           "journal_B/exec", "startup_s", "queued", "stopped"]
+           "master_us/child", "edges", "t_helper_edges_s", "x_helper_time",
+           "t_bare+pruning_edges_s", "journal_B/exec", "startup_s", "queued", "stopped"]
 
 
 def _row(f: dict) -> list:
