@@ -8,7 +8,7 @@ import pytest
 
 from symcc_mpi.campaign.layout import sha256_bytes
 from symcc_mpi.campaign.result_check import InvalidResult, check_fields
-from symcc_mpi.coverage.edges import FileCoverage, Status
+from symcc_mpi.coverage.edges import FileCoverage, Status, pack_u32
 from symcc_mpi.wire.protocol import (
     MAX_GENERATED,
     MAX_STAGED_SIZE,
@@ -82,6 +82,7 @@ def test_status_outside_the_closed_set_or_against_its_summary():
     FileCoverage(Status.OK, edges=b"\x01\x00\x00", buckets=b"\x01").pack(),
     summary([(MAP, 1)]),  # one past the map in use
     summary([(5, 1)], map_size=1 << 20),  # another map than the campaign's
+    FileCoverage(Status.OK, edges=pack_u32([7, 3]), buckets=b"\x01\x01").pack(),  # unordered
 ])
 def test_coverage_that_does_not_unpack_or_fit_the_map_in_use(blob):
     refused(ResultField.COVERAGE, result([StagedFile(CHILD, 5, blob)]))

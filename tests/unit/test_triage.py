@@ -22,6 +22,7 @@ from symcc_mpi.coverage.edges import (
     Status,
     bucket_bit,
     check_afl_target,
+    pack_u32,
 )
 from symcc_mpi.coverage.triage import CoverageMap
 
@@ -79,6 +80,8 @@ def test_file_coverage_is_compact_and_round_trips():
         FileCoverage(Status.OK, b"\x01\x00\x00", b"\x01"),
         FileCoverage(Status.OK, b"\x01\x00\x00\x00", b"\x03"),
         FileCoverage(Status.OK, b"", b"", map_size=-1),
+        FileCoverage(Status.OK, pack_u32([7, 3]), b"\x01\x01"),  # not ascending
+        FileCoverage(Status.OK, pack_u32([3, 3]), b"\x01\x02"),  # an index twice
     ],
 )
 def test_malformed_summaries_are_rejected(cov):

@@ -96,7 +96,8 @@ def grown(table: np.ndarray, idx: np.ndarray) -> np.ndarray:
 class FileCoverage(msgspec.Struct, frozen=True, array_like=True, gc=False):
     """Edge summary of one input: what a worker sends to its master (msgspec-serialisable).
 
-    `edges` holds the AFL map indices hit, as little-endian u32 in ascending order;
+    `edges` holds the AFL map indices hit, as little-endian u32 in strictly ascending order
+    (`validate` refuses any other: the master's map updates rely on each index once);
     `buckets[k]` is the hit-count class bit (one of BUCKET_BITS) of `edges[k]`.
     """
 
@@ -134,8 +135,8 @@ class FileCoverage(msgspec.Struct, frozen=True, array_like=True, gc=False):
 
     @property
     def top_index(self) -> int:
-        """The highest map index hit, -1 if none."""
-        return int(indices(self.edges).max()) if self.edges else -1
+        """The highest map index hit, -1 if none: the last, in a summary that validates."""
+        return int(indices(self.edges)[-1]) if self.edges else -1
 
     def pairs(self) -> list[tuple[int, int]]:
         """The (map index, bucket bit) pairs, in ascending index order."""
@@ -151,6 +152,9 @@ class FileCoverage(msgspec.Struct, frozen=True, array_like=True, gc=False):
             raise ValueError("coverage summary: a bucket is not a single AFL hit-count class bit")
         if not 0 <= self.map_size <= MAX_MAP_SIZE:
             raise ValueError(f"coverage summary: map size {self.map_size} out of range")
+        idx = indices(self.edges)
+        if len(idx) > 1 and not (idx[1:] > idx[:-1]).all():
+            raise ValueError("coverage summary: map indices not in strictly ascending order")
         if self.top_index >= MAX_MAP_SIZE:
             raise ValueError("coverage summary: a map index out of range")
 

@@ -82,7 +82,7 @@ def with_bits(bits: np.ndarray | None, cov: FileCoverage) -> np.ndarray:
     idx = indices(cov.edges)
     bits = np.zeros(0, dtype=np.uint8) if bits is None else bits.copy()
     bits = grown(bits, idx)
-    np.bitwise_or.at(bits, idx, np.frombuffer(cov.buckets, dtype=np.uint8))
+    bits[idx] |= np.frombuffer(cov.buckets, dtype=np.uint8)  # each index once (validate)
     return bits
 
 
@@ -166,16 +166,15 @@ class CoverageMap:
         novelty = Novelty.NONE
         if (buckets & ~got).any():
             novelty = Novelty.NEW_COUNT
-            # unique: a summary from another process may name an index twice
-            new_edges = len(np.unique(idx[got == 0]))
+            new_edges = int(np.count_nonzero(got == 0))  # each index once (validate above)
             if new_edges:
                 novelty = Novelty.NEW_EDGE
                 self._edges_covered += new_edges
                 self._new_edge_finds += 1
-            np.bitwise_or.at(seen, idx, buckets)
+            seen[idx] = got | buckets
             self._interesting += 1
             self._hits = grown(self._hits, idx)
-            np.add.at(self._hits, idx, 1)
+            self._hits[idx] += 1
         if len(self._digests) >= self._dedup_capacity:
             self._digests.clear()
         self._digests.add(key)

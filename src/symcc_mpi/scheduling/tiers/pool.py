@@ -111,10 +111,14 @@ class AsidePool:
         batch, self._batch = self._batch, []
         if not batch:
             return []
-        self.directory.mkdir(exist_ok=True)
+        target = os.path.join(self.directory, token)  # a string: the master's per-result path
         try:
-            os.rename(pack, self.directory / token)
-            size = os.stat(self.directory / token).st_size
+            try:
+                os.rename(pack, target)
+            except FileNotFoundError:
+                self.directory.mkdir(exist_ok=True)  # the first pack set aside, or it is gone
+                os.rename(pack, target)
+            size = os.stat(target).st_size
         except OSError as error:  # the pool is a heuristic: a lost pack loses nothing kept
             log.warning("could not set aside the children of %s: %s", token[:12], error)
             return []
