@@ -6,8 +6,8 @@ about 20%: the machine's speed drifts by up to 1.8x within 15 minutes, and each 
 inputs differs (the master's work grows with the children each run generates). Here the two
 revisions alternate in ABBA blocks (previous, this, this, previous, ...), so that drift
 weighs on both alike, and each run reports, besides the master's CPU per execution:
-- its CPU per generated child (each child is checked and triaged by the master: this figure
-  moves least from run to run);
+- its CPU per generated child (each child is checked and triaged by the master: where runs
+  generate many children, as on toml, this figure moves least from run to run);
 - its wake-ups per execution (each costs a round: a probe of MPI, deadlines, the stop checks);
 - the campaign's executions per second and children per execution.
 Each run is `explore --executor symcc --workers 2 --afl-target ... --timeout 10

@@ -245,7 +245,8 @@ def campaign(symcc: Path, afl: Path, seeds: Path, budget: float, scratch: Path,
         "startup_seconds": stats["start_time"] - launched,
         "master_ms_per_exec": per_execution(1000 * extra["master_loop_cpu_seconds"]),
         # The master's work grows with what the runs generate (each child is checked and
-        # triaged): per child, its CPU is steady across runs whose mix of inputs differs.
+        # triaged): where runs generate many children (toml), its CPU per child is steady
+        # across runs whose mix of inputs differs.
         "master_us_per_child": 1e6 * extra["master_loop_cpu_seconds"] / stats["generated"]
         if stats["generated"] else None,
         "journal_bytes_per_exec": per_execution((out / "state" / "done.jsonl").stat().st_size),
