@@ -2,11 +2,12 @@
 
 MPI offers no wait that neither spins nor polls (DESIGN §8), and every wake-up of a napping
 process costs ~50 µs of CPU on these VMs. Each worker that can reach the master's Unix
-datagram socket rings it (one byte, never blocking) after each message it sends; a master
-whose every worker rings sleeps in `select` until a ring or a long timeout. The bell is only
-a hint: a lost or late ring costs latency, never a message, because the master still probes
-MPI on every wake-up. Workers on other hosts cannot ring (the socket lives in the master's
-network namespace), and a master with any such worker keeps napping on its schedule.
+datagram socket rings it (one byte, never blocking) after it sends, once for a RESULT and
+the READY that follows it; a master whose every worker rings sleeps in `select` until a ring
+or a long timeout. The bell is only a hint: a lost or late ring costs latency, never a
+message, because the master still probes MPI on every wake-up. Workers on other hosts
+cannot ring (the socket lives in the master's network namespace), and a master with any
+such worker keeps napping on its schedule.
 """
 
 from __future__ import annotations
