@@ -36,9 +36,8 @@ from _campaign import (
 )
 from symcc_scaling import (
     MASTER_MS_TARGET,
-    PREVIOUS_REVISION,
-    PREVIOUS_TREE,
     RUN_TIMEOUT,
+    add_previous_arguments,
     cases,
     previous_env,
     warm_up,
@@ -108,11 +107,7 @@ def main() -> None:
     parser.add_argument("--target", action="append", metavar="NAME",
                         help="example target (repeatable; default: "
                              + ", ".join(DEFAULT_TARGETS) + ")")
-    parser.add_argument("--previous-revision", default=PREVIOUS_REVISION, metavar="REV",
-                        help=f"the revision `previous` runs (default {PREVIOUS_REVISION})")
-    parser.add_argument("--previous-tree", type=Path, default=PREVIOUS_TREE, metavar="DIR",
-                        help="git worktree of the previous revision (added if missing; "
-                             f"default {PREVIOUS_TREE})")
+    add_previous_arguments(parser)
     args = parser.parse_args()
     if not args.budget > 0 or args.blocks < 1:
         parser.error("--budget must be positive and --blocks at least 1")

@@ -202,6 +202,15 @@ def loop(config: str, symcc: Path, afl: Path, seeds: Path, budget: float,
 # --------------------------------------------------------------------------- campaigns
 
 
+def add_previous_arguments(parser: argparse.ArgumentParser) -> None:
+    """--previous-revision and --previous-tree, which previous_env takes."""
+    parser.add_argument("--previous-revision", default=PREVIOUS_REVISION, metavar="REV",
+                        help=f"the revision `previous` runs (default {PREVIOUS_REVISION})")
+    parser.add_argument("--previous-tree", type=Path, default=PREVIOUS_TREE, metavar="DIR",
+                        help="git worktree of the previous revision (added if missing; "
+                             f"default {PREVIOUS_TREE})")
+
+
 def previous_env(tree: Path, previous: str) -> dict:
     """The environment that runs `previous`'s symcc_mpi from the worktree `tree`
     (added if missing, checked, its modules compiled so that no campaign pays that)."""
@@ -527,11 +536,7 @@ def main() -> None:
     parser.add_argument("--examples", type=Path, default=EXAMPLES, metavar="DIR",
                         help="take build/NAME.symcc, build/NAME.afl and seeds/NAME*/ from DIR "
                              "(default examples/, after `make -s -C examples`)")
-    parser.add_argument("--previous-revision", default=PREVIOUS_REVISION, metavar="REV",
-                        help=f"the revision `previous` runs (default {PREVIOUS_REVISION})")
-    parser.add_argument("--previous-tree", type=Path, default=PREVIOUS_TREE, metavar="DIR",
-                        help="git worktree of the previous revision (added if missing; "
-                             f"default {PREVIOUS_TREE})")
+    add_previous_arguments(parser)
     args = parser.parse_args()
     if not args.budget > 0:
         parser.error("--budget must be positive")
