@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+from symcc_mpi.campaign import verify
 from symcc_mpi.campaign.corpus import CampaignDir, CorruptInput
 from symcc_mpi.campaign.layout import CampaignError, check_out_dir, sha256_bytes
 from symcc_mpi.wire.staging import PackRejected, write_entries
@@ -148,6 +149,25 @@ def test_corpus_file_whose_bytes_do_not_match_is_quarantined_when_read(campaign)
         campaign.read_input("f" * 64)
     assert not (campaign.corpus / ("f" * 64)).exists()
     assert (campaign.quarantine / f"corpus-{'f' * 64}").read_bytes() == b"not matching"
+
+
+def test_verify_of_a_live_campaign_skips_writes_in_progress_and_inputs_quarantined_meanwhile(
+        campaign, monkeypatch):
+    seeds = [campaign.add_seed(data, name) for data, name in ((b"a", "s1"), (b"b", "s2"))]
+    # A master's atomic write of a child: its temporary name, half its bytes.
+    (campaign.corpus / f".tmp-{'c' * 64}.123.4").write_bytes(b"hal")
+    real_sha256_file = verify.sha256_file
+
+    def quarantined_first(path):
+        # The live master quarantines the first input between the listing and its read.
+        if path.name == min(seeds):
+            campaign._quarantine(path, "test")
+        return real_sha256_file(path)
+
+    monkeypatch.setattr(verify, "sha256_file", quarantined_first)
+    problems, facts = verify.verify_campaign(campaign.out)
+    assert problems == []
+    assert facts["corpus inputs"] == 1
 
 
 def test_queue_names_and_resume_numbering(campaign):

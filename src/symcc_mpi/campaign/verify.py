@@ -16,6 +16,7 @@ from symcc_mpi.campaign.layout import (
     sha256_file,
 )
 from symcc_mpi.campaign.wal import Kind, is_done, kind_of, outstanding, work_of
+from symcc_mpi.durable.atomic import TEMPORARY_PREFIX
 from symcc_mpi.durable.deferred import DEFERRED_JOURNAL_NAME
 from symcc_mpi.durable.journal import inspect
 from symcc_mpi.durable.storage import STORAGE_EXIT
@@ -44,7 +45,12 @@ def verify_campaign(out: Path) -> tuple[list[str], dict]:
     problems: list[str] = []
     corpus = {}
     for path in sorted(campaign.corpus.iterdir()):
-        digest = sha256_file(path)
+        if path.name.startswith(TEMPORARY_PREFIX):
+            continue  # an atomic write in progress, or one a crash interrupted
+        try:
+            digest = sha256_file(path)
+        except FileNotFoundError:
+            continue  # quarantined by the live master since the listing
         corpus[path.name] = digest
         if digest != path.name:
             problems.append(f"corpus/{path.name} holds bytes whose SHA-256 is {digest}")
