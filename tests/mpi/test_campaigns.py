@@ -194,13 +194,15 @@ def test_without_fault_tolerance_a_killed_rank_ends_the_job_and_resume_loses_not
 def test_with_fault_tolerance_a_killed_worker_is_recovered_from_in_the_same_job(
         build, tmp_path):
     # The same SIGKILL from outside, the default mode: the job goes on without rank 2.
-    out = tmp_path / "out"
+    out, scratch = tmp_path / "out", tmp_path / "scratch"
+    scratch.mkdir()
     launcher = start_explore(out, "--target", f"{build / 'checksum'} @@", "--seeds",
                              checksum_seeds(build, tmp_path), "--workers", 2, "--timeout", 20,
-                             analysed=3)
+                             "--scratch", scratch, analysed=3)
     os.kill(rank_pid(out, 2), signal.SIGKILL)
     output, _ = launcher.communicate(timeout=600)
     assert launcher.returncode == 0, output
+    assert os.listdir(scratch) == [], "the killed worker's scratch outlived the job"
     assert_oracles(out, subprocess.CompletedProcess([], 0, output, ""))
     figures = stats(out)
     assert figures["extra"]["stop_reason"] == "frontier exhausted"

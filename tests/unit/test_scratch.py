@@ -3,23 +3,71 @@
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
 import pytest
 
 from symcc_mpi.config import CampaignConfig, UsageError
-from symcc_mpi.processes.scratch import check_scratch, default_root, make_scratch
+from symcc_mpi.processes.scratch import (
+    check_scratch,
+    default_root,
+    make_scratch,
+    remove_scratch,
+)
 from symcc_mpi.roles.worker import Worker
 
 
 def test_a_scratch_directory_is_private_and_under_the_root(tmp_path):
-    made = make_scratch(tmp_path, "symcc-mpi-w1-")
+    made = make_scratch(tmp_path, "w1-")
     assert made.parent == tmp_path and made.name.startswith("symcc-mpi-w1-")
     assert made.stat().st_mode & 0o777 == 0o700
-    assert make_scratch(tmp_path, "symcc-mpi-w1-") != made  # two ranks on one node
+    assert make_scratch(tmp_path, "w1-") != made  # two ranks on one node
     check_scratch(tmp_path)  # leaves nothing behind
     assert len(os.listdir(tmp_path)) == 2
+
+
+# Makes a scratch directory, starts a process that outlives it (an executor's), says both.
+MAKER = """
+import subprocess, sys, time
+from symcc_mpi.processes.scratch import make_scratch
+made = make_scratch(sys.argv[1], "w1-")
+child = subprocess.Popen(["sleep", "600"])
+print(made, child.pid, flush=True)
+time.sleep(600)
+"""
+
+
+def test_the_scratch_of_a_killed_worker_is_removed_by_the_next_one_made_on_the_node(tmp_path):
+    maker = subprocess.Popen([sys.executable, "-c", MAKER, str(tmp_path)],
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        name, child = maker.stdout.readline().split()
+        made = Path(name)
+        (made / "qsym.map").write_bytes(b"x" * 4096)
+        older = tmp_path / "symcc-mpi-w1-ofanolderversion"  # no owner file: not judged
+        older.mkdir()
+        (tmp_path / "unrelated").mkdir()
+        mine = make_scratch(tmp_path, "w2-")
+        assert made.is_dir(), "the directory of a living worker was removed"
+        maker.send_signal(signal.SIGKILL)
+        maker.wait()
+        # Its executor's process lives on, and holds no lock: the directory's owner is dead.
+        os.kill(int(child), 0)
+        again = make_scratch(tmp_path, "w1-")
+        assert not made.exists()
+        assert sorted(os.listdir(tmp_path)) == sorted(
+            [mine.name, again.name, older.name, "unrelated"])
+        remove_scratch(mine)
+        remove_scratch(again)
+        assert sorted(os.listdir(tmp_path)) == [older.name, "unrelated"]
+    finally:
+        maker.kill()
+        if "child" in locals():
+            os.kill(int(child), signal.SIGKILL)
 
 
 def test_the_default_is_tmpdir_when_set_else_dev_shm(tmp_path, monkeypatch):

@@ -31,6 +31,7 @@ from symcc_mpi.config import (
 )
 from symcc_mpi.durable.clock import SYSTEM_CLOCK
 from symcc_mpi.durable.storage import STORAGE_EXIT, describe
+from symcc_mpi.processes.scratch import sweep_scratch
 
 COMMAND_STARTED = SYSTEM_CLOCK.time()  # for the master's figure of start-up time
 
@@ -136,6 +137,7 @@ def launch(config: CampaignConfig, argv: list[str], *, live: bool) -> int:
             job.end()
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
+            sweep_scratch(config.scratch)  # of the workers that were killed, on this node
         if ran:
             view.summary()
         if returncode not in (0, STORAGE_EXIT) and ran:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import shutil
 import signal
 import socket
 import threading
@@ -18,7 +17,7 @@ from symcc_mpi.dispatch.objects import ObjectStore
 from symcc_mpi.durable.clock import SYSTEM_CLOCK
 from symcc_mpi.executors import ExecutorError
 from symcc_mpi.executors.witness import make_witness
-from symcc_mpi.processes.scratch import make_scratch
+from symcc_mpi.processes.scratch import make_scratch, remove_scratch
 from symcc_mpi.roles.execute import PhaseClock, SkippedEntries, execute, failed, failed_around
 from symcc_mpi.roles.faults import FaultKind, Faults, die
 from symcc_mpi.roles.host import MACHINE, Host
@@ -73,7 +72,7 @@ class Worker:
         self.problem = ""  # why this rank cannot work, if it cannot
         try:
             # Node-local (--scratch), so made here, on this rank's node (scratch.py).
-            self.scratch = make_scratch(config.scratch, f"symcc-mpi-w{rank}-")
+            self.scratch = make_scratch(config.scratch, f"w{rank}-")
             # QSYM rewrites the whole map file at every interesting branch.
             self.qsym_map = WorkerMap(self.scratch / "qsym.map") if config.prunes else None
             self.objects = ObjectStore(self.scratch / "objects")
@@ -181,7 +180,7 @@ class Worker:
         if self.probe is not None:
             self.probe.close()
         if self.scratch is not None:
-            shutil.rmtree(self.scratch, ignore_errors=True)
+            remove_scratch(self.scratch)
 
 
 def run_worker(channel: Channel, config: CampaignConfig, *, fault_rank: int | None = None,
