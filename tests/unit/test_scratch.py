@@ -44,9 +44,10 @@ time.sleep(600)
 def test_the_scratch_of_a_killed_worker_is_removed_by_the_next_one_made_on_the_node(tmp_path):
     maker = subprocess.Popen([sys.executable, "-c", MAKER, str(tmp_path)],
                              stdout=subprocess.PIPE, text=True)
+    child = None
     try:
-        name, child = maker.stdout.readline().split()
-        made = Path(name)
+        name, pid = maker.stdout.readline().split()
+        made, child = Path(name), int(pid)
         (made / "qsym.map").write_bytes(b"x" * 4096)
         older = tmp_path / "symcc-mpi-w1-ofanolderversion"  # no owner file: not judged
         older.mkdir()
@@ -56,7 +57,7 @@ def test_the_scratch_of_a_killed_worker_is_removed_by_the_next_one_made_on_the_n
         maker.send_signal(signal.SIGKILL)
         maker.wait()
         # Its executor's process lives on, and holds no lock: the directory's owner is dead.
-        os.kill(int(child), 0)
+        os.kill(child, 0)
         again = make_scratch(tmp_path, "w1-")
         assert not made.exists()
         assert sorted(os.listdir(tmp_path)) == sorted(
@@ -66,8 +67,8 @@ def test_the_scratch_of_a_killed_worker_is_removed_by_the_next_one_made_on_the_n
         assert sorted(os.listdir(tmp_path)) == [older.name, "unrelated"]
     finally:
         maker.kill()
-        if "child" in locals():
-            os.kill(int(child), signal.SIGKILL)
+        if child is not None:
+            os.kill(child, signal.SIGKILL)
 
 
 def test_the_default_is_tmpdir_when_set_else_dev_shm(tmp_path, monkeypatch):
