@@ -210,6 +210,34 @@ def test_with_fault_tolerance_a_killed_worker_is_recovered_from_in_the_same_job(
     assert failure["failed"][0].startswith("rank 2 (pid ")
 
 
+def test_a_job_killed_whole_resumes_from_its_last_snapshot_losing_and_repeating_nothing(
+        build, tmp_path):
+    """Every rank SIGKILLed (a scheduler's kill, a lost node): the resume starts from the
+    snapshot the master took in its run (snapshot.py), replays the journal after it, finds
+    what was published after it in its publish log, and takes back the work in flight."""
+    out = tmp_path / "out"
+    args = ["--target", f"{build / 'checksum'} @@", "--seeds", checksum_seeds(build, tmp_path),
+            "--workers", 2, "--timeout", 20, "--fault-tolerance", "on"]
+    launcher = start_explore(out, *args, analysed=3)
+    assert (out / "state" / "resume.snapshot").is_file()
+    for rank in (1, 2, 0):  # the master last: no worker lives to take over from it
+        os.kill(rank_pid(out, rank), signal.SIGKILL)
+    launcher.communicate(timeout=120)
+    analysed_before = set(done_digests(out))
+    corpus_before = {p.name for p in (out / "corpus").iterdir()}
+
+    process = explore(out, *args, "--resume")
+    assert_oracles(out, process)
+    assert "the last run's snapshot is followed by" in process.stdout + process.stderr
+    done = done_digests(out)
+    assert set(done) >= analysed_before and len(done) == len(set(done))
+    corpus = {p.name for p in (out / "corpus").iterdir()}
+    assert corpus_before <= corpus, "resume lost a published input"
+    assert set(done) == corpus, "an input was never analysed"
+    queued = [os.stat(p).st_ino for p in (out / "queue").iterdir()]
+    assert len(queued) == len(set(queued)) == len(corpus), "queue/ lost or doubled an input"
+
+
 def test_a_resume_from_the_snapshot_analyses_the_seeds_new_to_it(tmp_path):
     """A clean close leaves state/resume.snapshot, whose table knows every input of that run:
     seeds added by the resume are not in it and must still join the frontier."""

@@ -162,6 +162,15 @@ def test_depth_queue_id_and_dispatch_counts():
     assert d(1) in f.known and d(1) not in f.done and list(f.pending) == [d(1)]
 
 
+def test_queued_from_lists_the_inputs_from_a_queue_id_on_in_queue_order():
+    f = Frontier()
+    for number, queue_id in ((1, 2), (2, None), (3, 0), (4, 5), (5, 3)):
+        f.add(d(number))
+        f.set_queue_id(d(number), queue_id)
+    assert f.queued_from(2) == [d(1), d(5), d(4)]
+    assert f.queued_from(0) == [d(3), d(1), d(5), d(4)] and f.queued_from(6) == []
+
+
 def test_statistics_and_memory():
     f = Frontier()
     for i in range(100):

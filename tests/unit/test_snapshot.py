@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 
 import pytest
@@ -50,7 +51,7 @@ def a_campaign(out, inputs: int = 20) -> list[str]:
 def test_a_clean_close_leaves_a_snapshot_the_next_run_restores_and_removes(tmp_path):
     out = tmp_path / "out"
     seeds = a_campaign(out)
-    assert snapshot.covers_journal(CampaignDir(out))
+    assert snapshot.serving(CampaignDir(out)) is not None
     campaign = opened(out)
     saved = snapshot.take(campaign)
     assert saved is not None and not (campaign.state / snapshot.SNAPSHOT_FILE).exists()
@@ -72,12 +73,107 @@ def test_a_snapshot_of_another_journal_is_not_used(tmp_path):
     out = tmp_path / "out"
     seeds = a_campaign(out)
     campaign = opened(out)
-    campaign.open_journal()  # a run that did not close cleanly: it appended and died
-    campaign.record_work(wal.Dispatch(digest=seeds[0], token=TOKEN, generation=0, rank=1))
-    campaign.journal.close()
-    assert not snapshot.covers_journal(campaign)
+    journal = campaign.done_journal.read_bytes()  # rewritten since (a compaction)
+    campaign.done_journal.write_bytes(journal[:len(journal) // 2])
+    assert snapshot.serving(campaign) is None
     assert snapshot.take(campaign) is None
     assert not (campaign.state / snapshot.SNAPSHOT_FILE).exists()  # and it is gone
+    assert seeds
+
+
+def died(campaign: CampaignDir) -> None:
+    """The master of `campaign` dies: nothing closed, synced or snapshot at its end."""
+    campaign.journal._log.close()
+    campaign.publish_log.close()
+    campaign._lock.release()
+
+
+def a_run_that_dies_after_its_snapshot(out) -> dict[str, str]:
+    """A resumed run of a_campaign takes its snapshot, then works and dies: an input done
+    with a child kept, one whose child was published and not queued, a crash, a line
+    announcing a queue/ entry that never appeared."""
+    seeds = a_campaign(out)
+    campaign = opened(out)
+    saved = snapshot.take(campaign)
+    campaign.restore(saved)
+    campaign.open_journal(after=saved)
+    campaign.save_snapshot(in_flight=[seeds[2]])
+    kept, orphan, crash = (digest(b"kept"), digest(b"orphan"), digest(b"crash"))
+    campaign.promote(kept, b"kept")
+    campaign.add_to_queue(kept, seeds[0])
+    campaign.record_done(seeds[0], TOKEN, "ok", published=[kept])
+    campaign.sync_done()
+    campaign.save_finding("crashes", crash, seeds[4], data=b"crash")
+    campaign.promote(orphan, b"orphan")
+    campaign.publish_log.intend("queue", orphan, "id:000099,src:000004,op:symcc")
+    died(campaign)
+    return {"seeds": seeds, "kept": kept, "orphan": orphan, "crash": crash}
+
+
+def test_a_run_that_died_after_its_snapshot_resumes_from_it_as_from_the_directories(tmp_path):
+    out = tmp_path / "out"
+    run = a_run_that_dies_after_its_snapshot(out)
+    campaign = opened(out)
+    saved = snapshot.take(campaign)
+    assert saved is not None and saved.in_flight == [run["seeds"][2]]
+    unqueued = campaign.restore(saved)
+    records = campaign.open_journal(after=saved)
+    assert [r["digest"] for r in records if wal.is_done(r)] == [run["seeds"][0]]
+    assert unqueued == [run["orphan"]]
+    # The oracle: what the directories say, read the slow way.
+    listed = CampaignDir(out)
+    listed.read_queues()
+    corpus = listed.corpus_digests()
+    assert set(campaign.inputs.known) == corpus
+    assert {d: campaign.inputs.queue_id(d) for d in corpus} \
+        == {d: listed.inputs.queue_id(d) for d in corpus}
+    assert campaign.next_ids == listed.next_ids
+    assert campaign.crash_digests == listed.crash_digests == {run["seeds"][3], run["crash"]}
+    campaign.close()
+
+
+def test_a_serving_snapshot_spares_the_check_of_its_records_not_of_those_after_it(tmp_path):
+    out = tmp_path / "out"
+    a_run_that_dies_after_its_snapshot(out)
+    campaign = CampaignDir(out)
+    saved = snapshot.serving(campaign)
+    assert saved is not None
+    journal = campaign.done_journal.read_bytes()
+    after = journal[saved.journal_size:]
+    damaged = (b"0" if after[:1] != b"0" else b"1") + after[1:]
+    # The first record is damaged too: a serving snapshot vouches for it, unread.
+    campaign.done_journal.write_bytes(b"X" + journal[1:saved.journal_size] + damaged + after)
+    assert snapshot.serving(campaign) is not None
+    with pytest.raises(CampaignError, match=f"line {saved.journal_lines + 1}: "):
+        campaign.inspect_journal(after=(saved.journal_size, saved.journal_lines))
+
+
+def test_records_after_a_snapshot_from_another_boot_are_read_the_slow_way(tmp_path,
+                                                                          monkeypatch, caplog):
+    out = tmp_path / "out"
+    a_run_that_dies_after_its_snapshot(out)
+    monkeypatch.setattr(snapshot, "boot_id", lambda: "another boot")
+    caplog.set_level(logging.INFO)
+    campaign = opened(out)
+    assert snapshot.take(campaign) is None
+    assert "before this machine last started" in caplog.text
+
+
+def test_a_snapshot_followed_by_an_epoch_is_not_used(tmp_path, caplog):
+    out = tmp_path / "out"
+    seeds = a_campaign(out)
+    campaign = opened(out)
+    campaign.restore(snapshot.take(campaign))
+    campaign.open_journal()
+    campaign.save_snapshot(in_flight=[])
+    campaign.begin_epoch(1)
+    campaign.record_done(seeds[0], TOKEN, "ok")
+    campaign.sync_done()
+    died(campaign)
+    caplog.set_level(logging.INFO)
+    campaign = opened(out)
+    assert snapshot.take(campaign) is None
+    assert "a record after it begins an epoch" in caplog.text
 
 
 def test_a_damaged_snapshot_is_set_aside_and_the_journal_read(tmp_path, caplog):

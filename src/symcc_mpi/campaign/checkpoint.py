@@ -1,4 +1,5 @@
-"""What `--resume` needs besides the done journal: the QSYM pruning maps and the triage map.
+"""What `--resume` needs besides the done journal: the QSYM pruning maps, the triage map,
+and when to snapshot the master's state (snapshot.py).
 
 Both are saved only after the round's done-journal lines are durable (group commit), so a
 saved map never holds bits of a run the journal could lose: a run analysed again on resume
@@ -30,6 +31,12 @@ log = logging.getLogger("symcc_mpi.campaign.checkpoint")
 # --resume. Maps are saved at most every SAVE_INTERVAL, always right after a sync.
 SYNC_INTERVAL = 0.2
 SAVE_INTERVAL = 2.0
+# A lone master snapshots its state (snapshot.py) in its first round, after each compaction
+# and epoch, and otherwise every SNAPSHOT_INTERVAL or SNAPSHOT_COST_SHARE times what the last
+# one took, whichever is longer: a resume after a crash replays at most that much of the
+# journal, and snapshots cost the master at most 1% of its time (0.4 s at a million inputs).
+SNAPSHOT_INTERVAL = 30.0
+SNAPSHOT_COST_SHARE = 100
 PRUNING_DIR = "pruning"
 TRIAGE_FILE = "triage.map"
 
@@ -42,7 +49,7 @@ class _TriageState(msgspec.Struct, array_like=True):
 
 class Checkpointer:
     def __init__(self, campaign: CampaignDir, *, pruning: PruningLedger | None, triage,
-                 importer=None, pool=None, clock: Clock = SYSTEM_CLOCK):
+                 importer=None, pool=None, snapshot_point=None, clock: Clock = SYSTEM_CLOCK):
         self.campaign = campaign
         self.pool = pool  # tiers.pool.AsidePool: its spent packs go after the sync
         self.importer = importer  # afl_sync.Importer of a hybrid campaign: its cursors
@@ -53,6 +60,10 @@ class Checkpointer:
         self.next_save = 0.0
         self.triage_dirty = False
         self.saves = 0
+        # () -> the work ids in flight when a snapshot may be taken now, else None; None
+        # for a master that takes none (one of several).
+        self.snapshot_point = snapshot_point
+        self.next_snapshot = 0.0  # due in the first round
 
     def after_round(self, *, final: bool = False) -> None:
         """Make the done records durable when due, then the maps when they are due."""
@@ -60,8 +71,11 @@ class Checkpointer:
         if not final and now < self.next_sync:
             return
         self.campaign.sync_done()
-        self.campaign.compact_if_due()
+        if self.campaign.compact_if_due():
+            self.snapshot_due()  # the last one covers a journal that is no more
         self.next_sync = now + SYNC_INTERVAL
+        if not final and self.snapshot_point is not None and now >= self.next_snapshot:
+            self._snapshot(now)
         if self.pool is not None:
             self.pool.collect()
         if not final and now < self.next_save:
@@ -77,6 +91,16 @@ class Checkpointer:
             self.triage_dirty = False
             self.saves += 1
 
+    def snapshot_due(self) -> None:
+        self.next_snapshot = 0.0
+
+    def _snapshot(self, now: float) -> None:
+        in_flight = self.snapshot_point()
+        if in_flight is None:
+            return  # not now: a later round takes it
+        self.campaign.save_snapshot(in_flight)
+        cost = self.clock.monotonic() - now
+        self.next_snapshot = now + max(SNAPSHOT_INTERVAL, SNAPSHOT_COST_SHARE * cost)
 
     def save_pruning(self) -> None:
         save_maps(self.campaign.state / PRUNING_DIR, self.pruning.maps())

@@ -14,7 +14,8 @@ import os
 import shutil
 from pathlib import Path
 
-from symcc_mpi.campaign import snapshot, stop, wal
+from symcc_mpi.campaign import published, snapshot, stop, wal
+from symcc_mpi.campaign.afl_names import parse_afl_queue_id
 from symcc_mpi.campaign.done_log import DoneLog
 from symcc_mpi.campaign.layout import (
     DONE_JOURNAL,
@@ -116,9 +117,20 @@ class CampaignDir(AflQueues):
             try:
                 whole = self.journal.close()
                 if whole is not None and self.snapshot_on_close and synced:
-                    snapshot.save(self, *whole)
+                    self._save_snapshot(whole, in_flight=[])
             finally:
+                self.publish_log.close()
                 self._lock.release()
+
+    def save_snapshot(self, in_flight: list[str]) -> None:
+        """A snapshot of the campaign as it is right after a group commit (snapshot.py), with
+        the work `in_flight`; what is published from now on goes to its publish log."""
+        self._save_snapshot(self.journal.identity(), in_flight)
+
+    def _save_snapshot(self, journal: tuple[int, int, str], in_flight: list[str]) -> None:
+        serial = int.from_bytes(os.urandom(8)) >> 1  # names its publish log
+        snapshot.save(self, *journal, publish_serial=serial, in_flight=in_flight)
+        self.publish_log.start(serial)  # and the logs of the earlier ones go
 
     # -- the done journal (done_log.py) ----------------------------------------------------
 
@@ -161,10 +173,11 @@ class CampaignDir(AflQueues):
         records, torn = self.inspect_journal()
         return [r for r in records if wal.is_done(r)], torn
 
-    def inspect_journal(self, path: Path | None = None) -> tuple[list[dict], Damage | None]:
+    def inspect_journal(self, path: Path | None = None, *,
+                        after: tuple[int, int] = (0, 0)) -> tuple[list[dict], Damage | None]:
         """Every record of a done journal (done records and work records), read-only: this
-        master's, or the one at `path` (wal.read)."""
-        return wal.read(path or self.done_journal)
+        master's, or the one at `path` (wal.read); `after`: a prefix not read."""
+        return wal.read(path or self.done_journal, after=after)
 
     def done_elsewhere(self) -> set[str]:
         """The inputs the other masters' done journals record (--masters), read-only: a torn
@@ -220,14 +233,42 @@ class CampaignDir(AflQueues):
     def _published(self, path: str) -> None:
         self.journal.published(path)
 
-    def restore(self, state: snapshot.Snapshot) -> None:
-        """What `read_queues` would rebuild, and the frontier's table, from a snapshot."""
+    def restore(self, state: snapshot.Snapshot) -> list[str]:
+        """What `read_queues` would rebuild, and the frontier's table, from a snapshot and
+        what its publish log says was published after it (each input joins the frontier).
+        Returns the inputs published after it that have no queue/ entry (their master died
+        in between): the caller queues them, as `_rebuild_frontier` does."""
         self._next_ids = dict(state.next_ids)
         self.crash_digests = set(state.crashes)
         self.hang_digests = set(state.hangs)
         self.queue_names = dict(state.queue_names) if self.keep_queue_names else {}
         self.inputs.restore(state.table)
         self.epoch = state.epoch
+        try:
+            entries = published.read(self.state, state.publish_serial)
+        except ValueError as error:
+            path = self.state / published.LOG_FILE.format(serial=state.publish_serial)
+            raise CampaignError(f"corrupt state file {path}: {error}") from None
+        added = []
+        for kind, digest, name in entries:
+            if kind == "corpus":
+                if digest not in self.inputs.known \
+                        and os.path.exists(os.path.join(self._corpus, digest)):
+                    self.inputs.add(digest)
+                    added.append(digest)
+                continue
+            directory = {"queue": self.queue, "crashes": self.crashes, "hangs": self.hangs}[kind]
+            entry_id = parse_afl_queue_id(name)
+            if entry_id is None or not os.path.lexists(directory / name):
+                continue  # announced, never published
+            self._next_ids[kind] = max(self._next_ids[kind], entry_id + 1)
+            if kind == "queue":
+                self.inputs.set_queue_id(digest, entry_id)
+                if self.keep_queue_names:
+                    self.queue_names[digest] = name
+            else:
+                (self.crash_digests if kind == "crashes" else self.hang_digests).add(digest)
+        return [digest for digest in added if self.inputs.queue_id(digest) is None]
 
     # -- reading state back ----------------------------------------------------------
 
@@ -272,6 +313,7 @@ class CampaignDir(AflQueues):
         digest = sha256_bytes(data)
         path = self.corpus / digest
         if not path.exists():
+            self.publish_log.intend("corpus", digest)
             write_durable(path, data, fsync=False)
             self._published(str(path))
         if self.inputs.queue_id(digest) is None:
@@ -303,6 +345,7 @@ class CampaignDir(AflQueues):
             return False
         # Synced at the group commit. Exclusive: another master may publish the same child
         # at the same moment, and only one of them finds it (counts it, queues it).
+        self.publish_log.intend("corpus", digest)
         if not write_durable(Path(target), data, fsync=False, exclusive=True):
             return False
         self._published(target)

@@ -176,6 +176,13 @@ class DoneLog:
                  self.path, len(drop), len(raw), len(kept))
         return len(raw) - len(kept)
 
+    def identity(self) -> tuple[int, int, str]:
+        """The journal's size, records and SHA-256 ("" when this owner cannot know it without
+        reading the file: it opened it after a snapshot and has not rewritten it since)."""
+        if self._log is None:
+            self.open()
+        return self._log.size, self._log.lines, self._log.digest_if_known
+
     def close(self) -> tuple[int, int, str] | None:
         """Close the journal; its size, records and SHA-256 when it holds exactly what this
         owner wrote (a snapshot may then cover it), else None (said in the log)."""

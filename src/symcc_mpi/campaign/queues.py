@@ -16,6 +16,7 @@ from pathlib import Path
 
 from symcc_mpi.campaign.afl_names import afl_queue_name, parse_afl_queue_id
 from symcc_mpi.campaign.layout import FINDINGS, MASTER_STATE, sha256_file
+from symcc_mpi.campaign.published import PublishLog
 from symcc_mpi.durable.atomic import publish_link, write_durable
 from symcc_mpi.scheduling.frontier import Frontier
 from symcc_mpi.wire.protocol import SHA256_PATTERN, Finding, FindingKind
@@ -45,6 +46,7 @@ class AflQueues:
         # A master other than the first names nothing in queue/, crashes/, hangs/: it hands
         # each finding to the first master (federation.py), which keeps AFL's ids in order.
         self.forward_finding: Callable[[Finding], None] | None = None
+        self.publish_log = PublishLog(state)  # what is published after the last snapshot
 
     def _published(self, path: str) -> None:
         """A file just appeared under its final name (the master's group commit syncs it)."""
@@ -100,6 +102,7 @@ class AflQueues:
         entry_id = self._next_ids["queue"]
         name = afl_queue_name(entry_id, sources, op, orig=orig, sync=sync, new_cov=new_coverage)
         target = os.path.join(self._queue, name)
+        self.publish_log.intend("queue", digest, name)
         publish_link(os.path.join(self._corpus, digest), target)
         self._take_id("queue")  # only once published: a failed link leaves no gap in the ids
         self._published(target)
@@ -127,6 +130,7 @@ class AflQueues:
         name = afl_queue_name(self._next_ids[kind.value], self._source_ids(parent), sig=signal)
         directory = self.crashes if kind is FindingKind.CRASHES else self.hangs
         target = os.path.join(directory, name)
+        self.publish_log.intend(kind.value, digest, name)
         if data is None:
             publish_link(os.path.join(self._corpus, digest), target)
         else:

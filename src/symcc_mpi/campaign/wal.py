@@ -160,12 +160,12 @@ def check(record: dict) -> dict:
     return record
 
 
-def read(path: Path) -> tuple[list[dict], Damage | None]:
+def read(path: Path, *, after: tuple[int, int] = (0, 0)) -> tuple[list[dict], Damage | None]:
     """Every record of the journal at `path`, checked, read-only (any process, live campaign
     or not), and its torn last line if any (left in place). A bad line before the last is a
-    CorruptJournal naming the file and line."""
+    CorruptJournal naming the file and line. `after`: a prefix not read (inspect)."""
     records: list[dict] = []
-    damage = inspect(path, lambda record: records.append(check(record)))
+    damage = inspect(path, lambda record: records.append(check(record)), after=after)
     torn = None
     for item in damage:  # only the last line can be torn
         if item.kind is not DamageKind.TORN_TAIL:

@@ -169,16 +169,21 @@ def _kind(bad: _BadLine) -> DamageKind:
     return DamageKind.TORN_TAIL if bad.torn else DamageKind.CORRUPT_LINE
 
 
-def inspect(path: Path, apply: Apply) -> tuple[Damage, ...]:
+def inspect(path: Path, apply: Apply, *, after: tuple[int, int] = (0, 0)) -> tuple[Damage, ...]:
     """Read-only replay, for processes that do not own the journal: every good record goes
     through `apply`, every bad line is reported (never cut, never quarantined: the file and
-    its directory are not written, so a live owner's append in progress stays whole)."""
+    its directory are not written, so a live owner's append in progress stays whole).
+    `after`: the size and line count of a prefix not read (a snapshot vouches for it)."""
+    size, lines = after
     try:
-        raw = Path(path).read_bytes()
+        with open(path, "rb") as handle:
+            handle.seek(size)
+            raw = handle.read()
     except FileNotFoundError:
         return ()
     _, bad = _scan(raw, apply)
-    return tuple(Damage(Path(path), item.number, _kind(item), item.reason, None) for item in bad)
+    return tuple(Damage(Path(path), lines + item.number, _kind(item), item.reason, None)
+                 for item in bad)
 
 
 class LineLog:
@@ -244,7 +249,8 @@ class LineLog:
 
     def open_after(self, size: int, digest: str, lines: int, apply: Apply) -> tuple[Damage, ...]:
         """`load`, trusting the first `size` bytes to be the `lines` records whose SHA-256
-        is `digest` (a snapshot of the journal vouches for them): only what follows is read
+        is `digest` ("": unknown, not checked at close) (a snapshot of the journal vouches
+        for them): only what follows is read
         and replayed, so a resume does not read a million records it has in its snapshot.
         ValueError if the file is shorter than that prefix. Call `open_for_append` next."""
         with open(self.path, "rb") as handle:
@@ -405,12 +411,18 @@ class LineLog:
         start = 0
         if self._prefix is not None:
             start, digest = self._prefix
-            if hashlib.sha256(on_disk[:start]).hexdigest() != digest:
+            if digest and hashlib.sha256(on_disk[:start]).hexdigest() != digest:
                 return "the records before this run's differ from its snapshot's"
         if hashlib.sha256(on_disk[start:]).hexdigest() != self._content.hexdigest():
             return "its bytes differ from those this campaign wrote"
         self._whole_digest = hashlib.sha256(on_disk).hexdigest()
         return None
+
+    @property
+    def digest_if_known(self) -> str:
+        """The SHA-256 of the whole file as this owner wrote it, "" if it did not read a
+        prefix (`open_after`) and has not checked the whole file since."""
+        return self._content.hexdigest() if self._prefix is None else self._whole_digest or ""
 
     @property
     def content_digest(self) -> str:

@@ -83,9 +83,12 @@ def open_master(channel, config: CampaignConfig, *, fault_tolerant: bool = False
         elif not joining:
             campaign.upgrade_layout()
         campaign.keep_queue_names = config.hybrid
-        saved = snapshot.take(campaign) if config.resume else None  # it serves once
-        if saved is not None and federation is None and not taking_over:
-            campaign.restore(saved)
+        # Taken by every master that opens OUT, used or not: it serves once, and a snapshot
+        # left in place would not know what this run publishes before its own first one.
+        saved = snapshot.take(campaign)
+        unqueued: list[str] = []
+        if saved is not None and config.resume and federation is None and not taking_over:
+            unqueued = campaign.restore(saved)
         else:
             saved = None
             campaign.read_queues()
@@ -109,7 +112,7 @@ def open_master(channel, config: CampaignConfig, *, fault_tolerant: bool = False
                         fault_tolerant=fault_tolerant, world_rank=world_rank,
                         federation=federation, importer=importer, doorbell=host.doorbell())
         load_state(master, config, campaign, covered_entries, taking_over=taking_over,
-                    names_entries=not joining, saved=saved)
+                    names_entries=not joining, saved=saved, unqueued=unqueued)
     except BaseException:
         campaign.close()
         raise

@@ -39,9 +39,10 @@ def check_config(config: CampaignConfig, *, lock_held: bool = False) -> None:
             campaign.check_not_running()  # before mpiexec, and before anything reads it
         # A corrupt journal is refused before launch. Read-only: the campaign lock is not
         # held here (the master takes it), so a torn tail is not cut here. A snapshot that
-        # covers it vouches for it (the run that wrote both checked it at its close).
-        if not snapshot.covers_journal(campaign):
-            campaign.read_done()
+        # serves vouches for the records it covers: only those after it are read.
+        saved = snapshot.serving(campaign)
+        campaign.inspect_journal(after=(saved.journal_size, saved.journal_lines)
+                                 if saved is not None else (0, 0))
 
 
 def check_fault_plan() -> None:

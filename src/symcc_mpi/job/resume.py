@@ -19,12 +19,13 @@ log = logging.getLogger(__name__)
 
 def load_state(master, config: CampaignConfig, campaign: CampaignDir,
                 covered_entries: int, *, taking_over: bool = False,
-                names_entries: bool = True, saved=None) -> None:
+                names_entries: bool = True, saved=None, unqueued=()) -> None:
     """Seeds in, then the frontier: every corpus input not yet in a done journal (every
     master's); the commits a dead master left half done are finished first (F443 §4 step 7).
     `names_entries`: this master names queue/ entries (not a master joining another).
-    `saved`: the snapshot the last run left at its clean close (snapshot.py), restored
-    already: only the journal records after it are read, the directories not listed."""
+    `saved`: the snapshot the last run left (snapshot.py), restored already with what its
+    publish log names (`unqueued`: the inputs published after it without a queue/ entry):
+    only the journal records after it are read, the directories not listed."""
     seeds = []
     if config.seeds is not None and config.seeds.is_dir() and not taking_over \
             and names_entries:
@@ -43,18 +44,14 @@ def load_state(master, config: CampaignConfig, campaign: CampaignDir,
     done = past.done | campaign.done_elsewhere()  # other masters', of this run or another
     if saved is None:
         _rebuild_frontier(master, campaign, past, done, journal, names_entries)
-    else:  # the snapshot's table knows every input but the seeds new to this run
-        for digest in seeds:
-            master.frontier.add(digest, done=digest in done)
-        master.stats.resumed_done = len(master.frontier.done)
+    else:
+        _follow_snapshot(master, campaign, seeds, done, journal, names_entries, unqueued)
     if names_entries and campaign.adopt_findings():
         log.warning("named the crashes and hangs other masters found before the last run "
                     "ended")
     done |= _redo_commits(master, journal, done)
     if master.triage is not None:  # after the redone commits, which publish unprobed
-        uncovered = sorted((d for d in master.frontier.known
-                            if campaign.inputs.queue_id(d) >= covered_entries),
-                           key=campaign.inputs.queue_id) \
+        uncovered = master.frontier.queued_from(covered_entries) \
             if covered_entries < campaign.queue_entries else []
         if covered_entries:
             log.info("triage map saved over %d queue entries: replaying %d through "
@@ -69,8 +66,11 @@ def load_state(master, config: CampaignConfig, campaign: CampaignDir,
         if pooled:
             log.info("%d inputs set aside earlier wait in the aside pool (tier 2)", pooled)
     # Work the last master dispatched and neither committed nor took back: in the frontier
-    # again, and on record as in flight at its end (the journal's dispatch records).
-    master.in_flight_at_takeover = sorted(work for work in outstanding(journal)
+    # again, and on record as in flight at its end (the journal's dispatch records, and
+    # the snapshot's for those before it).
+    before = [{"kind": Kind.DISPATCH.value, "digest": digest, "part": part}
+              for digest, part in map(parse_work_id, saved.in_flight if saved else ())]
+    master.in_flight_at_takeover = sorted(work for work in outstanding(before + journal)
                                           if parse_work_id(work)[0] not in done)
     # An input split and not finished is split anew: each part it had goes out again.
     split_again = {work_of(r) for r in journal if kind_of(r) is Kind.PART
@@ -109,6 +109,29 @@ def _rebuild_frontier(master, campaign: CampaignDir, past, done: set[str],
         if digest in done:
             master.frontier.mark_done(digest)
     master.stats.resumed_done = len(done & corpus)
+
+
+def _follow_snapshot(master, campaign: CampaignDir, seeds: list[str], done: set[str],
+                     journal: list[dict], names_entries: bool, unqueued) -> None:
+    """The restored frontier brought up to the journal's end: the inputs done after the
+    snapshot, and those whose commit is finished below, leave it; the inputs published
+    after it and not queued (their master died in between) are queued."""
+    frontier = master.frontier
+    for digest in seeds:  # new to this run
+        frontier.add(digest, done=digest in done)
+    committing = {r["digest"] for r in journal
+                  if kind_of(r) is Kind.COMMIT and r.get("part") is None}
+    for digest in done | committing:
+        if digest not in frontier.known:  # an input of the aside pool (tier 2)
+            frontier.see(digest)
+        frontier.mark_done(digest)
+    for digest in unqueued if names_entries else ():
+        if campaign.inputs.queue_id(digest) is None:
+            campaign.add_to_queue(digest, parent="")
+    frontier.rebuild_pending()
+    master.stats.resumed_done = len(frontier.done)
+    if journal:
+        log.info("the last run's snapshot is followed by %d records: replayed", len(journal))
 
 
 def _redo_commits(master, journal: list[dict], done: set[str]) -> set[str]:

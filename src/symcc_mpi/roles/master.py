@@ -99,7 +99,9 @@ class Master:
             fatal=(RankFailure, DispatchNotRecorded), admission=federation, source=self.split)
         dispatch.workers = len(ranks.workers)
         self.checkpoint = Checkpointer(campaign, pruning=pruning, triage=triage,
-                                       importer=importer, pool=pool)
+                                       importer=importer, pool=pool,
+                                       snapshot_point=self._snapshot_point
+                                       if federation is None else None)
         # A worker that took over keeps its own plan.
         self.faults = Faults(world_rank, master_index=federation.index if federation else 0)
         campaign.commit_probe = self.faults.commit_probe()
@@ -331,6 +333,7 @@ class Master:
         self.campaign.begin_epoch(epoch)
         self.dispatch.epoch = epoch
         again = self.frontier.begin_epoch()
+        self.checkpoint.snapshot_due()  # a snapshot followed by an epoch record is not used
         log.info("epoch %d: the %d corpus inputs are analysed again under a fresh QSYM map "
                  "(tier 3)", epoch, again)
 
@@ -374,6 +377,16 @@ class Master:
         with self.guard:
             self.campaign.close()
         self.doorbell.close()
+
+    def _snapshot_point(self) -> list[str] | None:
+        """The work in flight, recorded in a snapshot (snapshot.py) taken now; None while one
+        may not be: a commit half done (OUT refused a write), a split input with parts to
+        come. Without work records nobody reads it: the inputs are pending again anyway."""
+        if self.storage_problem or self.split.open:
+            return None
+        if not self.records.enabled:
+            return []
+        return sorted(tx.work_id for _, tx in self.dispatch.tables.transactions())
 
     def _journal_settled(self) -> bool:
         """Whether no work is left unfinished on record: none in flight, no commit half done

@@ -190,6 +190,12 @@ class DigestTable:
         """The entry's queue id, NO_QUEUE_ID (after every id) if none: a sort key."""
         return self._queue_ids[entry]
 
+    def entries_queued_from(self, first: int) -> list[int]:
+        """The entries whose queue id is `first` or later, in queue id order."""
+        ids = self._queue_ids
+        return sorted((entry for entry, queue_id in enumerate(ids)
+                       if first <= queue_id != NO_QUEUE_ID), key=ids.__getitem__)
+
     def set_queue_id(self, entry: int, queue_id: int | None) -> None:
         self._check(entry)
         if queue_id is None:

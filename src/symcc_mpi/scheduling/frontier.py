@@ -179,6 +179,16 @@ class Frontier:
         table = self._table = DigestTable.restore(parts)
         self.known = FlagView(table, KNOWN)
         self.done = FlagView(table, DONE)
+        self.rebuild_pending()
+
+    def rebuild_pending(self) -> None:
+        """The pending inputs, in queue order, as the table's flags say: after a restore and
+        the records that followed its snapshot (job/resume.py), nothing taken yet."""
+        table = self._table
+        self._front.clear()
+        self._ranked.clear()
+        self._queue, self._head = array(UINT32), 0
+        self._rerun, self._rerun_head = array(UINT32), 0
         waiting = list(table.entries_with(KNOWN, without=DONE))
         waiting.sort(key=table.queue_id_or_last)
         for entry in waiting:
@@ -283,6 +293,12 @@ class Frontier:
         """The input's AFL queue id (id:NNNNNN), or None."""
         entry = self._find(digest)
         return self._table.queue_id(entry) if entry >= 0 else None
+
+    def queued_from(self, first: int) -> list[str]:
+        """The inputs whose AFL queue id is `first` or later, in queue order: one pass over
+        the ids, not a lookup per input."""
+        table = self._table
+        return [table.key(entry).hex() for entry in table.entries_queued_from(first)]
 
     def set_queue_id(self, digest: str, queue_id: int | None) -> None:
         if queue_id is not None and not 0 <= queue_id < NO_QUEUE_ID:

@@ -1,0 +1,71 @@
+"""The names a lone master publishes after its last snapshot (snapshot.py), each written here
+just before its file appears: a resume after a crash learns what the snapshot does not know
+from these few lines instead of listing corpus/ and queue/ (21 s at a million inputs, cold).
+
+`state/published-<serial>.log` belongs to the snapshot of that serial; a line per corpus
+file, queue/ entry, crash or hang, `["queue", digest, name]`, written before the link or
+rename that publishes it. The log is not synced: a resume trusts it only on the boot that
+wrote it (snapshot.py), where the page cache it lives in is the one the files live in too,
+so every file published since the snapshot has its line. A line whose file is not there
+announced a publication that never happened (its master died in between): nothing to do.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import msgspec
+
+from symcc_mpi.wire.protocol import SHA256_PATTERN
+
+LOG_FILE = "published-{serial}.log"
+KINDS = ("corpus", "queue", "crashes", "hangs")
+
+
+class PublishLog:
+    """The log of the snapshot in force; silent until one is (`start`)."""
+
+    def __init__(self, state: Path):
+        self.state = state
+        self._fd: int | None = None
+        self._encoder = msgspec.json.Encoder()
+
+    def start(self, serial: int) -> None:
+        """The snapshot of `serial` is durable: log what is published from now on for it,
+        and drop the logs of earlier snapshots."""
+        self.close()
+        path = self.state / LOG_FILE.format(serial=serial)
+        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_TRUNC, 0o644)
+        for stale in self.state.glob(LOG_FILE.format(serial="*")):
+            if stale != path:
+                stale.unlink(missing_ok=True)
+
+    def intend(self, kind: str, digest: str, name: str = "") -> None:
+        if self._fd is not None:
+            os.write(self._fd, self._encoder.encode((kind, digest, name)) + b"\n")
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+def read(state: Path, serial: int) -> list[tuple[str, str, str]]:
+    """The lines of the log of `serial`, oldest first; none if it was never written (nothing
+    was published after its snapshot). A last line cut short was never acted on."""
+    try:
+        raw = (state / LOG_FILE.format(serial=serial)).read_bytes()
+    except FileNotFoundError:
+        return []
+    lines = raw.split(b"\n")[:-1]  # what follows the last newline was being written
+    entries = []
+    for number, line in enumerate(lines, 1):
+        try:
+            kind, digest, name = msgspec.json.decode(line, type=tuple[str, str, str])
+        except (msgspec.DecodeError, msgspec.ValidationError) as error:
+            raise ValueError(f"line {number}: {error}") from None
+        if kind not in KINDS or not SHA256_PATTERN.match(digest):
+            raise ValueError(f"line {number}: not a publication: {line[:80]!r}")
+        entries.append((kind, digest, name))
+    return entries
