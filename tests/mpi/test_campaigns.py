@@ -228,7 +228,8 @@ def test_a_job_killed_whole_resumes_from_its_last_snapshot_losing_and_repeating_
 
     process = explore(out, *args, "--resume")
     assert_oracles(out, process)
-    assert "the last run's snapshot is followed by" in process.stdout + process.stderr
+    assert "the last run's snapshot is followed by" in process.stdout + process.stderr, \
+        "\n".join(line for line in process.stdout.splitlines() if "rank 0" in line)
     done = done_digests(out)
     assert set(done) >= analysed_before and len(done) == len(set(done))
     corpus = {p.name for p in (out / "corpus").iterdir()}

@@ -39,8 +39,10 @@ class SnapshotMachine(RuleBasedStateMachine):
         self.made = 0
         self.durable_done: set[str] = set()  # done records synced (the model)
         self.pending_done: set[str] = set()  # recorded, lost if the master dies now
+        self.snapshot_taken = False  # since the last resume, which took the one before
         seed = self.campaign.add_seed(b"seed", "seed")
         self.campaign.inputs.add(seed)
+        self.snapshot()  # as a master's first round does
 
     def teardown(self):
         self.campaign.journal.close()
@@ -91,6 +93,7 @@ class SnapshotMachine(RuleBasedStateMachine):
     def snapshot(self):
         self.group_commit()  # as checkpoint.py takes one: right after a group commit
         self.campaign.save_snapshot(in_flight=[])
+        self.snapshot_taken = True
 
     # -- how it ends ---------------------------------------------------------------------
 
@@ -116,6 +119,7 @@ class SnapshotMachine(RuleBasedStateMachine):
         self.group_commit()
         self.campaign.snapshot_on_close = True
         self.campaign.close()
+        self.snapshot_taken = True
         self._resume(died=False)
 
     def _resume(self, *, died: bool = True) -> None:
@@ -128,6 +132,8 @@ class SnapshotMachine(RuleBasedStateMachine):
         campaign = CampaignDir(self.out)
         campaign.lock()
         saved = snapshot.take(campaign)
+        assert (saved is not None) == self.snapshot_taken  # nothing here makes one unusable
+        self.snapshot_taken = False
         if saved is None:
             campaign.read_queues()
             for digest in campaign.corpus_digests():

@@ -132,6 +132,24 @@ def test_a_run_that_died_after_its_snapshot_resumes_from_it_as_from_the_director
     campaign.close()
 
 
+def test_a_snapshot_of_an_empty_journal_serves_the_records_after_it(tmp_path):
+    out = tmp_path / "out"
+    campaign = opened(out, create=True)
+    campaign.open_journal()
+    campaign.save_snapshot(in_flight=[])  # the first round's, before anything is analysed
+    seed = campaign.add_seed(b"seed", "seed")
+    campaign.inputs.add(seed)
+    campaign.record_done(seed, TOKEN, "ok")
+    campaign.sync_done()
+    died(campaign)
+    campaign = opened(out)
+    saved = snapshot.take(campaign)
+    assert saved is not None and saved.journal_size == 0
+    assert campaign.restore(saved) == []  # published after it, and queued
+    assert seed in campaign.inputs.known and campaign.inputs.queue_id(seed) == 0
+    assert [r["digest"] for r in campaign.open_journal(after=saved)] == [seed]
+
+
 def test_a_serving_snapshot_spares_the_check_of_its_records_not_of_those_after_it(tmp_path):
     out = tmp_path / "out"
     a_run_that_dies_after_its_snapshot(out)

@@ -84,7 +84,7 @@ def save(campaign, journal_size: int, journal_lines: int, journal_sha256: str, *
     work `in_flight`; what is published next goes to the log of `publish_serial`."""
     with open(campaign.done_journal, "rb") as handle:
         handle.seek(max(0, journal_size - _TAIL))
-        tail = handle.read(_TAIL)
+        tail = handle.read(min(_TAIL, journal_size))
     ids = campaign.next_ids
     state = _State(VERSION, journal_size, journal_lines, journal_sha256, tail, campaign.epoch,
                    [ids["queue"], ids["crashes"], ids["hangs"]],
@@ -173,7 +173,7 @@ def _covers(snapshot: Snapshot, journal: Path) -> bool | None:
             if size < snapshot.journal_size:
                 return False
             handle.seek(max(0, snapshot.journal_size - _TAIL))
-            if handle.read(_TAIL) != snapshot.journal_tail:
+            if handle.read(min(_TAIL, snapshot.journal_size)) != snapshot.journal_tail:
                 return False
             return True if size == snapshot.journal_size else None
     except FileNotFoundError:
