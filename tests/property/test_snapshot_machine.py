@@ -74,6 +74,14 @@ class SnapshotMachine(RuleBasedStateMachine):
         crash = self._new_bytes()
         self.campaign.save_finding("crashes", sha(crash), parent, 11, data=crash)
 
+    @rule()
+    def fail_to_queue_an_entry(self):
+        """A link refused (OUT full, say) after its line: the master goes on, the id is
+        announced again by the next entry."""
+        child = self._new_bytes()
+        self.campaign.publish_log.intend("queue", sha(child), afl_queue_name(
+            self.campaign.queue_entries, (), op="refused"))
+
     @precondition(lambda self: set(self.campaign.inputs.known) - self.campaign.inputs.done)
     @rule(data=st.data())
     def analyse(self, data):

@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from symcc_mpi.campaign import done_log, snapshot, wal
+from symcc_mpi.campaign import done_log, published, snapshot, wal
 from symcc_mpi.campaign.corpus import CampaignDir
 from symcc_mpi.campaign.layout import CampaignError, check_out_dir
 from symcc_mpi.campaign.verify import _check_work
@@ -130,6 +130,29 @@ def test_a_run_that_died_after_its_snapshot_resumes_from_it_as_from_the_director
     assert campaign.next_ids == listed.next_ids
     assert campaign.crash_digests == listed.crash_digests == {run["seeds"][3], run["crash"]}
     campaign.close()
+
+
+def test_a_publish_log_is_replayed_looking_only_where_its_lines_cannot_tell():
+    a, b, c, d = (digest(x) for x in (b"a", b"b", b"c", b"d"))
+    lines = [("corpus", a, ""), ("queue", a, "id:000007,src:000001,op:symcc"),
+             ("corpus", b, ""), ("queue", b, "id:000008,src:000001,op:symcc"),  # refused
+             ("queue", b, "id:000008,src:000002,op:symcc"),
+             ("crashes", c, "id:000000,sig:11,src:000007"),
+             ("corpus", d, ""),  # its master died before queueing it
+             ("queue", d, "id:000009,src:000008,op:symcc")]  # announced, not made
+    looked = []
+
+    def exists(kind, item, name):
+        looked.append((kind, item))
+        return kind == "crashes" or (kind, item) == ("corpus", d)
+
+    since = published.replay(lines, exists)
+    assert since.inputs == [a, b, d]
+    assert since.entries == {"queue": [(7, a, "id:000007,src:000001,op:symcc"),
+                                       (8, b, "id:000008,src:000002,op:symcc")],
+                             "crashes": [(0, c, "id:000000,sig:11,src:000007")],
+                             "hangs": []}
+    assert sorted(looked) == [("corpus", d), ("crashes", c), ("queue", d)]
 
 
 def test_a_snapshot_of_an_empty_journal_serves_the_records_after_it(tmp_path):

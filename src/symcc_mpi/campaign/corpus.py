@@ -15,7 +15,6 @@ import shutil
 from pathlib import Path
 
 from symcc_mpi.campaign import published, snapshot, stop, wal
-from symcc_mpi.campaign.afl_names import parse_afl_queue_id
 from symcc_mpi.campaign.done_log import DoneLog
 from symcc_mpi.campaign.layout import (
     DONE_JOURNAL,
@@ -249,25 +248,20 @@ class CampaignDir(AflQueues):
         except ValueError as error:
             path = self.state / published.LOG_FILE.format(serial=state.publish_serial)
             raise CampaignError(f"corrupt state file {path}: {error}") from None
-        added = []
-        for kind, digest, name in entries:
-            if kind == "corpus":
-                if digest not in self.inputs.known \
-                        and os.path.exists(os.path.join(self._corpus, digest)):
-                    self.inputs.add(digest)
-                    added.append(digest)
-                continue
-            directory = {"queue": self.queue, "crashes": self.crashes, "hangs": self.hangs}[kind]
-            entry_id = parse_afl_queue_id(name)
-            if entry_id is None or not os.path.lexists(directory / name):
-                continue  # announced, never published
-            self._next_ids[kind] = max(self._next_ids[kind], entry_id + 1)
-            if kind == "queue":
-                self.inputs.set_queue_id(digest, entry_id)
-                if self.keep_queue_names:
-                    self.queue_names[digest] = name
-            else:
-                (self.crash_digests if kind == "crashes" else self.hang_digests).add(digest)
+        directories = {"corpus": self.corpus, "queue": self.queue, "crashes": self.crashes,
+                       "hangs": self.hangs}
+        since = published.replay(entries, lambda kind, digest, name: os.path.lexists(
+            directories[kind] / (name or digest)))
+        for kind, publications in since.entries.items():
+            for entry_id, digest, name in publications:
+                self._next_ids[kind] = max(self._next_ids[kind], entry_id + 1)
+                if kind == "queue":
+                    self.inputs.set_queue_id(digest, entry_id)
+                    if self.keep_queue_names:
+                        self.queue_names[digest] = name
+                else:
+                    (self.crash_digests if kind == "crashes" else self.hang_digests).add(digest)
+        added = [digest for digest in since.inputs if self.inputs.add(digest)]
         return [digest for digest in added if self.inputs.queue_id(digest) is None]
 
     # -- reading state back ----------------------------------------------------------

@@ -7,16 +7,20 @@ file, queue/ entry, crash or hang, `["queue", digest, name]`, written before the
 rename that publishes it. The log is not synced: a resume trusts it only on the boot that
 wrote it (snapshot.py), where the page cache it lives in is the one the files live in too,
 so every file published since the snapshot has its line. A line whose file is not there
-announced a publication that never happened (its master died in between): nothing to do.
+announced a publication that never happened (its master died in between, or its write
+failed): nothing to do.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import msgspec
 
+from symcc_mpi.campaign.afl_names import parse_afl_queue_id
 from symcc_mpi.wire.protocol import SHA256_PATTERN
 
 LOG_FILE = "published-{serial}.log"
@@ -51,6 +55,42 @@ class PublishLog:
             self._fd = None
 
 
+@dataclass(frozen=True)
+class Published:
+    """What a publish log's lines say appeared: the inputs (corpus/ files) in order, and each
+    kind's AFL-named entries as (id, digest, name) in id order."""
+
+    inputs: list[str]
+    entries: dict[str, list[tuple[int, str, str]]]
+
+
+def replay(lines: list[tuple[str, str, str]],
+           exists: Callable[[str, str, str], bool]) -> Published:
+    """What of `lines` was published, asking `exists(kind, digest, name)` as little as it
+    can (a look in a directory of a million entries, cold, costs ~30 µs).
+
+    AFL ids are dense and each is taken only once its entry exists (queues.py): an id
+    announced again was not published the first time, and an announced id below the
+    highest was published by its last announcement; only the highest needs a look. A
+    corpus/ file exists if a queue/ entry links to it; only the others are looked at (the
+    input published by a master that died before queueing it)."""
+    announced: dict[str, dict[int, tuple[str, str]]] = {kind: {} for kind in KINDS[1:]}
+    inputs: list[str] = []
+    for kind, digest, name in lines:
+        if kind == "corpus":
+            inputs.append(digest)
+        else:
+            announced[kind][parse_afl_queue_id(name)] = (digest, name)
+    entries = {}
+    for kind, by_id in announced.items():
+        top = max(by_id, default=None)
+        entries[kind] = [(entry_id, *by_id[entry_id]) for entry_id in sorted(by_id)
+                         if entry_id != top or exists(kind, *by_id[entry_id])]
+    queued = {digest for _, digest, _ in entries["queue"]}
+    return Published([digest for digest in dict.fromkeys(inputs)
+                      if digest in queued or exists("corpus", digest, "")], entries)
+
+
 def read(state: Path, serial: int) -> list[tuple[str, str, str]]:
     """The lines of the log of `serial`, oldest first; none if it was never written (nothing
     was published after its snapshot). A last line cut short was never acted on."""
@@ -65,7 +105,8 @@ def read(state: Path, serial: int) -> list[tuple[str, str, str]]:
             kind, digest, name = msgspec.json.decode(line, type=tuple[str, str, str])
         except (msgspec.DecodeError, msgspec.ValidationError) as error:
             raise ValueError(f"line {number}: {error}") from None
-        if kind not in KINDS or not SHA256_PATTERN.match(digest):
+        if kind not in KINDS or not SHA256_PATTERN.match(digest) \
+                or (kind != "corpus" and parse_afl_queue_id(name) is None):
             raise ValueError(f"line {number}: not a publication: {line[:80]!r}")
         entries.append((kind, digest, name))
     return entries

@@ -34,6 +34,7 @@ class UnchecksummedLine(LineError):
 # Keys sorted, no spaces: the bytes of `json.dumps(sort_keys=True, separators=(",", ":"))`,
 # at a twentieth of its cost (a work record is written before every WORK the master sends).
 _ENCODER = msgspec.json.Encoder(order="sorted")
+_DECODER = msgspec.json.Decoder()  # a resume reads every line: 8x json.loads's speed
 
 
 def encode_line(record: Mapping[str, Any]) -> bytes:
@@ -64,8 +65,8 @@ def decode_line(line: bytes) -> dict[str, Any]:
     if zlib.crc32(payload) != stated:
         raise LineError("checksum mismatch")
     try:
-        record = json.loads(payload)
-    except ValueError:
+        record = _DECODER.decode(payload)
+    except msgspec.DecodeError:
         raise LineError("checksummed payload is not JSON") from None
     if not isinstance(record, dict):
         raise LineError("record is not a JSON object")
