@@ -34,7 +34,7 @@ SAVE_INTERVAL = 2.0
 # A lone master snapshots its state (snapshot.py) in its first round, after each compaction
 # and epoch, and otherwise every SNAPSHOT_INTERVAL or SNAPSHOT_COST_SHARE times what the last
 # one took, whichever is longer: a resume after a crash replays at most that much of the
-# journal, and snapshots cost the master at most 1% of its time (0.4 s at a million inputs).
+# journal, and snapshots cost the master at most 1% of its time (0.1-0.3 s at a million).
 SNAPSHOT_INTERVAL = 30.0
 SNAPSHOT_COST_SHARE = 100
 PRUNING_DIR = "pruning"
