@@ -200,6 +200,30 @@ def test_records_after_a_snapshot_from_another_boot_are_read_the_slow_way(tmp_pa
     assert "before this machine last started" in caplog.text
 
 
+def test_a_snapshot_taken_during_a_run_serves_no_other_boot(tmp_path, monkeypatch, caplog):
+    """Even with no record after it: the files published after it and the lines naming
+    them were not synced, and a crash of the machine may have kept one without the other."""
+    out = tmp_path / "out"
+    a_campaign(out)
+    campaign = opened(out)
+    campaign.restore(snapshot.take(campaign))
+    campaign.open_journal()
+    campaign.save_snapshot(in_flight=[])
+    campaign.promote(digest(b"child"), b"child")
+    died(campaign)
+    monkeypatch.setattr(snapshot, "boot_id", lambda: "another boot")
+    caplog.set_level(logging.INFO)
+    assert snapshot.take(opened(out)) is None
+    assert "before this machine last started" in caplog.text
+
+
+def test_a_clean_close_snapshot_serves_any_boot(tmp_path, monkeypatch):
+    out = tmp_path / "out"
+    a_campaign(out)
+    monkeypatch.setattr(snapshot, "boot_id", lambda: "another boot")
+    assert snapshot.take(opened(out)) is not None
+
+
 def test_a_snapshot_followed_by_an_epoch_is_not_used(tmp_path, caplog):
     out = tmp_path / "out"
     seeds = a_campaign(out)

@@ -116,7 +116,7 @@ class CampaignDir(AflQueues):
             try:
                 whole = self.journal.close()
                 if whole is not None and self.snapshot_on_close and synced:
-                    self._save_snapshot(whole, in_flight=[])
+                    self._save_snapshot(whole, in_flight=[], closed=True)
             finally:
                 self.publish_log.close()
                 self._lock.release()
@@ -124,11 +124,13 @@ class CampaignDir(AflQueues):
     def save_snapshot(self, in_flight: list[str]) -> None:
         """A snapshot of the campaign as it is right after a group commit (snapshot.py), with
         the work `in_flight`; what is published from now on goes to its publish log."""
-        self._save_snapshot(self.journal.identity(), in_flight)
+        self._save_snapshot(self.journal.identity(), in_flight, closed=False)
 
-    def _save_snapshot(self, journal: tuple[int, int, str], in_flight: list[str]) -> None:
+    def _save_snapshot(self, journal: tuple[int, int, str], in_flight: list[str], *,
+                       closed: bool) -> None:
         serial = int.from_bytes(os.urandom(8)) >> 1  # names its publish log
-        snapshot.save(self, *journal, publish_serial=serial, in_flight=in_flight)
+        snapshot.save(self, *journal, publish_serial=serial, in_flight=in_flight,
+                      closed=closed)
         self.publish_log.start(serial)  # and the logs of the earlier ones go
 
     # -- the done journal (done_log.py) ----------------------------------------------------

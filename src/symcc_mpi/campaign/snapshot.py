@@ -11,8 +11,9 @@ its run and then as campaign/checkpoint.py paces it, and one at the end of a cle
 
 It is used once: the next run takes it and removes it, durably, before anything is
 published. It serves when the journal still begins with the records it covers: either the
-journal ends there (a clean close: everything it covers is synced, on any boot), or the run
-that wrote it went on and died, on this very boot. Then the records after it are replayed
+journal ends there and it was taken by a clean close (everything it covers is synced, and
+nothing was published after it: on any boot), or the run that took it went on and died, on
+this very boot. Then the records after it are replayed
 and what was published after it is found in its publish log (published.py), which lives in
 the same page cache as the files. Otherwise (another boot: unsynced lines may be lost in any
 order; records that begin an epoch or split an input after it; a journal compacted since)
@@ -57,6 +58,7 @@ class _State(msgspec.Struct, array_like=True):
     boot_id: str = ""  # of the machine that wrote it
     publish_serial: int = 0  # its publish log (published.py)
     in_flight: list[str] = []  # work ids (splitting.py) dispatched, not committed
+    closed: bool = True  # taken by a clean close (version 1 was only ever)
 
 
 @dataclass(frozen=True)
@@ -74,13 +76,15 @@ class Snapshot:
     boot_id: str
     publish_serial: int
     in_flight: list[str]
+    closed: bool
 
 
 def save(campaign, journal_size: int, journal_lines: int, journal_sha256: str, *,
-         publish_serial: int, in_flight: list[str]) -> None:
+         publish_serial: int, in_flight: list[str], closed: bool) -> None:
     """Write the snapshot of `campaign` (corpus.CampaignDir), whose journal is `journal_size`
     bytes and `journal_lines` records of SHA-256 `journal_sha256` ("": not known), with the
-    work `in_flight`; what is published next goes to the log of `publish_serial`."""
+    work `in_flight`; what is published next goes to the log of `publish_serial`. `closed`:
+    taken by a clean close, after which nothing is published."""
     with open(campaign.done_journal, "rb") as handle:
         handle.seek(max(0, journal_size - _TAIL))
         tail = handle.read(min(_TAIL, journal_size))
@@ -90,7 +94,7 @@ def save(campaign, journal_size: int, journal_lines: int, journal_sha256: str, *
                    b"".join(bytes.fromhex(d) for d in sorted(campaign.crash_digests)),
                    b"".join(bytes.fromhex(d) for d in sorted(campaign.hang_digests)),
                    [(bytes.fromhex(d), name) for d, name in campaign.queue_names.items()],
-                   campaign.inputs.dump(), boot_id(), publish_serial, in_flight)
+                   campaign.inputs.dump(), boot_id(), publish_serial, in_flight, closed)
     payload = msgspec.msgpack.encode(state)
     write_durable(campaign.state / SNAPSHOT_FILE, b"%08x" % zlib.crc32(payload) + payload)
 
@@ -159,7 +163,7 @@ def _decode(raw: bytes) -> Snapshot:
                     dict(zip(("queue", "crashes", "hangs"), state.next_ids, strict=True)),
                     _digests(state.crashes), _digests(state.hangs),
                     {key.hex(): name for key, name in state.queue_names}, state.table,
-                    state.boot_id, state.publish_serial, state.in_flight)
+                    state.boot_id, state.publish_serial, state.in_flight, state.closed)
 
 
 def _covers(snapshot: Snapshot, journal: Path) -> bool | None:
@@ -182,13 +186,16 @@ def _covers(snapshot: Snapshot, journal: Path) -> bool | None:
 def _why_not(snapshot: Snapshot, journal: Path) -> str:
     """Why the snapshot cannot serve the journal as it is ("" if it can)."""
     covers = _covers(snapshot, journal)
-    if covers:
-        return ""
     if covers is False:
         return f"it covers another journal than {journal}"
-    if not snapshot.boot_id or snapshot.boot_id != boot_id():
-        return ("the records after it were written before this machine last started (they "
-                "and the files they name may not have reached the disk together)")
+    # What a run published after its snapshot is known from unsynced lines: only on the
+    # boot that wrote them are they sure to be there with every file they name.
+    if (covers is None or not snapshot.closed) \
+            and (not snapshot.boot_id or snapshot.boot_id != boot_id()):
+        return ("the run that took it went on before this machine last started: what it "
+                "wrote after it may not have reached the disk whole")
+    if covers:
+        return ""
     with open(journal, "rb") as handle:
         handle.seek(snapshot.journal_size)
         after = handle.read()
