@@ -181,7 +181,7 @@ class DoneLog:
         reading the file: it opened it after a snapshot and has not rewritten it since)."""
         if self._log is None:
             self.open()
-        return self._log.size, self._log.lines, self._log.digest_if_known
+        return self._log.size, self._log.lines, self._log.content_digest
 
     def close(self) -> tuple[int, int, str] | None:
         """Close the journal; its size, records and SHA-256 when it holds exactly what this

@@ -121,7 +121,7 @@ def boot_id() -> str:
     try:
         return _BOOT_ID.read_text().strip()
     except OSError:
-        return ""  # unknown: a snapshot followed by records never serves (see _why_not)
+        return ""  # unknown: only a clean close's snapshot serves (see _why_not)
 
 
 def serving(campaign) -> Snapshot | None:

@@ -249,9 +249,9 @@ class LineLog:
 
     def open_after(self, size: int, digest: str, lines: int, apply: Apply) -> tuple[Damage, ...]:
         """`load`, trusting the first `size` bytes to be the `lines` records whose SHA-256
-        is `digest` ("": unknown, not checked at close) (a snapshot of the journal vouches
-        for them): only what follows is read
-        and replayed, so a resume does not read a million records it has in its snapshot.
+        is `digest` ("": unknown, not checked at close; a snapshot of the journal vouches
+        for them): only what follows is read and replayed, so a resume does not read a
+        million records it has in its snapshot.
         ValueError if the file is shorter than that prefix. Call `open_for_append` next."""
         with open(self.path, "rb") as handle:
             handle.seek(0, os.SEEK_END)
@@ -419,18 +419,12 @@ class LineLog:
         return None
 
     @property
-    def digest_if_known(self) -> str:
-        """The SHA-256 of the whole file as this owner wrote it, "" if it did not read a
-        prefix (`open_after`) and has not checked the whole file since."""
-        return self._content.hexdigest() if self._prefix is None else self._whole_digest or ""
-
-    @property
     def content_digest(self) -> str:
         """The SHA-256 of what the owner wrote into the file, the prefix it did not read
-        included once `changed_behind_our_back` has checked the whole file."""
+        included once `changed_behind_our_back` has checked the whole file ("" until then)."""
         if self._prefix is None:
             return self._content.hexdigest()
-        return self._whole_digest or "unchecked"
+        return self._whole_digest or ""
 
     def _cut_back(self) -> None:
         # F313 §3.4: an append failure must leave no trace a later open would replay. A torn
