@@ -292,9 +292,15 @@ class PruningLedger:
         if not len(hit):
             return 0
         new_indices, new_bits = indices[hit], gained[hit]
-        # A worker's delta may name an index twice: count each map byte once, OR both.
-        scope.set_bytes += len(np.unique(new_indices[target[new_indices] == 0]))
-        np.bitwise_or.at(target, new_indices, new_bits)
+        if len(new_indices) < 2 or (new_indices[1:] > new_indices[:-1]).all():
+            # Each index once, as `difference` writes them: plain indexing (ufunc.at costs
+            # ~20 µs a call).
+            before = target[new_indices]
+            scope.set_bytes += int(np.count_nonzero(before == 0))
+            target[new_indices] = before | new_bits
+        else:  # a worker's delta may name an index twice: count each map byte once, OR both
+            scope.set_bytes += len(np.unique(new_indices[target[new_indices] == 0]))
+            np.bitwise_or.at(target, new_indices, new_bits)
         scope.seq += 1
         scope.log.append(_Segment(scope.seq, new_indices.tobytes(), new_bits.tobytes()))
         scope.log_entries += len(hit)
