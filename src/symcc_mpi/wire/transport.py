@@ -231,8 +231,8 @@ class Channel:
         self._progress_sends()
         with failures_raised():
             # A second probe at once, for a message the first one's progress took in: in
-            # toml campaigns the master's first probe after a ring found the message rung
-            # for 6% of the time, two probes 96% (each miss cost a wake-up or more).
+            # toml campaigns a lone probe after a ring found the message rung for 6% of the
+            # time, and each miss cost the master a wake-up or more.
             if not self.comm.Iprobe(source, MPI.ANY_TAG, self._status) \
                     and not self.comm.Iprobe(source, MPI.ANY_TAG, self._status):
                 return None
