@@ -249,8 +249,7 @@ class Master:
             with self.guard:
                 self.report()
             self.next_report = now + REPORT_INTERVAL
-        if nap := self.naps.after(active=handled > 0, rang=self.rang,
-                                  sending=self.channel.sending):
+        if nap := self.naps.after(active=handled > 0, rang=self.rang):
             self.rang = self.doorbell.wait(nap)
             self.wakeups += 1
         else:
