@@ -5,6 +5,7 @@ is refused before any MPI process starts."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -209,6 +210,33 @@ def test_the_launcher_leaves_no_process_of_its_job_whatever_signals_it_gets(tmp_
         assert stats(out)["extra"]["stop_reason"] == "stop requested"
     resumed = explore(out, *without_seeds(args), "--resume", timeout=600)
     assert_oracles(out, resumed)
+
+
+def test_sigterm_to_every_process_of_the_job_stops_it_cleanly(tmp_path):
+    """What Slurm (scancel, preemption, the time limit) and systemd do: SIGTERM to every
+    process at once. mpiexec must not take the ranks down (prterun kills them 0.5 s after its
+    own SIGTERM) while the master drains its workers."""
+    out = tmp_path / "out"
+    args = slow_campaign(tmp_path)
+    launcher = start_explore(out, *args, analysed=2)
+    mpiexec = [pid for pid in job_processes(out)
+               if pid != launcher.pid and rank_pid(out, 0) != pid
+               and b"prterun" in open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")[0]]
+    assert len(mpiexec) == 1, mpiexec
+    ranks = [rank_pid(out, rank) for rank in range(3)]
+    os.kill(mpiexec[0], signal.SIGTERM)
+    time.sleep(1.5)  # three times PRRTE's SIGCONT, SIGTERM, SIGKILL escalation
+    assert launcher.poll() is None and [rank_pid(out, rank) for rank in range(3)] == ranks, \
+        "mpiexec took the job down on SIGTERM"
+    for pid in job_processes(out):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+    output, _ = launcher.communicate(timeout=300)
+    assert launcher.returncode == 0, output[-3000:]
+    assert stats(out)["extra"]["stop_reason"] in ("interrupted", "stop requested"), \
+        output[-3000:]
+    assert_nothing_left(out)
+    assert verify(out).returncode == 0
 
 
 # -- stop requests and a second campaign -----------------------------------------------------

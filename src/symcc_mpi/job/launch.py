@@ -3,7 +3,15 @@
 The launcher process stays outside MPI: it runs mpiexec in a session of its own, shows the
 live view from the campaign's stats file, turns a first Ctrl-C (or SIGTERM, SIGHUP) into a
 clean stop request for this run (the master drains its workers and exits) and only a second
-or third into SIGTERM/SIGKILL. However it ends, it leaves no process of the job behind.
+or third into SIGINT to mpiexec (it takes its ranks down), then SIGKILL. However it ends, it
+leaves no process of the job behind.
+
+mpiexec runs with SIGTERM blocked. Slurm (scancel, preemption, the time limit) and systemd
+send SIGTERM to every process of a job at once; Open MPI's prterun answers it by killing its
+ranks 0.5 s later (SIGCONT, 250 ms, SIGTERM, 250 ms, SIGKILL: PRRTE's odls), which cut short
+the master's clean stop whenever a result was still on its way. prterun never unblocks
+SIGTERM itself and unblocks every signal for the ranks it starts, so the ranks still get it
+and stop the campaign, and prterun ends when they have. SIGINT ends mpiexec as SIGTERM did.
 """
 
 from __future__ import annotations
@@ -37,7 +45,8 @@ COMMAND_STARTED = SYSTEM_CLOCK.time()  # for the master's figure of start-up tim
 
 # A terminal closing (SIGHUP) ends the job as Ctrl-C or kill would, never silently orphans it.
 HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-TERMINATE_GRACE = 15.0  # for mpiexec to take its ranks down after SIGTERM, before SIGKILL
+TERMINATE_GRACE = 15.0  # for mpiexec to take its ranks down after SIGINT, before SIGKILL
+ENDS_MPIEXEC = signal.SIGINT  # mpiexec runs with SIGTERM blocked (see the module)
 KILL_GRACE = 5.0
 RANK_MEMORY = 64 << 20  # bytes a rank needs at the least (check_workers)
 
@@ -196,9 +205,9 @@ class Job:
     groups of their own but stay in its session) and what the launcher's signals do to it.
 
     The signal handler only counts; `act` (on the launcher's loop) escalates one step per
-    signal: a stop request for this run (the master drains its workers), then SIGTERM to
+    signal: a stop request for this run (the master drains its workers), then SIGINT to
     mpiexec (it takes its ranks down), then SIGKILL to the whole session. A stop request
-    that cannot be written (OUT is full) goes straight to SIGTERM.
+    that cannot be written (OUT is full) goes straight to SIGINT.
     """
 
     def __init__(self, out: Path, run_id: str, *, note: Callable[[str], object]):
@@ -210,9 +219,14 @@ class Job:
         self.steps = 0  # escalation steps taken
 
     def start(self, command: list[str], env: dict) -> subprocess.Popen:
-        self.process = subprocess.Popen(command, stdout=subprocess.PIPE,
-                                        stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                        env=env, start_new_session=True)
+        # The child inherits this thread's signal mask; a SIGTERM meanwhile waits for us.
+        unblocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+        try:
+            self.process = subprocess.Popen(command, stdout=subprocess.PIPE,
+                                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                            env=env, start_new_session=True)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, unblocked)
         return self.process
 
     def on_signal(self, signum, frame) -> None:
@@ -234,7 +248,7 @@ class Job:
                               "abort)")
                     continue
             if self.steps == 2:
-                self._signal(signal.SIGTERM)
+                self._signal(ENDS_MPIEXEC)
             else:
                 self._kill_session()
 
@@ -245,7 +259,7 @@ class Job:
             return
         try:
             if self.process.poll() is None:
-                self._signal(signal.SIGTERM)
+                self._signal(ENDS_MPIEXEC)
                 self._wait_for_session(TERMINATE_GRACE)
             if self.process.poll() is None or session_members(self.process.pid):
                 self._kill_session()
