@@ -249,7 +249,8 @@ class Master:
             with self.guard:
                 self.report()
             self.next_report = now + REPORT_INTERVAL
-        if nap := self.naps.after(active=handled > 0, rang=self.rang):
+        if nap := self.naps.after(active=handled > 0, rang=self.rang,
+                                  sending=self.channel.sending):
             self.rang = self.doorbell.wait(nap)
             self.wakeups += 1
         else:
