@@ -32,5 +32,7 @@ class LoopbackChannel:
         if tag == Tag.STOP:
             self.incoming.append(Incoming(rank, Tag.STOP_ACK, StopAck(0, 0.0)))
 
+    sending = False  # a send here is delivered at once: none stays in flight
+
     def poll(self) -> Incoming | None:
         return self.incoming.popleft() if self.incoming else None
