@@ -216,6 +216,57 @@ def test_merge_matches_afl_has_new_bits(traces):
     assert cmap.edges_covered == len(ref.virgin)
 
 
+_TRACES = st.lists(
+    st.dictionaries(st.integers(0, 40), st.sampled_from(BUCKET_BITS), max_size=12),
+    max_size=12,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(_TRACES, _TRACES)
+def test_assessing_several_summaries_at_once_agrees_with_each_alone(merged, assessed):
+    """`assess` against `adds_coverage` and a plain count of the interesting runs that hit
+    each edge (rarity), on maps grown by what was merged (indices past them included)."""
+    cmap, hits = CoverageMap(8), {}
+    for trace in merged:
+        cov = ok(*sorted(trace.items()))
+        if cmap.merge(cov):
+            for index in trace:
+                hits[index] = hits.get(index, 0) + 1
+    covs = [ok(*sorted(trace.items())) for trace in assessed]
+    expected = [(cmap.adds_coverage(cov), min((hits.get(i, 0) for i in trace), default=0))
+                for cov, trace in zip(covs, assessed, strict=True)]
+    assert cmap.assess(covs) == expected
+
+
+_SUMMARY = st.builds(
+    FileCoverage,
+    st.sampled_from(Status),
+    st.lists(st.integers(0, (1 << 28) + 3), max_size=6).map(pack_u32),
+    st.lists(st.sampled_from((*BUCKET_BITS, 3)), max_size=6).map(bytes),
+    st.sampled_from((0, 64, -1)),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(_SUMMARY, st.dictionaries(
+    st.integers(0, 100), st.sampled_from(BUCKET_BITS), max_size=8).map(
+    lambda trace: ok(*sorted(trace.items())))), max_size=5))
+def test_unpacking_several_summaries_at_once_agrees_with_each_alone(covs):
+    blobs = [cov.pack() for cov in covs]
+    valid = True
+    for cov in covs:
+        try:
+            cov.validate()
+        except ValueError:
+            valid = False
+    if valid:
+        assert FileCoverage.unpack_many(blobs) == [FileCoverage.unpack(b) for b in blobs]
+    else:
+        with pytest.raises(ValueError):
+            FileCoverage.unpack_many(blobs)
+
+
 def test_an_empty_afl_target_is_refused():
     with pytest.raises(AflTargetError, match="empty"):
         check_afl_target([])

@@ -67,6 +67,7 @@ class Child:
     staged: StagedFile
     coverage: FileCoverage | None
     may_keep: bool  # its bytes were verified: it is kept if it still adds coverage
+    rarity: int = 0  # a normal run's, as the map was when the RESULT came (tiers/pool.py)
 
 
 @dataclass(frozen=True)
@@ -192,13 +193,18 @@ class Committer:
         # Only the bytes of a child that may be kept are read (F320: verified before it is
         # promoted): one already known, or whose coverage adds nothing, is dropped unread.
         # Hashing every generated file was the master's biggest cost per result.
+        fresh = [(staged, coverage) for staged, coverage in zip(result.staged, coverages,
+                                                                  strict=True)
+                 if not self.frontier.seen_before(staged.digest)]
+        normal = [coverage for _, coverage in fresh
+                  if coverage is not None and coverage.status is CoverageStatus.OK]
+        assessed = iter(self.triage.assess(normal) if normal else ())
         children = []
-        for staged, coverage in zip(result.staged, coverages, strict=True):
-            if self.frontier.seen_before(staged.digest):
-                continue
-            may_keep = coverage is None or coverage.status is not CoverageStatus.OK \
-                or self.triage.adds_coverage(coverage)
-            children.append(Child(staged, coverage, may_keep))
+        for staged, coverage in fresh:
+            if coverage is None or coverage.status is not CoverageStatus.OK:
+                children.append(Child(staged, coverage, True))
+            else:
+                children.append(Child(staged, coverage, *next(assessed)))
         verified: dict[str, bytes] = {}
         packed: dict[str, Staged] = {}
         # The pack is opened only for a child to read or to set aside: a commit redone after
@@ -310,7 +316,7 @@ class Committer:
             key = path_key(coverage)
             self.pool.offer(accepted.packed[digest], self.pool.promise(
                 path_key=key, known_path=triage.knows_path(coverage),
-                rarity=triage.rarity(coverage), size=child.staged.size), key)
+                rarity=child.rarity, size=child.staged.size), key)
         self.frontier.see(digest)
         self.stats.unique += 1
 

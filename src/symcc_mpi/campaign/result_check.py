@@ -21,6 +21,7 @@ from symcc_mpi.wire.protocol import (
     Result,
     ResultField,
     ResultOutcome,
+    StagedFile,
     staged_entry_problem,
 )
 
@@ -55,9 +56,10 @@ def check_fields(result: Result, *, map_size: int | None,
     if not 0 <= result.generated <= MAX_GENERATED or len(staged) > result.generated:
         raise InvalidResult(ResultField.MANIFEST_LENGTH,
                             f"{len(staged)} staged entries for {result.generated} generated")
-    coverages: list[FileCoverage | None] = []
+    coverages: list[FileCoverage | None] = [None] * len(staged)
+    summarised: list[tuple[int, StagedFile, ProbeStatus]] = []  # what to decode
     names: set[str] = set()
-    for entry in staged:
+    for position, entry in enumerate(staged):
         if problem := staged_entry_problem(entry):
             raise InvalidResult(*problem)
         if entry.digest in names:
@@ -69,9 +71,15 @@ def check_fields(result: Result, *, map_size: int | None,
             raise InvalidResult(
                 ResultField.STATUS,
                 f"staged {entry.digest[:12]}: status {entry.status!r:.40}") from None
-        coverages.append(None if map_size is None or entry.coverage is None
-                         or known(entry.digest)
-                         else _coverage(entry.digest, entry.coverage, status, map_size))
+        if map_size is not None and entry.coverage is not None and not known(entry.digest):
+            summarised.append((position, entry, status))
+    if summarised:
+        try:
+            decoded = FileCoverage.unpack_many([entry.coverage for _, entry, _ in summarised])
+        except ValueError:  # which one, and why
+            decoded = [_unpacked(entry) for _, entry, _ in summarised]
+        for (position, entry, status), coverage in zip(summarised, decoded, strict=True):
+            coverages[position] = _fitting(entry.digest, coverage, status, map_size)
     return coverages
 
 
@@ -92,13 +100,18 @@ def _check_figures(result: Result) -> None:
             raise InvalidResult(ResultField.FIGURES, f"{name} {count}")
 
 
-def _coverage(digest: str, blob: bytes, status: ProbeStatus, map_size: int) -> FileCoverage:
-    """A summary that unpacks, validates, agrees with its entry's status and fits the map in
-    use: an index past it would make the master grow its maps (up to 2^28 bytes each)."""
+def _unpacked(entry: StagedFile) -> FileCoverage:
     try:
-        coverage = FileCoverage.unpack(blob)
+        return FileCoverage.unpack(entry.coverage)
     except ValueError as error:
-        raise InvalidResult(ResultField.COVERAGE, f"staged {digest[:12]}: {error}") from None
+        raise InvalidResult(ResultField.COVERAGE,
+                            f"staged {entry.digest[:12]}: {error}") from None
+
+
+def _fitting(digest: str, coverage: FileCoverage, status: ProbeStatus,
+             map_size: int) -> FileCoverage:
+    """A valid summary that agrees with its entry's status and fits the map in use: an index
+    past it would make the master grow its maps (up to 2^28 bytes each)."""
     if coverage.status is not status:
         raise InvalidResult(ResultField.STATUS, f"staged {digest[:12]}: status {status.value} "
                             f"but its coverage summary says {coverage.status.value}")

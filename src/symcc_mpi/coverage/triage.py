@@ -3,6 +3,8 @@ children add coverage, its figures, and its saved state for --resume."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import msgspec
 import numpy as np
 
@@ -134,14 +136,36 @@ class CoverageMap:
             got |= gather(beyond, idx)
         return bool((np.frombuffer(cov.buckets, dtype=np.uint8) & ~got).any())
 
+    def assess(self, covs: Sequence[FileCoverage]) -> list[tuple[bool, int]]:
+        """For each of several normal runs' summaries: whether it adds coverage (as
+        `adds_coverage`), and its rarity: how many interesting runs hit its rarest edge (0: an
+        edge none hit). One numpy pass over all their edges: per summary, most of the cost
+        was numpy's per call, and a RESULT brings several."""
+        nonempty = [cov for cov in covs if cov.edges]
+        if not nonempty:
+            return [(False, 0)] * len(covs)
+        counts = np.fromiter((len(cov.buckets) for cov in nonempty), dtype=np.intp,
+                             count=len(nonempty))
+        starts = np.zeros(len(nonempty), dtype=np.intp)
+        np.cumsum(counts[:-1], out=starts[1:])
+        idx = indices(b"".join(cov.edges for cov in nonempty))
+        buckets = np.frombuffer(b"".join(cov.buckets for cov in nonempty), dtype=np.uint8)
+        novel = np.logical_or.reduceat(buckets & ~gather(self._seen, idx), starts).tolist()
+        rarest = np.minimum.reduceat(gather(self._hits, idx), starts).tolist()
+        assessed = iter(zip(novel, rarest, strict=True))
+        digests = self._digests
+        found = []
+        for cov in covs:
+            if not cov.edges:
+                found.append((False, 0))
+                continue
+            adds, rarity = next(assessed)
+            found.append((bool(adds) and path_key(cov) not in digests, rarity))
+        return found
+
     def knows_path(self, cov: FileCoverage) -> bool:
         """Whether a summary of exactly this path (edges and classes) was merged lately."""
         return path_key(cov) in self._digests
-
-    def rarity(self, cov: FileCoverage) -> int:
-        """How many interesting runs hit the rarest edge of `cov` (0: an edge none hit)."""
-        idx = indices(cov.edges)
-        return int(gather(self._hits, idx).min()) if len(idx) else 0
 
     def merge_novelty(self, cov: FileCoverage) -> Novelty:
         """Merge one summary and say what it added (Novelty.NONE if nothing)."""
