@@ -6,6 +6,7 @@ from __future__ import annotations
 import signal
 
 import pytest
+from mpi4py import MPI
 from test_storage_stop import master, result_for, work_of  # noqa: F401 - the fixture
 
 from symcc_mpi.campaign.corpus import sha256_bytes
@@ -13,7 +14,8 @@ from symcc_mpi.config import CampaignConfig
 from symcc_mpi.executors.base import ExecutionResult, Outcome
 from symcc_mpi.roles.master import Phase
 from symcc_mpi.roles.worker import TERMINATING, Worker, note_termination
-from symcc_mpi.wire.protocol import INTERRUPTED, Work
+from symcc_mpi.wire.protocol import INTERRUPTED, Tag, Work
+from symcc_mpi.wire.transport import RankFailure
 
 
 class Executor:
@@ -83,3 +85,20 @@ def test_the_master_gives_an_interrupted_input_back_without_counting_a_failure(m
     assert statistics.protocol_requeued == statistics.protocol_deferred == 0
     assert master.stats.executions == 0 and master.campaign.read_done() == []
     assert not master.dispatch.recovery.deferred()
+
+
+def test_a_worker_found_dead_at_the_release_does_not_keep_the_others_waiting(master):  # noqa: F811
+    """The simulation's seed 550: a worker died after the campaign was closed, and the send
+    of its RELEASE, failing, ended the loop before the next worker's: that one waited for
+    ever."""
+    sent = master.channel.send
+
+    def send(rank, tag, message):
+        if rank == 1:
+            raise RankFailure(MPI.Exception(MPI.ERR_PROC_FAILED))
+        sent(rank, tag, message)
+
+    master.channel.send = send
+    master.release_workers()
+    assert [(rank, tag) for rank, tag, _ in master.channel.sent if tag is Tag.RELEASE] \
+        == [(2, Tag.RELEASE)]

@@ -354,14 +354,16 @@ class Master:
 
     def release_workers(self) -> None:
         """After `close`: the campaign is durable, the workers may go. A rank found dead now
-        changes nothing (there is no campaign left to recover it into)."""
-        try:
-            for rank in self.ranks.workers:
-                if rank not in self.ranks.failed:
-                    self.channel.send(rank, Tag.RELEASE, Release())
-        except RankFailure as failure:
-            log.warning("a rank died after the campaign was closed (%s): not recovered",
-                        failure)
+        changes nothing (there is no campaign left to recover it into), and the others are
+        released all the same: each waits for its RELEASE."""
+        for rank in self.ranks.workers:
+            if rank in self.ranks.failed:
+                continue
+            try:
+                self.channel.send(rank, Tag.RELEASE, Release())
+            except RankFailure as failure:
+                log.warning("rank %d died after the campaign was closed (%s): not recovered",
+                            rank, failure)
 
     def close(self) -> None:
         if self.faults.fire_at(FaultKind.DIE, "closing", 1):
