@@ -15,9 +15,11 @@ import symcc_mpi.job.progress as progress
 from symcc_mpi.config import CampaignConfig
 
 # Stands in for mpiexec: a "rank" in a process group of its own (as prterun starts them),
-# both ignoring SIGTERM, so that only the launcher's SIGKILL of the session ends them.
+# both ignoring SIGINT (the launcher's second step) and SIGTERM, so that only the launcher's
+# SIGKILL of the session ends them.
 JOB = """
 import os, signal, subprocess, sys, time
+signal.signal(signal.SIGINT, signal.SIG_IGN)
 signal.signal(signal.SIGTERM, signal.SIG_IGN)
 rank = subprocess.Popen([sys.executable, "-c",
     "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"],
