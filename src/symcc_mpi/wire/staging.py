@@ -33,6 +33,7 @@ MAGIC = b"SMPACK01"
 _FOOTER = struct.Struct("<Q8s")  # entries, magic
 _ENTRY = struct.Struct("<32sQ")  # SHA-256, size
 _COPY_BLOCK = 1 << 20
+_TAIL_READ = 4096  # the footer and an index of up to 101 children (40 bytes each)
 
 
 class PackRejected(Exception):
@@ -148,12 +149,16 @@ class Pack:
     def _index(self, size: int) -> list[Staged]:
         if size < _FOOTER.size:
             raise PackRejected(ResultField.MISSING_FILE, f"staged pack of {size} bytes")
-        count, magic = _FOOTER.unpack(os.pread(self._fd, _FOOTER.size, size - _FOOTER.size))
+        # One read for the footer and, most often, the whole index before it.
+        tail = os.pread(self._fd, min(size, _TAIL_READ), max(0, size - _TAIL_READ))
+        count, magic = _FOOTER.unpack(tail[-_FOOTER.size:])
         index_size = count * _ENTRY.size
         if magic != MAGIC or count > MAX_GENERATED or index_size > size - _FOOTER.size:
             raise PackRejected(ResultField.MISSING_FILE, "the staged pack has no index")
         data_size = size - _FOOTER.size - index_size
-        raw = os.pread(self._fd, index_size, data_size)
+        raw = tail[-_FOOTER.size - index_size:-_FOOTER.size] \
+            if _FOOTER.size + index_size <= len(tail) \
+            else os.pread(self._fd, index_size, data_size)
         entries, offset = [], 0
         for digest, length in _ENTRY.iter_unpack(raw):
             if length > MAX_STAGED_SIZE:
