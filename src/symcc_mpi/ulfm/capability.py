@@ -33,10 +33,8 @@ POLICY = {
     "replay": "every dispatch in flight at the failure, the failed ranks' first",
     "spares": "none: shrink only",
 }
-# mpiexec options that make an Open MPI 5 job survive a rank's death (DESIGN §8). Ranks on
-# one node talk over shared memory (fault tolerant with CMA, Open MPI's ULFM docs): over
-# TCP loopback every message cost the master a writev or readv and its probes epoll_waits.
-MPIEXEC_OPTIONS = ("--with-ft", "ulfm", "--mca", "pml", "ob1", "--mca", "btl", "sm,tcp,self")
+# mpiexec options that make an Open MPI 5 job survive a rank's death (DESIGN §8).
+MPIEXEC_OPTIONS = ("--with-ft", "ulfm", "--mca", "pml", "ob1", "--mca", "btl", "tcp,self")
 
 
 class FaultTolerance(str, enum.Enum):
