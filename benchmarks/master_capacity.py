@@ -22,10 +22,12 @@ core, workers wait) or because the machine is (all cores busy: on 2 cores the wo
 own processes and Python loops use them up first). Capacity: a master with a core of its own
 spends a fixed share F of it on its rounds (reports, sweeps, probes) and C seconds per task,
 so it serves at most (1 - F) / C tasks/s and, at T seconds per run, feeds T (1 - F) / C
-workers. F and C are the least-squares line through the sleep runs' (tasks/s over the
-master's loop, master's core share); the last table gives T (1 - F) / C for 0.1, 0.5 and 2 s
-per run. Those runs generate nothing: a real SymCC run's children cost the master more (see
-master_cpu.py), and the same sum applies with its C.
+workers. F and C are the least-squares line through the (tasks/s over the master's loop,
+master's core share) of the sleep runs that left the machine's CPU below BUSY_MACHINE: on a
+saturated machine the master waits for a core, finds more results per wake-up and spends
+less per task than it would on a core of its own, which would flatter it. The last table
+gives T (1 - F) / C for 0.1, 0.5 and 2 s per run. Those runs generate nothing: a real SymCC
+run's children cost the master more (see master_cpu.py), and the same sum applies with its C.
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ SLEEPER_SOURCE = ROOT / "benchmarks" / "sleeper.c"
 SETTLE_SECONDS = 5.0  # after the first done record: every worker has had its first task
 RUN_TIMES = (0.1, 0.5, 2.0)  # seconds per run, for the capacity table
 SAMPLE_INTERVAL = 0.5
+BUSY_MACHINE = 0.9  # machine CPU share above which a run is left out of the fit
 
 
 def build_sleeper(directory: Path) -> Path:
@@ -198,17 +201,21 @@ def main() -> None:
                       r["master_ms_per_task"], r["master_core_share"], r["wait_ms_per_task"],
                       r["machine_cpu_busy"] if r["machine_cpu_busy"] is not None else "-"]
                      for r in runs])
-        fixed, per_task = fit_master_cost([r for r in runs if r["workload"] != "noop"])
+        fitted = [r for r in runs if r["workload"] != "noop" and r["machine_cpu_busy"] is not None
+                  and r["machine_cpu_busy"] < BUSY_MACHINE]
+        fixed, per_task = fit_master_cost(fitted)
         capacity = {f"{t:g}": math.floor(t * (1 - fixed) / per_task) for t in RUN_TIMES}
         print()
-        print(f"the master's core share = {fixed:.3f} + {1e3 * per_task:.3f} ms x tasks/s (sleep "
-              f"runs): one master on a core of its own serves {(1 - fixed) / per_task:.0f} "
-              "tasks/s")
+        used = ", ".join(f"{r['workload']} x {r['workers']}" for r in fitted)
+        print(f"the master's core share = {fixed:.3f} + {1e3 * per_task:.3f} ms x tasks/s (fitted "
+              f"to {used}): one master on a core of its own serves "
+              f"{(1 - fixed) / per_task:.0f} tasks/s")
         print_table(["seconds per run", "workers one master feeds"],
                     [[f"{t:g}", capacity[f"{t:g}"]] for t in RUN_TIMES])
         print(f"\noutput kept in {kept}")
         print(json.dumps({"benchmark": "master_capacity", "revision": revision(),
                           "cpus": os.cpu_count(), "runs": runs,
+                          "fitted_runs": [[r["workload"], r["workers"]] for r in fitted],
                           "fixed_core_share": round(fixed, 4),
                           "master_ms_per_task_fitted": round(1e3 * per_task, 4),
                           "tasks_per_second_capacity": round((1 - fixed) / per_task),
