@@ -84,3 +84,20 @@ def test_resume_keeps_pruning_and_the_triage_map(tmp_path):
     after = (out / "state" / "pruning" / "shared.map").read_bytes()
     assert all(a & b == b for a, b in zip(after, saved, strict=True))  # it only gained bits
     assert stats(out)["edges_found"] >= before["edges_found"]
+
+
+@pytest.mark.skipif(shutil.which("afl-showmap") is None, reason="AFL++ not installed")
+def test_two_masters_exchange_their_triage_and_pruning_maps(tmp_path):
+    """Each master ORs the other's maps into its own (federation/map_exchange.py): both read
+    the other's and gained bits from them, in a real two-master campaign."""
+    out = tmp_path / "out"
+    process = explore(out, "--executor", "symcc", "--target", f"{BUILD / 'json.symcc'} @@",
+                      "--afl-target", f"{BUILD / 'json.afl'} @@", "--seeds", SEEDS / "json",
+                      "--workers", 2, "--masters", 2, "--pruning", "shared",
+                      "--fault-tolerance", "off", "--timeout", 20, timeout=200)
+    assert_oracles(out, process)
+    for index, master in stats(out)["extra"]["per_master"].items():
+        maps = master["maps"]
+        assert maps["published"] > 0 and maps["read"] > 0 and maps["gained"] > 0, (index, maps)
+        assert maps["rejected"] == 0, (index, maps)
+

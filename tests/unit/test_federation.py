@@ -1,13 +1,19 @@
 """federation.py without MPI: the rank layout, admission by owner and lease, the figures
-root combines, and the fault plans addressed to a master by index."""
+root combines, the fault plans addressed to a master by index, and the triage and pruning
+maps the masters exchange."""
 
 from __future__ import annotations
+
+from types import SimpleNamespace
 
 import pytest
 
 from symcc_mpi.campaign.layout import sha256_bytes
 from symcc_mpi.campaign.report import CampaignSnapshot
 from symcc_mpi.config import UsageError
+from symcc_mpi.coverage.edges import FileCoverage, Status, pack_u32
+from symcc_mpi.coverage.pruning import MAP_SIZE, PruningLedger, PruningMode, decode, difference
+from symcc_mpi.coverage.triage import CoverageMap
 from symcc_mpi.durable.clock import ManualClock
 from symcc_mpi.federation.figures import combine
 from symcc_mpi.federation.layout import groups
@@ -137,3 +143,39 @@ def test_an_expired_lease_whose_file_is_missing_is_abandoned_at_once(tmp_path, m
                                   tmp_path) == 0
     assert digest not in second.held and not frontier.pending
     assert second.leases.statistics().abandoned == 1
+
+
+def normal(*edges: int) -> FileCoverage:
+    """A normal run's summary hitting `edges` once each."""
+    return FileCoverage(Status.OK, pack_u32(sorted(edges)), b"\x01" * len(edges))
+
+
+def qsym_map(bits: dict[int, int]) -> bytes:
+    """A whole QSYM map holding `bits` ({index: byte})."""
+    data = bytearray(MAP_SIZE)
+    for index, byte in bits.items():
+        data[index] = byte
+    return bytes(data)
+
+
+def test_masters_end_up_with_the_union_of_their_maps(tmp_path):
+    """A child one master kept is not new to the other once they exchanged maps, and a
+    branch context one master's runs solved ships to the other's workers."""
+    masters = federations(tmp_path)
+    states = [SimpleNamespace(triage=CoverageMap(), pruning=PruningLedger(PruningMode.SHARED),
+                              triage_dirty=False) for _ in masters]
+    states[0].triage.merge(normal(3, 4))
+    states[1].triage.merge(normal(8))
+    states[0].pruning.merge(1, difference(bytes(MAP_SIZE), qsym_map({11: 0x04})))
+    states[1].pruning.merge(3, difference(bytes(MAP_SIZE), qsym_map({12: 0x08})))
+    for master, state in zip(masters, states, strict=True):
+        master.exchange_maps(state)  # the first publishes before the second has
+    masters[0].exchange_maps(states[0])
+    for state in states:
+        assert not state.triage.adds_coverage(normal(3, 4, 8))
+        assert state.triage.edges_covered == 3
+        assert state.pruning.shared_map() == qsym_map({11: 0x04, 12: 0x08})
+    assert states[0].triage_dirty and states[1].triage_dirty
+    shipped = decode(states[0].pruning.plan(1).payload)  # to master 0's worker 1
+    assert difference(bytes(MAP_SIZE), qsym_map({11: 0x04, 12: 0x08})) == shipped
+    assert [m.maps.statistics().gained for m in masters] == [2, 2]

@@ -366,3 +366,26 @@ def test_load_maps_refuses_a_file_of_the_wrong_size(tmp_path):
     (tmp_path / f"{SHARED_SCOPE}.map").write_bytes(b"\x01" * 1000)
     with pytest.raises(MalformedDelta, match="shared.map"):
         load_maps(tmp_path)
+
+
+# --------------------------------------------------------------------------- another master's map
+
+
+def test_another_masters_shared_map_is_absorbed_and_shipped_to_the_workers():
+    ledger = PruningLedger(PruningMode.SHARED)
+    ledger.merge(1, sparse({5: 0x01}))
+    ledger.confirm(ledger.plan(1))  # worker 1 has everything so far
+    assert ledger.absorb(whole({5: 0x01, 7: 0x10})) == 1
+    assert received(ledger.plan(1).payload) == {7: 0x10}  # only what it lacked
+    assert ledger.shared_map() == whole({5: 0x01, 7: 0x10})
+    assert ledger.dirty
+    assert ledger.absorb(whole({7: 0x10})) == 0  # nothing new
+
+
+def test_a_local_ledger_absorbs_nothing_and_a_map_of_another_size_is_refused():
+    local = PruningLedger(PruningMode.LOCAL)
+    local.merge(1, sparse({5: 0x01}))
+    assert local.shared_map() is None
+    assert local.absorb(whole({9: 0x01})) == 0
+    with pytest.raises(MalformedDelta, match="a QSYM map has"):
+        PruningLedger(PruningMode.SHARED).absorb(b"\x01" * 10)

@@ -14,6 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from symcc_mpi.coverage import triage
 from symcc_mpi.coverage.edges import (
     BUCKET_BITS,
     AflTargetError,
@@ -338,3 +339,62 @@ def test_check_afl_target(afl_target, tmp_path):
         check_afl_target([str(tmp_path)])
 
 
+
+
+# --------------------------------------------------------------------------- another master's map
+
+
+def normal(edges: dict[int, int]) -> FileCoverage:
+    """A normal run's summary hitting `edges` ({index: hit-count class bit})."""
+    indices = sorted(edges)
+    return FileCoverage(Status.OK, pack_u32(indices), bytes(edges[i] for i in indices))
+
+
+def test_a_child_another_master_covered_adds_nothing_after_its_map_is_absorbed():
+    theirs, mine = CoverageMap(), CoverageMap()
+    assert theirs.merge(normal({3: 1, 9: 2}))
+    child = normal({3: 1, 9: 2})
+    assert mine.adds_coverage(child)
+    assert mine.absorb(theirs.seen_bytes())
+    assert not mine.adds_coverage(child)
+    assert mine.adds_coverage(normal({3: 1, 9: 4}))  # a hit-count class they never had
+    assert mine.edges_covered == 2
+    assert mine.statistics().interesting == 0  # their finds, not this map's
+    assert not mine.absorb(theirs.seen_bytes())  # nothing new the second time
+
+
+def test_absorbing_a_larger_map_grows_this_one(monkeypatch):
+    small, large = CoverageMap(), CoverageMap()
+    small.merge(normal({1: 1}))
+    large.merge(normal({70000: 1}))
+    assert small.absorb(large.seen_bytes())
+    assert small.edges_covered == 2
+    assert not small.adds_coverage(normal({1: 1, 70000: 1}))
+    monkeypatch.setattr(triage, "MAX_MAP_SIZE", 1 << 17)  # not 256 MB of test data
+    with pytest.raises(ValueError, match="larger than any"):
+        small.absorb(bytes((1 << 17) + 1))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.dictionaries(st.integers(0, 300), st.sampled_from(BUCKET_BITS),
+                                min_size=1, max_size=8), min_size=1, max_size=6),
+       st.lists(st.dictionaries(st.integers(0, 300), st.sampled_from(BUCKET_BITS),
+                                min_size=1, max_size=8), min_size=1, max_size=6))
+def test_absorbing_is_a_union_in_either_order(runs_a, runs_b):
+    """Two masters that absorb each other's maps, in either order and any number of times,
+    hold the union: the bits of a map that merged every run."""
+    a, b, union = CoverageMap(), CoverageMap(), CoverageMap()
+    for edges in runs_a:
+        a.merge(normal(edges))
+    for edges in runs_b:
+        b.merge(normal(edges))
+    for edges in runs_a + runs_b:
+        union.merge(normal(edges))
+    a_seen, b_seen = a.seen_bytes(), b.seen_bytes()
+    a.absorb(b_seen)
+    b.absorb(a_seen)
+    b.absorb(a_seen)
+    for merged in (a, b):
+        width = max(len(merged.seen_bytes()), len(union.seen_bytes()))
+        assert merged.seen_bytes().ljust(width, b"\0") == union.seen_bytes().ljust(width, b"\0")
+        assert merged.edges_covered == union.edges_covered

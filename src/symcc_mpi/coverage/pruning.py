@@ -277,7 +277,9 @@ class PruningLedger:
         if not delta:
             return 0
         self._merged += 1
-        scope = self._scope(rank)
+        return self._merge(self._scope(rank), delta)
+
+    def _merge(self, scope: _Scope, delta: Delta) -> int:
         # Vectorised: a run's contribution holds hundreds of entries, and this runs for
         # every commit (a Python loop over them was 6% of the master's CPU on toml).
         target = np.frombuffer(scope.map, dtype=np.uint8)  # a view: writes reach the map
@@ -309,6 +311,22 @@ class PruningLedger:
         self._new_entries += len(hit)
         self.dirty = True
         return len(hit)
+
+    def shared_map(self) -> bytes | None:
+        """The `--pruning shared` campaign map (None in `local` mode, or before any bit)."""
+        scope = self._scopes.get(SHARED_SCOPE) if self.mode is PruningMode.SHARED else None
+        return bytes(scope.map) if scope is not None else None
+
+    def absorb(self, whole: bytes) -> int:
+        """OR another master's shared map into this one's, shipped to the workers as any
+        merged bits are; returns the entries it added (none in `local` mode)."""
+        if len(whole) != MAP_SIZE:
+            raise MalformedDelta(f"pruning map of {len(whole)} bytes, a QSYM map has {MAP_SIZE}")
+        if self.mode is not PruningMode.SHARED:
+            return 0
+        scope = self._scopes.get(SHARED_SCOPE) or self._scopes.setdefault(SHARED_SCOPE, _Scope())
+        delta = difference(scope.map, whole)
+        return self._merge(scope, delta) if delta else 0
 
     def plan(self, rank: int) -> Shipment:
         """What `rank` lacks of its scope's map. Changes nothing until `confirm`."""

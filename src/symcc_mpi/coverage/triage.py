@@ -204,6 +204,28 @@ class CoverageMap:
         self._digests.add(key)
         return novelty
 
+    # -- another master's coverage (federation/map_exchange.py)
+
+    def seen_bytes(self) -> bytes:
+        """The normal runs' virgin bits, per map index: what `absorb` takes."""
+        return self._seen.tobytes()
+
+    def absorb(self, seen: bytes) -> bool:
+        """OR another map's `seen_bytes` into this one's: its coverage counts as had here, not
+        as finds of this map's (no interesting run, no hit counts). True if it added bits."""
+        if len(seen) > MAX_MAP_SIZE:
+            raise ValueError(f"a coverage map of {len(seen)} bytes is larger than any")
+        other = np.frombuffer(seen, dtype=np.uint8)
+        if len(other) > len(self._seen):
+            self._seen = np.concatenate(
+                [self._seen, np.zeros(len(other) - len(self._seen), dtype=np.uint8)])
+        mine = self._seen[:len(other)]
+        if not (other & ~mine).any():
+            return False
+        self._edges_covered += int(np.count_nonzero((mine == 0) & (other != 0)))
+        mine |= other
+        return True
+
     # -- figures
 
     @property

@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass, replace
 
 from symcc_mpi.campaign.report import CampaignSnapshot
 from symcc_mpi.federation.hints import HintStatistics
+from symcc_mpi.federation.map_exchange import ExchangeStatistics
 from symcc_mpi.federation.master_leases import LeaseFigures
 from symcc_mpi.federation.quiescence import CoordinatorStatistics, ParticipantStatistics
 from symcc_mpi.federation.target_claims import ClaimStatistics
@@ -26,6 +27,7 @@ class FederationStatistics:
     stale_results: int
     targets: ClaimStatistics | None
     hints: HintStatistics
+    maps: ExchangeStatistics
     quiescence: ParticipantStatistics
     quiescence_root: CoordinatorStatistics | None
     root_outcome: str | None
@@ -36,7 +38,8 @@ class FederationStatistics:
         figures = asdict(self.leases)
         figures.update(not_owned=self.not_owned, stale_results=self.stale_results,
                        targets=asdict(self.targets) if self.targets else {},
-                       hints=asdict(self.hints), quiescence=asdict(self.quiescence))
+                       hints=asdict(self.hints), maps=asdict(self.maps),
+                       quiescence=asdict(self.quiescence))
         if self.quiescence_root is not None:
             figures["quiescence_root"] = {**asdict(self.quiescence_root),
                                           "outcome": self.root_outcome}
@@ -72,7 +75,8 @@ def combine(own: CampaignSnapshot, others: dict[int, dict],
                 "claims", "steals", "expiries", "stale_results", "refused", "not_owned",
                 "writes", "lock_wait_seconds")},
             "splitting": extra.get("splitting", {}),
-            "target_claims": federation.get("targets", {})}
+            "target_claims": federation.get("targets", {}),
+            "maps": federation.get("maps", {})}
     extra = dict(own.extra, per_master=per_master,
                  executor_errors=sum(m.get("extra", {}).get("executor_errors") or 0
                                      for m in masters.values()),

@@ -22,13 +22,17 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from symcc_mpi.campaign.checkpoint import Checkpointer
 from symcc_mpi.campaign.corpus import CampaignDir
 from symcc_mpi.campaign.layout import LEASE_DIRECTORY_PREFIX
+from symcc_mpi.coverage.edges import MAX_MAP_SIZE
+from symcc_mpi.coverage.pruning import MAP_SIZE as PRUNING_MAP_SIZE
 from symcc_mpi.durable.clock import SYSTEM_CLOCK, Clock
 from symcc_mpi.federation.figures import FederationStatistics, plain
 from symcc_mpi.federation.hints import HintReader, PublicationLog
 from symcc_mpi.federation.lease_config import LeaseConfig
 from symcc_mpi.federation.leases import FencedWorkLeaseTable
+from symcc_mpi.federation.map_exchange import EXCHANGE_INTERVAL, PRUNING, TRIAGE, MapExchange
 from symcc_mpi.federation.master_leases import WorkLeases
 from symcc_mpi.federation.ownership import lease_directory, owner
 from symcc_mpi.federation.quiescence import (
@@ -63,6 +67,7 @@ class OwnMaster:
     count_malformed: Callable[[], object]  # a malformed message from another master
     exhausted: Callable[[], bool]  # nothing of this master's left to dispatch
     busy: Callable[[], bool]  # results in flight, or parts of a split input waiting
+    checkpoint: Checkpointer  # its triage and pruning maps, which gain the others' bits
 
 
 class Federation:
@@ -86,7 +91,10 @@ class Federation:
         self.targets: TargetClaims | None = None  # F311's shared target groups, likewise
         self.publications: PublicationLog | None = None
         self.held: dict[str, str] = {}  # digest -> token of the lease this master holds
-        self.hints = HintReader(self.directory, [m for m in self.indices if m != index])
+        peers = [m for m in self.indices if m != index]
+        self.hints = HintReader(self.directory, peers)
+        self.maps = MapExchange(self.directory, index, peers)
+        self.next_exchange = 0.0
         self.participant = Participant(refresh=STATUS_REFRESH)
         self.coordinator = Coordinator(masters, window=QUIESCENCE_WINDOW,
                                        stale_after=STATUS_STALE,
@@ -210,6 +218,9 @@ class Federation:
         if not self.participant.frozen and now >= self.next_discovery:
             self.next_discovery = now + DISCOVERY_INTERVAL
             self.discover(own)
+        if now >= self.next_exchange:
+            self.next_exchange = now + EXCHANGE_INTERVAL
+            self.exchange_maps(own.checkpoint)
         idle = own.exhausted() and not self.active_since_status
         self.active_since_status = False
         if (status := self.participant.status(idle, now)) is not None:
@@ -228,6 +239,23 @@ class Federation:
             found += own.frontier.add(digest)
         recovered = self.leases.recover_expired(limit=RECOVERY_LIMIT)
         return found + self._take_recovered(own.frontier, recovered, own.campaign.corpus)
+
+    def exchange_maps(self, checkpoint: Checkpointer) -> None:
+        """The others' triage and pruning maps ORed into this master's, then its own
+        published for them (map_exchange.py)."""
+        if (triage := checkpoint.triage) is not None:
+            for seen in self.maps.changed(TRIAGE, range(1, MAX_MAP_SIZE + 1)):
+                if triage.absorb(seen):
+                    self.maps.gained()
+                    checkpoint.triage_dirty = True
+            self.maps.publish(TRIAGE, triage.seen_bytes())
+        if (pruning := checkpoint.pruning) is not None:
+            for whole in self.maps.changed(PRUNING, range(PRUNING_MAP_SIZE,
+                                                          PRUNING_MAP_SIZE + 1)):
+                if pruning.absorb(whole):
+                    self.maps.gained()
+            if (shared := pruning.shared_map()) is not None:
+                self.maps.publish(PRUNING, shared)
 
     def rescan(self, own: OwnMaster) -> bool:
         """F320 §2.5 step 3, before a vote: everything published or expired is looked at once
@@ -387,7 +415,8 @@ class Federation:
             leases=self.leases.statistics(), not_owned=self.not_owned,
             stale_results=self.stale_results,
             targets=self.targets.statistics() if self.targets else None,
-            hints=self.hints.statistics(), quiescence=self.participant.statistics(),
+            hints=self.hints.statistics(), maps=self.maps.statistics(),
+            quiescence=self.participant.statistics(),
             quiescence_root=root.statistics() if root is not None else None,
             root_outcome=root.outcome.value if root is not None else None,
             findings_named=self.findings if root is not None else None)

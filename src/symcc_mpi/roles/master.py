@@ -123,7 +123,8 @@ class Master:
         self.own = OwnMaster(
             frontier, campaign, count_malformed=self._count_malformed,
             exhausted=lambda: dispatch.exhausted,
-            busy=lambda: bool(self.split.waiting or dispatch.in_flight))
+            busy=lambda: bool(self.split.waiting or dispatch.in_flight),
+            checkpoint=self.checkpoint)
         self.naps = Naps()
         self.doorbell = doorbell if doorbell is not None else Doorbell()
         self.wakeups = 0
