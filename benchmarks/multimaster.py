@@ -15,8 +15,11 @@ Per campaign: executions, distinct inputs analysed, redundancy (observations / u
 F320 figure: 1.00 means no input analysed twice), tasks/s over the campaign's steady part
 (first to last done record, every master's journal), the ratio of that rate to one master's,
 the lease table's writes and lock-wait time per task, and the first master's median time per
-task (`extra.master_task_time`: the hand-off and the commit, leases included). Configurations
+task (`extra.master_task_time`: the hand-off and the commit, leases included), and the masters'
+CPU per task (every master's loop, summed, over the campaign's executions). Configurations
 alternate within each repetition, so a load change on this shared machine hits them alike.
+With --previous-tree, each configuration runs at this revision and at the tree's, one after
+the other, and a last table gives this / previous.
 """
 
 from __future__ import annotations
@@ -24,10 +27,12 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import tempfile
 from pathlib import Path
 
-from _campaign import ROOT, print_table, run_campaign
+from _campaign import ROOT, keep_stdout, print_table, revision, run_campaign
+from symcc_scaling import previous_env
 
 from symcc_mpi.campaign.corpus import CampaignDir
 from symcc_mpi.campaign.layout import done_journals
@@ -58,11 +63,21 @@ def workload_arguments(name: str, seeds_dir: Path, seeds: int) -> list[str]:
             str(EXAMPLES / "seeds" / name), "--timeout", "30"]
 
 
-def measure(workload: str, masters: int, workers: int, seeds: int, scratch: Path) -> dict:
-    out = scratch / f"{workload}-{masters}"
+def masters_cpu(stats: dict) -> float | None:
+    """Every master's loop CPU, summed (None: a revision whose figures lack it)."""
+    per_master = stats["extra"].get("per_master")
+    if not per_master:
+        return stats["extra"].get("master_loop_cpu_seconds")
+    cpu = [m.get("loop_cpu_seconds") for m in per_master.values()]
+    return None if None in cpu else sum(cpu)
+
+
+def measure(workload: str, masters: int, workers: int, seeds: int, scratch: Path,
+            env: dict | None = None) -> dict:
+    out = scratch / f"{workload}-{masters}-{'previous' if env else 'this'}"
     arguments = workload_arguments(workload, scratch / f"{workload}-seeds", seeds)
     stats = run_campaign(out, *arguments, "--workers", str(workers), "--masters",
-                         str(masters), "--fault-tolerance", "off")
+                         str(masters), "--fault-tolerance", "off", env=env)
     observations, unique, rate = steady_rate(out)
     extra = stats["extra"]
     per_master = extra.get("per_master") or {}
@@ -77,11 +92,18 @@ def measure(workload: str, masters: int, workers: int, seeds: int, scratch: Path
         "lock_wait_ms_per_task": round(1e3 * lock_wait / observations, 3)
         if observations else 0.0,
         "root_task_ms": round(extra["master_task_time"].get("median_ms", 0.0), 3),
+        "masters_cpu_ms_per_task": round(1e3 * cpu / observations, 3)
+        if (cpu := masters_cpu(stats)) is not None and observations else None,
         "per_master_executions": [per_master[k]["executions"]
                                   for k in sorted(per_master, key=int)] or [stats["executions"]],
         "seconds": round(stats["command_seconds"], 1),
         "stop_reason": extra["stop_reason"],
     }
+
+
+def median_of(samples: list[dict], key: str):
+    values = [s[key] for s in samples if s[key] is not None]
+    return statistics.median(values) if values else None
 
 
 def main() -> None:
@@ -91,42 +113,90 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=300, help="noop workload's seeds")
     parser.add_argument("--workloads", nargs="+", default=["noop", "magic"])
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--previous-revision", metavar="REV",
+                        help="also run every configuration at REV (with --previous-tree)")
+    parser.add_argument("--previous-tree", type=Path, metavar="DIR",
+                        help="git worktree of REV (added if missing)")
     options = parser.parse_args()
+    sides = {"this": None}
+    if options.previous_revision:
+        if options.previous_tree is None:
+            parser.error("--previous-revision needs --previous-tree")
+        sides["previous"] = previous_env(options.previous_tree, options.previous_revision)
 
-    runs: dict[tuple[str, int], list[dict]] = {}
+    with keep_stdout("multimaster") as kept:
+        report(options, sides)
+        print(f"output kept in {kept}", file=sys.stderr)
+
+
+def report(options: argparse.Namespace, sides: dict[str, dict | None]) -> None:
+    runs: dict[tuple[str, str, int], list[dict]] = {}
     with tempfile.TemporaryDirectory(prefix="bench-multimaster-") as scratch:
         for repeat in range(options.repeats):
             for workload in options.workloads:
                 for masters in options.masters:
-                    directory = Path(scratch) / f"r{repeat}"
-                    directory.mkdir(exist_ok=True)
-                    runs.setdefault((workload, masters), []).append(
-                        measure(workload, masters, options.workers, options.seeds, directory))
+                    for side, env in sides.items():
+                        directory = Path(scratch) / f"r{repeat}"
+                        directory.mkdir(exist_ok=True)
+                        runs.setdefault((side, workload, masters), []).append(
+                            measure(workload, masters, options.workers, options.seeds,
+                                    directory, env))
 
     rows, figures = [], []
-    for (workload, masters), samples in runs.items():
-        median = {key: statistics.median(s[key] for s in samples) for key in (
+    medians: dict[tuple[str, str, int], dict] = {}
+    for (side, workload, masters), samples in runs.items():
+        median = {key: median_of(samples, key) for key in (
             "executions", "unique", "redundancy", "tasks_per_second", "lease_writes_per_task",
-            "lock_wait_ms_per_task", "root_task_ms", "seconds")}
-        alone = statistics.median(s["tasks_per_second"] for s in runs[(workload, 1)]) \
-            if (workload, 1) in runs else 0.0
-        median["rate_vs_one_master"] = round(median["tasks_per_second"] / alone, 3) \
-            if alone else None
+            "lock_wait_ms_per_task", "root_task_ms", "masters_cpu_ms_per_task", "seconds")}
+        alone = medians.get((side, workload, 1))
+        median["rate_vs_one_master"] = round(median["tasks_per_second"] /
+                                             alone["tasks_per_second"], 3) if alone else None
+        median["extra_cpu_ms_per_task"] = round(
+            median["masters_cpu_ms_per_task"] - alone["masters_cpu_ms_per_task"], 3) \
+            if alone and None not in (median["masters_cpu_ms_per_task"],
+                                      alone["masters_cpu_ms_per_task"]) else None
         median["redundancy_worst"] = max(s["redundancy"] for s in samples)
         median["per_master_executions"] = samples[-1]["per_master_executions"]
         median["stop_reasons"] = sorted({s["stop_reason"] for s in samples})
-        figures.append({"workload": workload, "masters": masters,
+        medians[(side, workload, masters)] = median
+        figures.append({"side": side, "workload": workload, "masters": masters,
                         "workers": options.workers, "repeats": len(samples), **median})
-        rows.append([workload, masters, options.workers, int(median["executions"]),
+        rows.append([side, workload, masters, options.workers, int(median["executions"]),
                      int(median["unique"]), median["redundancy_worst"],
                      median["tasks_per_second"], median["rate_vs_one_master"] or "-",
                      median["lease_writes_per_task"], median["lock_wait_ms_per_task"],
-                     median["root_task_ms"], "/".join(map(str, median["per_master_executions"])),
-                     median["seconds"]])
-    print_table(["workload", "masters", "workers", "executions", "unique", "redundancy (worst)",
-                 "tasks/s", "vs 1 master", "lease writes/task", "lock wait ms/task",
-                 "root ms/task", "per master", "seconds"], rows)
-    print(json.dumps({"benchmark": "multimaster", "runs": figures}))
+                     median["root_task_ms"], _or_dash(median["masters_cpu_ms_per_task"]),
+                     _or_dash(median["extra_cpu_ms_per_task"]),
+                     "/".join(map(str, median["per_master_executions"])), median["seconds"]])
+    print(f"multimaster at {revision()}" + (f" against {options.previous_revision}"
+                                            if options.previous_revision else ""))
+    print_table(["side", "workload", "masters", "workers", "executions", "unique",
+                 "redundancy (worst)", "tasks/s", "vs 1 master", "lease writes/task",
+                 "lock wait ms/task", "root ms/task", "masters CPU ms/task",
+                 "CPU ms/task over 1 master", "per master", "seconds"], rows)
+    ratios = []
+    if "previous" in sides:
+        for (side, workload, masters), mine in medians.items():
+            if side != "this":
+                continue
+            theirs = medians[("previous", workload, masters)]
+            ratio = {key: round(mine[key] / theirs[key], 3) if mine[key] and theirs[key]
+                     else None for key in ("tasks_per_second", "lease_writes_per_task",
+                                           "lock_wait_ms_per_task", "masters_cpu_ms_per_task")}
+            ratios.append({"workload": workload, "masters": masters, **ratio})
+        print("\nthis / previous")
+        print_table(["workload", "masters", "tasks/s", "lease writes/task", "lock wait ms/task",
+                     "masters CPU ms/task"],
+                    [[r["workload"], r["masters"], *(_or_dash(r[k]) for k in (
+                        "tasks_per_second", "lease_writes_per_task", "lock_wait_ms_per_task",
+                        "masters_cpu_ms_per_task"))] for r in ratios])
+    print(json.dumps({"benchmark": "multimaster", "revision": revision(),
+                      "previous_revision": options.previous_revision, "runs": figures,
+                      "this_over_previous": ratios}))
+
+
+def _or_dash(value):
+    return "-" if value is None else value
 
 
 if __name__ == "__main__":

@@ -71,6 +71,7 @@ def combine(own: CampaignSnapshot, others: dict[int, dict],
             "interesting": figures.get("interesting", 0),
             "crashes": figures.get("crashes", 0), "pending": figures.get("pending", 0),
             "in_flight": extra.get("in_flight", 0), "phase": extra.get("phase", "?"),
+            "loop_cpu_seconds": extra.get("master_loop_cpu_seconds", 0.0),
             **{name: federation.get(name, 0) for name in (
                 "claims", "steals", "expiries", "stale_results", "refused", "not_owned",
                 "writes", "lock_wait_seconds")},
