@@ -48,7 +48,10 @@ from _campaign import (
     ROOT,
     build_targets,
     gnuplot_terminal,
+    keep_stdout,
     print_table,
+    results_file,
+    revision,
     time_to,
 )
 
@@ -476,10 +479,10 @@ def main() -> None:
                         help="example target (repeatable; default: "
                              + " and ".join(DEFAULT_TARGETS) + ")")
     parser.add_argument("--plot", type=Path, metavar="PATH",
-                        default=ROOT / "benchmarks" / "results" / "hybrid.png",
                         help="the plot (its extension follows gnuplot's best terminal; the "
                              "script and a text rendering go beside it; default "
-                             "benchmarks/results/hybrid.png)")
+                             "benchmarks/results/hybrid-DATE-REV-plot.png, beside the "
+                             "output kept as hybrid-DATE-REV.txt)")
     parser.add_argument("--examples", type=Path, default=EXAMPLES, metavar="DIR",
                         help="take build/NAME.symcc, build/NAME.afl and seeds/NAME/ from DIR "
                              "(default examples/, after `make -s -C examples`)")
@@ -487,9 +490,15 @@ def main() -> None:
     if not args.budget > 0:
         parser.error("--budget must be positive")
     targets = build_targets("hybrid", args.target or list(DEFAULT_TARGETS), args.examples)
+    with keep_stdout("hybrid") as kept:
+        run(args, targets, args.plot or results_file("hybrid", "-plot.png"))
+    print(f"output kept in {kept}", file=sys.stderr)
+
+
+def run(args: argparse.Namespace, targets: dict, plot_path: Path) -> None:
     configs = [c for c in CONFIGURATIONS if c not in CAMPAIGNS or has_afl_sync()]
     load = os.getloadavg()
-    print(f"hybrid: {len(targets)} target(s) x {len(configs)} configurations, "
+    print(f"hybrid at {revision()}: {len(targets)} target(s) x {len(configs)} configurations, "
           f"{args.budget:g} s each, 3 busy processes each ({SYMCC_MPI_BESIDE}: 2 fuzzers "
           f"and 2 workers); {os.cpu_count()} CPUs, load "
           f"average at start {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
@@ -516,7 +525,7 @@ def main() -> None:
                            "configs": table,
                            "series": {c: _compact(r["series"])
                                       for c, r in runs[target].items()}}
-    image, text = plot(runs, args.budget, args.plot)
+    image, text = plot(runs, args.budget, plot_path)
     print(text.rstrip("\n"))
     print(f"plot: {image}")
     end_load = os.getloadavg()
