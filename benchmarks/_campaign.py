@@ -17,6 +17,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from symcc_mpi.campaign.corpus import CampaignDir
+from symcc_mpi.campaign.layout import done_journals
 from symcc_mpi.executors.symcc import HOW_TO_GET_SYMCC
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -30,6 +32,13 @@ def compile_sources(tree: Path = ROOT) -> None:
     (with PYTHONDONTWRITEBYTECODE set, each rank of each campaign would, every time): a
     comparison of two trees compiles both."""
     subprocess.run([sys.executable, "-m", "compileall", "-q", str(tree / "src")], check=True)
+
+
+def done_records(out: Path) -> list[dict]:
+    """Every master's done records of the campaign in `out` (not its work or epoch records)."""
+    campaign = CampaignDir(out)
+    return [record for path in done_journals(out)
+            for record in campaign.inspect_journal(path)[0] if "kind" not in record]
 
 
 def run_campaign(out: Path, *args: str, env: dict | None = None) -> dict:

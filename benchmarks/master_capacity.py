@@ -43,10 +43,8 @@ import threading
 import time
 from pathlib import Path
 
-from _campaign import ROOT, keep_stdout, print_table, revision, run_campaign
+from _campaign import ROOT, done_records, keep_stdout, print_table, revision, run_campaign
 
-from symcc_mpi.campaign.corpus import CampaignDir
-from symcc_mpi.campaign.layout import done_journals
 from symcc_mpi.config import SKIP_BIN_CHECK_ENV
 
 SLEEPER_SOURCE = ROOT / "benchmarks" / "sleeper.c"
@@ -106,12 +104,6 @@ class MachineCpu:
         return (last[1] - first[1]) / (last[2] - first[2])
 
 
-def done_times(out: Path) -> list[float]:
-    campaign = CampaignDir(out)
-    return sorted(record["time"] for path in done_journals(out)
-                  for record in campaign.inspect_journal(path)[0] if "kind" not in record)
-
-
 def measure(workload: str, workers: int, seconds: float, noop_seeds: int, sleeper: Path,
             scratch: Path) -> dict:
     run_time = None if workload == "noop" else float(workload.split()[1])
@@ -129,7 +121,7 @@ def measure(workload: str, workers: int, seconds: float, noop_seeds: int, sleepe
     with MachineCpu() as machine:
         stats = run_campaign(out, *arguments, "--seeds", str(seed_dir), "--workers",
                              str(workers), env=env)
-    times = done_times(out)
+    times = sorted(record["time"] for record in done_records(out))
     start = times[0] + SETTLE_SECONDS
     end = times[-1] - 2 * (run_time or 0.0)
     steady = [t for t in times if start <= t <= end]

@@ -31,24 +31,17 @@ import sys
 import tempfile
 from pathlib import Path
 
-from _campaign import ROOT, keep_stdout, print_table, revision, run_campaign
+from _campaign import ROOT, done_records, keep_stdout, print_table, revision, run_campaign
 from symcc_scaling import previous_env
-
-from symcc_mpi.campaign.corpus import CampaignDir
-from symcc_mpi.campaign.layout import done_journals
 
 EXAMPLES = ROOT / "examples"
 
 
 def steady_rate(out: Path) -> tuple[int, int, float]:
     """(observations, distinct inputs, tasks/s between the first and last done record)."""
-    campaign = CampaignDir(out)
-    times, digests = [], []
-    for path in done_journals(out):
-        for record in campaign.inspect_journal(path)[0]:
-            if "kind" not in record:
-                times.append(record["time"])
-                digests.append(record["digest"])
+    records = done_records(out)
+    times = [record["time"] for record in records]
+    digests = [record["digest"] for record in records]
     span = max(times) - min(times) if len(times) > 1 else 0.0
     return len(digests), len(set(digests)), (len(times) - 1) / span if span > 0 else 0.0
 

@@ -49,7 +49,7 @@ class MapExchange:
     kind that were rewritten since the last call."""
 
     def __init__(self, lease_directory: Path, index: int, peers: Sequence[int]):
-        self.directory = Path(lease_directory) / MAPS
+        self.lease_directory = Path(lease_directory)
         self.index = index
         self.peers = tuple(peers)
         self._published: dict[str, bytes] = {}
@@ -64,8 +64,9 @@ class MapExchange:
         """This master's map of `kind`, written if it changed since the last time."""
         if self._published.get(kind) == data:
             return
-        self.directory.mkdir(parents=True, exist_ok=True)
-        write_durable(map_path(self.directory.parent, self.index, kind), data, fsync=False)
+        path = map_path(self.lease_directory, self.index, kind)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_durable(path, data, fsync=False)
         self._published[kind] = data
         self._published_maps += 1
 
@@ -74,7 +75,7 @@ class MapExchange:
         `sizes` (the others are counted and skipped)."""
         maps = []
         for peer in self.peers:
-            path = map_path(self.directory.parent, peer, kind)
+            path = map_path(self.lease_directory, peer, kind)
             try:
                 with open(path, "rb") as handle:
                     status = os.fstat(handle.fileno())
