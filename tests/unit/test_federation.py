@@ -118,6 +118,18 @@ def test_root_combines_the_masters_executor_failures_by_reason():
     assert z3["count"] == 2  # the masters' own figures are left alone
 
 
+def test_root_lists_every_masters_survived_failures_in_the_order_they_came():
+    def failure(rank: int, detected: float) -> dict:
+        return {"generation": None, "failed": [f"rank {rank} (pid 9 on vm)"], "requeued": 1,
+                "master": "kept", "detected": detected, "first_dispatch": detected + 0.2}
+
+    own = CampaignSnapshot(start_time=1.0, now=5.0, extra={"failures": [failure(1, 3.0)]})
+    other = {"extra": {"failures": [failure(4, 2.0), failure(5, 4.0)]}}
+    extra = combine(own, {1: other}, [range(0, 3), range(3, 6)]).extra
+    assert [(f["master_index"], f["failed"][0].split()[1]) for f in extra["failures"]] == [
+        (1, "4"), (0, "1"), (1, "5")]
+
+
 def test_a_master_plan_is_addressed_by_index_whatever_its_rank():
     assert Faults(3, "m1:pause@2=4", master_index=1).pause_seconds(2) == 4.0
     assert not Faults(3, "m1:pause@2=4", master_index=2).planned

@@ -82,7 +82,11 @@ def combine(own: CampaignSnapshot, others: dict[int, dict],
                  executor_errors=sum(m.get("extra", {}).get("executor_errors") or 0
                                      for m in masters.values()),
                  executor_failures=_failures([m.get("extra", {}).get("executor_failures")
-                                              for m in masters.values()]))
+                                              for m in masters.values()]),
+                 failures=sorted(({**failure, "master_index": index}
+                                  for index, figures in masters.items()
+                                  for failure in figures.get("extra", {}).get("failures") or ()),
+                                 key=lambda failure: failure.get("detected") or 0))
     return replace(own, per_worker=per_worker, extra=extra, **combined)
 
 

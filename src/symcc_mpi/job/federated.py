@@ -26,7 +26,8 @@ def run_federated(world, config: CampaignConfig, *, outlive_ranks: bool,
                    host: Host = MACHINE) -> int:
     """Several masters (federation.py): the ranks split into groups, a master and its
     workers each; the first master opens the campaign before the others join it.
-    `outlive_ranks` (ULFM): a rank's death stops the campaign cleanly, everything the
+    `outlive_ranks` (ULFM): a worker's death is survived by its master, which goes on with
+    the others (roles/recovery.py); a master's stops the campaign cleanly, everything the
     survivors hold committed, instead of ending the job at once."""
     from mpi4py import MPI
 
@@ -46,6 +47,7 @@ def run_federated(world, config: CampaignConfig, *, outlive_ranks: bool,
     group = Channel(group_comm)
     finalized = False
     epoch = world.comm.bcast(new_epoch() if world.rank == 0 else None, root=0)
+    members = tuple(group_comm.allgather(host.endpoint()))  # to name a rank that dies
     try:
         if not is_master:
             status = run_worker(group, config, fault_rank=world.rank,
@@ -55,7 +57,7 @@ def run_federated(world, config: CampaignConfig, *, outlive_ranks: bool,
                                     masters=config.masters, out=config.out, epoch=epoch,
                                     world_ranks=layout, execution_timeout=config.timeout)
             status = _run_federated_master(group, masters_comm, federation, config,
-                                           outlive_ranks=outlive_ranks, host=host)
+                                           members, outlive_ranks=outlive_ranks, host=host)
             flush(federation.channel, world.rank)
         if outlive_ranks:  # after a death, MPI_Finalize may wait for ever (DESIGN §8)
             flush(group, world.rank)
@@ -74,8 +76,9 @@ def run_federated(world, config: CampaignConfig, *, outlive_ranks: bool,
             flush(group, world.rank)
 
 
-def _run_federated_master(group, masters_comm, federation, config: CampaignConfig, *,
-                          outlive_ranks: bool, host: Host = MACHINE) -> int:
+def _run_federated_master(group, masters_comm, federation, config: CampaignConfig,
+                          members: tuple[str, ...], *, outlive_ranks: bool,
+                          host: Host = MACHINE) -> int:
     """Root opens OUT (checks, creates, adds the seeds), then the others open their state;
     any master's refusal refuses the whole job. After the campaign, the masters meet once
     more and root removes the job's lease table."""
@@ -98,6 +101,8 @@ def _run_federated_master(group, masters_comm, federation, config: CampaignConfi
             refuse_workers(group, "; ".join(filter(None, refusals)))
         return status if master is None else 2
     master.outlives_ranks = outlive_ranks
+    master.members = members
+    master.ranks.first_world_rank = federation.world_ranks[federation.index].start
     try:
         federation.open()
         status = master.run()

@@ -216,7 +216,9 @@ def _failures(failures: list[dict], redone: int) -> list[tuple[str, str]]:
         if failure.get("first_dispatch") and failure.get("detected"):
             back = f"{failure['first_dispatch'] - failure['detected']:.2f} s"
         master = "new master" if failure.get("master") == "new" else "master kept"
-        rows.append((f"failure → generation {failure['generation']}",
+        where = f"generation {failure['generation']}" if failure["generation"] is not None \
+            else f"master {failure.get('master_index', 0)}"  # several masters (recovery.py)
+        rows.append((f"failure → {where}",
                      f"{'; '.join(failure['failed']) or '?'}: {failure['requeued']} in flight "
                      f"requeued, {master}, work again after {back}"))
     if redone:

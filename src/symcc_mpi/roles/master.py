@@ -68,8 +68,8 @@ class Master:
         self.importer = importer  # a hybrid campaign's afl_sync.Importer: the fuzzers' finds
         self.lower = lower  # tiers.lower.LowerTiers: the work past the interesting frontier
         self.fault_tolerant = fault_tolerant  # under ULFM (ulfm/)
-        # With several masters under ULFM (federation/): a dead worker ends this master's
-        # part cleanly (the rest drained and committed) instead of a repair of its group.
+        # With several masters under ULFM (federation/): a dead worker is retired from its
+        # group, whose communicator is not repaired (recovery.retire_dead).
         self.outlives_ranks = False
         self.in_flight_at_takeover: list[str] = []  # set by open_master (job/assembly.py)
         # The campaign's verdict, in the final stats.json: the launcher's exit status even
@@ -192,7 +192,7 @@ class Master:
             except RankFailure as failure:
                 if not self.outlives_ranks:
                     raise  # the job repairs the communicator (ulfm/), or ends
-                self.recovery.stop_after_failure(failure)
+                self.recovery.retire_dead(failure)
         with self.guard:
             self.checkpoint.after_round(final=True)
         if self.federation is not None and self.federation.root:

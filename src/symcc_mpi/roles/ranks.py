@@ -13,6 +13,7 @@ class Ranks:
     channel: Channel
     # Under ULFM (ulfm/): the endpoint of each rank of `channel`'s communicator.
     members: tuple[str, ...] = ()
+    first_world_rank: int = 0  # with several masters, its group's first rank in MPI_COMM_WORLD
     workers: list[int] = field(init=False)
     acked: set[int] = field(default_factory=set)  # STOP_ACK received, or none will come
     failed: set[int] = field(default_factory=set)  # dead (several masters under ULFM)

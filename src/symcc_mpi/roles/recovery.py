@@ -1,5 +1,5 @@
 """A master across ULFM generations (ulfm/): a new communicator after a repair, a recovery on
-record and in the figures, and (several masters) a dead worker that ends this master's part."""
+record and in the figures, and (several masters) a dead worker retired from its group."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from collections.abc import Callable
 from symcc_mpi.campaign.corpus import CampaignDir
 from symcc_mpi.campaign.stats import MasterStats, WorkerStats
 from symcc_mpi.dispatch.coordinator import DispatchCoordinator
+from symcc_mpi.durable.clock import SYSTEM_CLOCK
 from symcc_mpi.roles.ranks import Ranks
 from symcc_mpi.roles.records import WorkRecords
 from symcc_mpi.roles.sending import WorkSender
@@ -77,24 +78,43 @@ class Recovery:
                     "recovered in %.2f s", generation, ", ".join(failed) or "no rank",
                     len(requeued), master, seconds)
 
-    def stop_after_failure(self, failure: RankFailure) -> None:
-        """Ranks of this master's group died (ULFM reported it): their work goes back to the
-        frontier, nothing more is sent to them, and the campaign stops with what the others
-        commit; `--resume` continues it."""
+    def retire_dead(self, failure: RankFailure) -> None:
+        """Ranks of this master's group died (several masters under ULFM). The group's
+        communicator is not repaired: its survivors still talk point to point, and a worker
+        talks to its master alone. So what the dead held goes back to the frontier, nothing
+        more is sent to them, and the campaign goes on with the other workers; a master left
+        with none stops the campaign (`--resume` continues it)."""
         ranks = self.ranks
-        dead = ranks.channel.failed_ranks() - ranks.failed
+        detected = SYSTEM_CLOCK.time()
+        dead = sorted(ranks.channel.failed_ranks() - ranks.failed)
         if not dead:
             raise failure  # not a dead peer (a revoked communicator): nothing to go on with
-        ranks.failed |= dead
-        for rank in sorted(dead):
-            log.error("rank %d died (%s)", rank, failure)
-            for token in self.dispatch.retire(rank, "it died"):
+        ranks.failed.update(dead)
+        gone = [describe_endpoint(ranks.members[rank], ranks.members, None,
+                                  first_rank=ranks.first_world_rank)
+                if rank < len(ranks.members) else f"rank {ranks.first_world_rank + rank}"
+                for rank in dead]
+        requeued = []
+        for rank, name in zip(dead, gone, strict=True):
+            for token in self.dispatch.retire(rank, f"it died: {name}"):
+                requeued.append(token)
                 self.campaign.discard_staging(token)
             if rank in ranks.last_work:
                 self.campaign.discard_staging(ranks.last_work.pop(rank))
             ranks.acked.add(rank)  # no STOP_ACK will come
-        if self.stopping.phase is Phase.RUNNING:
-            self.stopping.begin(f"a worker died (rank{'s' if len(dead) > 1 else ''} "
-                                f"{', '.join(map(str, sorted(dead)))}): continue with --resume")
-        elif self.stopping.phase is Phase.STOPPING:
+        alive = [rank for rank in ranks.workers if rank not in ranks.failed]
+        if self.stopping.phase is Phase.STOPPING:
             self.stopping.send_stops()  # those the failure interrupted; a second STOP is ignored
+        if self.stopping.phase is not Phase.RUNNING:
+            return
+        if not alive:
+            self.stopping.begin(f"a worker died ({', '.join(gone)}) and no other is left: "
+                                "continue with --resume", failure=True)
+            return
+        self.stats.failures.append({
+            "generation": None, "failed": gone, "requeued": len(requeued), "master": "kept",
+            "shrinks": 0, "recovery_seconds": 0.0, "detected": detected,
+            "first_dispatch": None})
+        self.report_now()
+        log.warning("%s gone, %d inputs in flight requeued; going on with %d worker%s",
+                    ", ".join(gone), len(requeued), len(alive), "s" if len(alive) > 1 else "")

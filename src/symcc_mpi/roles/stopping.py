@@ -176,10 +176,11 @@ class Stopping:
                         self.campaign.stop_request)
         return verdict is StopRequest.THIS_RUN
 
-    def begin(self, reason: str) -> None:
+    def begin(self, reason: str, *, failure: bool = False) -> None:
+        """`failure`: because ranks died; the campaign ends unfinished (exit status 1)."""
         log.info("stopping: %s", reason)
         if self.federation is not None and not self.federation.done:
-            self.federation.stopping(reason, failure=bool(self.ranks.failed))  # all stop
+            self.federation.stopping(reason, failure=failure)  # all stop
         self._drain(reason)
 
     def if_no_worker_left(self, reason: str) -> None:
@@ -209,5 +210,5 @@ class Stopping:
     def exit_status(self) -> int:
         if self.storage_problem:
             return STORAGE_EXIT
-        lost = self.ranks.failed or (self.federation is not None and self.federation.lost)
+        lost = self.federation is not None and self.federation.lost
         return 1 if lost or self.stats.stop_reason.startswith("no usable worker") else 0

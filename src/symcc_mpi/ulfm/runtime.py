@@ -61,11 +61,15 @@ def endpoint() -> str:
     return f"{socket.gethostname()}/{os.getpid()}/{started}"
 
 
-def describe_endpoint(name: str, members: tuple[str, ...], generation: int) -> str:
-    """A failed process as a user knows it: its rank in its generation, its pid and host."""
+def describe_endpoint(name: str, members: tuple[str, ...], generation: int | None, *,
+                      first_rank: int = 0) -> str:
+    """A failed process as a user knows it: its rank in its generation (or, with several
+    masters, where `members` are a group's from `first_rank` on, in MPI_COMM_WORLD), its
+    pid and host."""
     host, _, rest = name.partition("/")
-    rank = members.index(name) if name in members else "?"
-    return f"rank {rank} (pid {rest.split('/')[0]} on {host}) of generation {generation}"
+    rank = first_rank + members.index(name) if name in members else "?"
+    described = f"rank {rank} (pid {rest.split('/')[0]} on {host})"
+    return described if generation is None else f"{described} of generation {generation}"
 
 
 def recover(generation: Generation, generations: GenerationLog, *,
