@@ -9,7 +9,8 @@ frozen master stays aside (deferred): it is that master's only if an ABORT unfre
 otherwise it stays in the corpus for the next campaign (F320 §2.5, last paragraph). Messages
 travel as bytes, FIFO per (source, destination) pair like MPI, the pairs in any order; the
 clock advances in steps; garbage bytes, replayed statuses, foreign ranks and foreign tokens
-are faults.
+are faults. A master other than root may die and a worker take its place (a succession): a
+fresh participant with the dead one's work, root told.
 
 The master honours the contract of `Participant`: `idle` and `still_idle` are False when it
 held work at any time since its previous status() call.
@@ -17,7 +18,7 @@ held work at any time since its previous status() call.
 Properties: no master is ever done while another can still publish (every other master is
 done, or frozen for the very token that committed); COMMITTED implies every master done; no
 conflict, no refused COMMIT, no superseded PREPARE, and no ABORT a master does not hold,
-beyond the injected ones. Liveness: once the environment falls quiet, with messages delivered
+beyond the injected ones and those of a round a succession aborted. Liveness: once the environment falls quiet, with messages delivered
 and rounds played, the run commits within a bounded number of refresh periods.
 """
 
@@ -76,6 +77,9 @@ class QuiescenceMachine(RuleBasedStateMachine):
         self.malformed = 0
         self.foreign_aborts = [0] * masters
         self.peer_prepares = [0] * masters
+        self.aborted: set[str] = set()  # tokens of rounds root aborted
+        self.late_votes = 0  # votes of a round a succession aborted, arriving after it
+        self.early_aborts = [0] * masters  # such rounds' ABORTs to a master that voted busy
         for receiver in seeds:
             self.external_seed(receiver)
 
@@ -166,6 +170,8 @@ class QuiescenceMachine(RuleBasedStateMachine):
     @rule()
     def root_tick(self):
         for destination, message in self.root.tick(self.now):
+            if isinstance(message, Abort):
+                self.aborted.add(message.token)
             self._send(ROOT, destination, message)
 
     @precondition(lambda self: any(self.channels.values()))
@@ -200,6 +206,8 @@ class QuiescenceMachine(RuleBasedStateMachine):
         if isinstance(message, Status):
             self.root.on_status(source, message, self.now)
         elif isinstance(message, Vote):
+            # Only a succession aborts a round before all its votes are in (restart).
+            self.late_votes += message.token in self.aborted
             self.root.on_vote(source, message)
         elif isinstance(message, Ack):
             self.root.on_ack(source, message)
@@ -213,6 +221,10 @@ class QuiescenceMachine(RuleBasedStateMachine):
                     self.prepared[destination] = vote.token
                 self._send(destination, ROOT, vote)
         elif isinstance(message, Abort):
+            # A master whose busy vote was on its way when a succession aborted the round
+            # never held the token.
+            self.early_aborts[destination] += message.token in self.aborted and not (
+                participant.frozen and self.prepared[destination] == message.token)
             participant.on_abort(source, message)
             if not participant.frozen:  # what was set aside is discoverable again
                 self.prepared[destination] = None
@@ -222,6 +234,29 @@ class QuiescenceMachine(RuleBasedStateMachine):
             ack = participant.on_commit(source, message)
             if ack is not None:
                 self._send(destination, ROOT, ack)
+
+    @precondition(lambda self: not self.root.committing
+                  and self.root.outcome is Outcome.RUNNING)
+    @rule(m=MASTER)
+    def succession(self, m):
+        """A master other than root dies and one of its workers takes its place: a fresh
+        participant with the dead one's work (its journal), nothing of what was on the way
+        to or from it, and root told (federation/masters.py)."""
+        m = self._master(m)
+        if m == ROOT:
+            return
+        for pair in self.channels:
+            if m in pair:
+                self.channels[pair].clear()
+        self.participants[m] = Participant(refresh=REFRESH, root=ROOT)
+        self.pending[m] += self.deferred[m]  # what it set aside is in the corpus, unfrozen
+        self.deferred[m] = self.deferred_by_masters[m] = 0
+        self.prepared[m] = None
+        self.last_status[m] = None
+        self.foreign_aborts[m] = self.peer_prepares[m] = self.early_aborts[m] = 0
+        self.held_since_status[m] = self.busy[m]
+        self.root.restart(m)
+        self.root_tick()  # the ABORT goes out in the same round
 
     # -- faults --------------------------------------------------------------------------------
 
@@ -278,9 +313,9 @@ class QuiescenceMachine(RuleBasedStateMachine):
         for m, participant in enumerate(self.participants):
             statistics = participant.statistics()
             assert statistics.refused_commits == 0 and statistics.superseded == 0
-            assert statistics.unknown_token == self.foreign_aborts[m]
+            assert statistics.unknown_token == self.foreign_aborts[m] + self.early_aborts[m]
             assert statistics.wrong_source == self.peer_prepares[m]
-        assert self.root.statistics().unknown_token == 0
+        assert self.root.statistics().unknown_token == self.late_votes
 
     def teardown(self):
         if not hasattr(self, "root"):

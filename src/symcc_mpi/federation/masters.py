@@ -73,7 +73,9 @@ class OwnMaster:
 class Federation:
     """One master's side of a campaign of several: admission, discovery, the end, the AFL face.
 
-    `channel` is a transport.Channel over the masters' communicator (rank = master index).
+    `channel` is a transport.Channel over a communicator of every rank of the job, on which
+    only masters talk: a master is addressed by its world rank (`world_of`), and a worker
+    that takes a dead master's place (job/federated.py) is reached on it at its own.
     The master loop calls `round` once per loop round; the dispatch coordinator calls `admit`,
     `begin_commit` and `complete` around each dispatch (dispatch/coordinator.py)."""
 
@@ -84,6 +86,7 @@ class Federation:
         self.masters = masters
         self.indices = tuple(range(masters))
         self.world_ranks = world_ranks  # per master index, its group's ranks in COMM_WORLD
+        self.world_of = {k: ranks.start for k, ranks in enumerate(world_ranks)}  # where each is
         self.directory = lease_directory(out, epoch)
         self.owner_name = f"{epoch.hex()[:16]}-master-{index}"
         self.execution_timeout = execution_timeout
@@ -301,25 +304,32 @@ class Federation:
         if destination in self.dead:
             return
         try:
-            self.channel.send(destination, tag, message)
+            self.channel.send(self.world_of[destination], tag, message)
         except RankFailure:
             self._masters_died()
 
     def _masters_died(self) -> None:
-        """Masters died (ULFM): the campaign cannot end exhausted any more. What the others
-        have in flight is committed, and the job ends for `--resume` to continue."""
-        dead = self.channel.failed_ranks() - self.dead
+        """Ranks died (ULFM), masters among them: the campaign cannot end exhausted any more.
+        What the others have in flight is committed, and the job ends for `--resume` to
+        continue. (A worker's death anywhere is reported here too, and passed over.)"""
+        failed = self.channel.failed_ranks()
+        dead = {k for k, world in self.world_of.items() if world in failed} - self.dead
+        if not dead:
+            return
         self.dead |= dead
         self.lost = True
         for index in sorted(dead):
-            log.error("master %d (world rank %d) died", index, self.world_ranks[index].start)
+            log.error("master %d (world rank %d) died", index, self.world_of[index])
             if not self.stop_reason:
                 self.stop_reason = (f"{'the first master' if index == 0 else f'master {index}'}"
                                     " died: continue with --resume")
 
     def _on_message(self, own: OwnMaster, incoming, now: float) -> None:
-        source, tag = incoming.source, incoming.tag
-        if incoming.message is None:
+        source, tag = self._index_of(incoming.source), incoming.tag
+        if source is None:
+            own.count_malformed()
+            log.warning("a message from rank %d, which is no master", incoming.source)
+        elif incoming.message is None:
             own.count_malformed()
             log.warning("malformed message from master %d: %s", source, incoming.error)
         elif tag == Tag.QUIESCENCE:
@@ -408,6 +418,9 @@ class Federation:
             log.warning("no final figures from master(s) %s within %g s: the summary counts "
                         "their last report", ", ".join(map(str, sorted(missing))),
                         FINAL_FIGURES_WAIT)
+
+    def _index_of(self, world_rank: int) -> int | None:
+        return next((k for k, world in self.world_of.items() if world == world_rank), None)
 
     def statistics(self) -> FederationStatistics:
         root = self.coordinator

@@ -232,6 +232,30 @@ class Coordinator:
         outbox, self._outbox = self._outbox, []
         return outbox
 
+    @property
+    def committing(self) -> bool:
+        """A COMMIT is out and its ACKs are awaited."""
+        return self._phase is _Phase.COMMITTING
+
+    def restart(self, master: int) -> None:
+        """`master` died, or a worker took its place (federation/masters.py): what root saw
+        of it no longer holds, and its successor counts its statuses from 1 again. An open
+        PREPARE is aborted, its vote will not come; a new window needs new evidence from
+        every master. Once a COMMIT is out nothing changes: the ACK that does not come ends
+        in a conflict, as any missing ACK does."""
+        if not (isinstance(master, int) and 0 <= master < self._masters) \
+                or self._phase is not _Phase.RUNNING and self._phase is not _Phase.PREPARING:
+            return
+        self._seen[master] = _Seen()
+        if self._phase is _Phase.PREPARING:
+            self._counts["aborts"] += 1
+            self._phase = _Phase.RUNNING
+            # To whoever voted YES or may still: not to a busy voter, nor to the successor.
+            self._outbox.extend((m, Abort(self._token)) for m in range(self._masters)
+                                if m != master and self._votes.get(m, True))
+            for seen in self._seen:
+                seen.idle_since = None
+
     def statistics(self) -> CoordinatorStatistics:
         return CoordinatorStatistics(outcome=self.outcome,
                                      **_counted(CoordinatorStatistics, self._counts))

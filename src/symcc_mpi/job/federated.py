@@ -41,7 +41,8 @@ def run_federated(world, config: CampaignConfig, *, outlive_ranks: bool,
     group_comm = world.comm.Split(index, world.rank)
     is_master = group_comm.Get_rank() == 0
     masters_comm = world.comm.Split(0 if is_master else MPI.UNDEFINED, world.rank)
-    for comm in (group_comm, masters_comm) if outlive_ranks else ():
+    federation_comm = world.comm.Dup()  # a worker may take a dead master's place on it
+    for comm in (group_comm, masters_comm, federation_comm) if outlive_ranks else ():
         if comm != MPI.COMM_NULL:
             comm.Set_errhandler(MPI.ERRORS_RETURN)
     group = Channel(group_comm)
@@ -53,7 +54,7 @@ def run_federated(world, config: CampaignConfig, *, outlive_ranks: bool,
             status = run_worker(group, config, fault_rank=world.rank,
                                 outlive_master=outlive_ranks, host=host)
         else:
-            federation = Federation(Channel(masters_comm), index=index,
+            federation = Federation(Channel(federation_comm), index=index,
                                     masters=config.masters, out=config.out, epoch=epoch,
                                     world_ranks=layout, execution_timeout=config.timeout)
             status = _run_federated_master(group, masters_comm, federation, config,

@@ -35,6 +35,8 @@ class Tag(enum.IntEnum):
     FINDING = 9  # an input kept, or a crash or hang, for the first master to name (AFL face)
     FIGURES = 10  # a master's figures, for the first master's reports
     QUIESCENCE = 11  # the two-phase end of the campaign (quiescence.py)
+    SUCCESSOR = 12  # a worker took a dead master's place, to the first master
+    FAREWELL = 13  # a master is done with the job's lease table, to the first master
 
 
 class ResultOutcome(str, enum.Enum):
@@ -220,6 +222,16 @@ class Figures(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     final: bool = False
 
 
+class Successor(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    """The sender, a worker of dead master `master`'s group, is that master now."""
+
+    master: int
+
+
+class Farewell(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    """The sender closed its part of the campaign: it touches the lease table no more."""
+
+
 ENVELOPES: dict[Tag, type[msgspec.Struct]] = {
     Tag.READY: Ready,
     Tag.WORK: Work,
@@ -232,6 +244,8 @@ ENVELOPES: dict[Tag, type[msgspec.Struct]] = {
     Tag.FINDING: Finding,
     Tag.FIGURES: Figures,
     Tag.QUIESCENCE: ControlMessage,  # a union: each message carries its kind
+    Tag.SUCCESSOR: Successor,
+    Tag.FAREWELL: Farewell,
 }
 
 _ENCODER = msgspec.msgpack.Encoder()
