@@ -185,10 +185,40 @@ def test_under_ulfm_a_dead_worker_is_survived_by_its_master(tmp_path, masters, w
     assert "failure → master" in process.stdout
 
 
+@pytest.mark.parametrize(("masters", "workers", "faults", "dead_masters"), [
+    # World ranks 0 and 3 are the masters; rank 4, a worker of master 1, takes its place.
+    (2, 4, "3:die@3", [(1, 3)]),
+    # Masters at 0, 3 and 6: masters 1 and 2 die, ranks 4 and 7 take their places.
+    (3, 6, "3:die@3,6:die@5", [(1, 3), (2, 6)]),
+    # Masters at 0 and 4: master 1 dies, rank 5 takes its place and dies in turn, then 6.
+    (2, 6, "4:die@3,5:die@2=after-recovery", [(1, 4), (1, 5)]),
+], ids=["2-masters", "3-masters-2-die", "a-successor-dies-too"])
+def test_under_ulfm_a_dead_master_is_replaced_by_one_of_its_workers(
+        tmp_path, masters, workers, faults, dead_masters):
+    out = tmp_path / "out"
+    contents = [b"seed %d" % number for number in range(40)]
+    seeds = seeds_of(tmp_path, contents)
+    target = script(tmp_path, "slow", "sleep 0.3\n")
+    process = explore(out, "--executor", "symcc", "--target", target, "--workers", workers,
+                      "--masters", masters, "--fault-tolerance", "on", "--seeds", seeds,
+                      env=dict(os.environ, SYMCC_MPI_FAULTS=faults))
+    assert_ended_cleanly(out, process)
+    done = done_digests(out)
+    assert sorted(done) == sorted(map(sha256_bytes, contents))  # each once, none lost
+    failures = [f for f in stats(out)["extra"]["failures"] if f["master"] == "new"]
+    assert sorted((f["master_index"], int(f["failed"][0].split()[1])) for f in failures) \
+        == dead_masters
+    # The last successor's first dispatch is in the figures; one that died in turn may have
+    # died before its figures saying so reached the first master.
+    assert failures[-1]["first_dispatch"] >= failures[-1]["detected"]
+    for index, _ in dead_masters:
+        assert f"failure → master {index}" in process.stdout
+
+
 @pytest.mark.parametrize(("faults", "reason"), [
     ("3:die@2", r"master 1 stopped: a worker died \(rank 3 \(pid \d+ on \S+\)\) and no "
                 r"other is left: continue with --resume"),
-    ("2:die@3", r"master 1 died: continue with --resume"),
+    ("2:die@3", r"master 1 died and no worker took its place: continue with --resume"),
     ("0:die@3", None),  # the first master: nobody writes the final report
 ], ids=["a-master's-last-worker", "a-master", "the-first-master"])
 def test_under_ulfm_a_dead_rank_ends_the_campaign_cleanly_and_resume_finishes_it(

@@ -18,8 +18,9 @@ held work at any time since its previous status() call.
 Properties: no master is ever done while another can still publish (every other master is
 done, or frozen for the very token that committed); COMMITTED implies every master done; no
 conflict, no refused COMMIT, no superseded PREPARE, and no ABORT a master does not hold,
-beyond the injected ones and those of a round a succession aborted. Liveness: once the environment falls quiet, with messages delivered
-and rounds played, the run commits within a bounded number of refresh periods.
+beyond the injected ones and those of a round a succession aborted. Liveness: once the
+environment falls quiet, with messages delivered and rounds played, the run commits within a
+bounded number of refresh periods.
 """
 
 from __future__ import annotations

@@ -91,12 +91,15 @@ def test_claims_ahead_take_only_owned_inputs(tmp_path):
 def test_root_combines_every_masters_figures():
     own = CampaignSnapshot(start_time=1.0, now=5.0, executions=3, interesting=2, workers=1,
                            last_find=4.0, per_worker={1: {"executions": 3}},
-                           extra={"federation": {"claims": 3}, "in_flight": 0})
+                           extra={"federation": {"claims": 3}, "in_flight": 0,
+                                  "world_ranks": [0, 1]})
     other = {"executions": 5, "interesting": 1, "workers": 2, "last_find": 4.5,
              "per_worker": {"1": {"executions": 2}, "2": {"executions": 3}},
-             "extra": {"federation": {"claims": 6, "steals": 1}, "in_flight": 1}}
-    combined = combine(own, {1: other}, [range(0, 2), range(2, 5)])
-    assert (combined.executions, combined.interesting, combined.workers) == (8, 3, 3)
+             "extra": {"federation": {"claims": 6, "steals": 1}, "in_flight": 1,
+                       "world_ranks": [2, 3, 4]}}
+    replaced = {"executions": 4, "interesting": 2, "extra": {"master_index": 1}}
+    combined = combine(own, {1: other}, [replaced])
+    assert (combined.executions, combined.interesting, combined.workers) == (12, 5, 3)
     assert combined.last_find == 4.5
     assert sorted(combined.per_worker) == [1, 3, 4]  # world ranks
     assert combined.extra["per_master"]["1"]["claims"] == 6
@@ -111,7 +114,7 @@ def test_root_combines_the_masters_executor_failures_by_reason():
     other = {"extra": {"executor_errors": 4, "executor_failures": [
         {"reason": "SIGSEGV", "count": 1, "example_digest": "b" * 64, "example_path": None},
         dict(z3, count=3, example_digest="c" * 64)]}}
-    extra = combine(own, {1: other}, [range(0, 2), range(2, 3)]).extra
+    extra = combine(own, {1: other}).extra
     assert extra["executor_errors"] == 6
     assert [(g["reason"], g["count"], g["example_digest"][0]) for g in
             extra["executor_failures"]] == [("SIGABRT: z3", 5, "a"), ("SIGSEGV", 1, "b")]
@@ -124,8 +127,8 @@ def test_root_lists_every_masters_survived_failures_in_the_order_they_came():
                 "master": "kept", "detected": detected, "first_dispatch": detected + 0.2}
 
     own = CampaignSnapshot(start_time=1.0, now=5.0, extra={"failures": [failure(1, 3.0)]})
-    other = {"extra": {"failures": [failure(4, 2.0), failure(5, 4.0)]}}
-    extra = combine(own, {1: other}, [range(0, 3), range(3, 6)]).extra
+    other = {"extra": {"master_index": 1, "failures": [failure(4, 2.0), failure(5, 4.0)]}}
+    extra = combine(own, {1: other}).extra
     assert [(f["master_index"], f["failed"][0].split()[1]) for f in extra["failures"]] == [
         (1, "4"), (0, "1"), (1, "5")]
 

@@ -47,26 +47,31 @@ class FederationStatistics:
         return figures
 
 
-def combine(own: CampaignSnapshot, others: dict[int, dict],
-            world_ranks: list[range]) -> CampaignSnapshot:
+def combine(own: CampaignSnapshot, others: dict[int, dict], departed: list[dict] = (),
+            successions: list[dict] = ()) -> CampaignSnapshot:
     """Root's snapshot of the whole campaign: its own figures and the latest of each other
-    master's, summed (the latest events: the latest of all); workers named by world rank,
-    and a breakdown by master in `extra["per_master"]`."""
+    master's, summed (the latest events: the latest of all), with the last figures of the
+    masters that died and were replaced (`departed`); workers named by world rank, and a
+    breakdown by master in `extra["per_master"]`. The failures survived are every master's,
+    and each succession as root heard of it (`successions`) unless its successor's figures
+    hold it (with the time work went out again): a successor may die before they arrive."""
     masters = {0: asdict(own), **others}
-    combined = {name: sum(m.get(name) or 0 for m in masters.values()) for name in SUMMED}
+    everyone = [*masters.values(), *departed]
+    combined = {name: sum(m.get(name) or 0 for m in everyone) for name in SUMMED}
     for name in LATEST:
         values = [m[name] for m in masters.values() if m.get(name) is not None]
         combined[name] = max(values) if values else getattr(own, name)
     per_worker = {}
     per_master = {}
     for index, figures in sorted(masters.items()):
-        start = world_ranks[index].start
-        for rank, worker in figures.get("per_worker", {}).items():
-            per_worker[start + int(rank)] = worker
         extra = figures.get("extra", {})
+        world = extra.get("world_ranks") or []
+        for rank, worker in figures.get("per_worker", {}).items():
+            if int(rank) < len(world):
+                per_worker[world[int(rank)]] = worker
         federation = extra.get("federation", {})
         per_master[str(index)] = {
-            "world_rank": start, "workers": figures.get("workers", 0),
+            "world_rank": world[0] if world else None, "workers": figures.get("workers", 0),
             "executions": figures.get("executions", 0),
             "interesting": figures.get("interesting", 0),
             "crashes": figures.get("crashes", 0), "pending": figures.get("pending", 0),
@@ -80,14 +85,20 @@ def combine(own: CampaignSnapshot, others: dict[int, dict],
             "maps": federation.get("maps", {})}
     extra = dict(own.extra, per_master=per_master,
                  executor_errors=sum(m.get("extra", {}).get("executor_errors") or 0
-                                     for m in masters.values()),
+                                     for m in everyone),
                  executor_failures=_failures([m.get("extra", {}).get("executor_failures")
-                                              for m in masters.values()]),
-                 failures=sorted(({**failure, "master_index": index}
-                                  for index, figures in masters.items()
-                                  for failure in figures.get("extra", {}).get("failures") or ()),
-                                 key=lambda failure: failure.get("detected") or 0))
+                                              for m in everyone]),
+                 failures=_survived(everyone, successions))
     return replace(own, per_worker=per_worker, extra=extra, **combined)
+
+
+def _survived(everyone: list[dict], successions: list[dict]) -> list[dict]:
+    reported = [{"master_index": figures.get("extra", {}).get("master_index", 0), **failure}
+                for figures in everyone
+                for failure in figures.get("extra", {}).get("failures") or ()]
+    known = {(f["master_index"], tuple(f["failed"])) for f in reported}
+    reported += [f for f in successions if (f["master_index"], tuple(f["failed"])) not in known]
+    return sorted(reported, key=lambda failure: failure.get("detected") or 0)
 
 
 def _failures(per_master: list[list[dict] | None]) -> list[dict]:

@@ -91,6 +91,7 @@ class TableStatistics:
     commits_begun: int = 0
     completed: int = 0
     abandoned: int = 0
+    adopted: int = 0  # a dead predecessor's leases a successor took (adopt)
     writes: int = 0
     write_failures: int = 0
     rollback_failures: int = 0
@@ -207,6 +208,42 @@ class FencedWorkLeaseTable:
                 expired.append(digest)
         won = self._claim_grouped(expired, None, takeover_only=True)
         return [won[d] for d in expired if d in won]
+
+    def adopt(self, done: Callable[[str], bool]) -> list[WorkLease]:
+        """A successor's takeover of its dead predecessor's records: those of this table's
+        owner name, which is one master index of one job epoch (job/federated.py). ULFM
+        confirmed the predecessor's death, so no token of its can be presented any more,
+        and the successor took over its journal: a record of an input the journal holds as
+        `done` is completed; any other is leased anew to the successor, whatever its status,
+        for the input to be analysed again. (A `committing` record's commit never reached
+        the journal; nor may a `done` one's: a commit completes its lease before the group
+        commit that makes its done line durable.) Returns the leases taken, in the table's
+        order."""
+        adopted = []
+        for digest in self._digests():
+            try:
+                seen = self._peek(digest)
+            except CorruptRecord:
+                continue
+            if seen is None or seen.owner != self.owner:
+                continue
+            def decide(old: WorkLease | None, now: float, finished: bool = done(digest)):
+                if old is None or old.owner != self.owner:
+                    return None, None  # a claim or takeover of another master's since
+                if finished:
+                    if old.status == "done":
+                        return None, None
+                    return None, msgspec.structs.replace(old, status="done", updated=now)
+                self._add("adopted")
+                record = msgspec.structs.replace(
+                    old, status="leased", token=_new_token(self.owner), updated=now,
+                    expires=now + self.ttl, attempts=old.attempts + 1)
+                return record, record
+
+            lease = self._mutate(digest, decide)
+            if lease is not None:
+                adopted.append(lease)
+        return adopted
 
     def heartbeat(self, digest: str, token: str) -> bool:
         """Extend the lease of the exact current `leased` token; False if stale or committing

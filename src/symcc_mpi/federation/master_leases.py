@@ -17,7 +17,7 @@ table; here it reads as a lease this master no longer holds.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from symcc_mpi.federation.leases import FencedWorkLeaseTable
@@ -39,6 +39,7 @@ class LeaseFigures:
     heartbeats: int  # heartbeat writes
     completed: int
     abandoned: int
+    adopted: int  # a dead predecessor's leases this master took, as its successor
     quarantined: int  # corrupt records moved aside
     lock_waits: int
     lock_wait_seconds: float
@@ -100,6 +101,11 @@ class WorkLeases:
         self._last_beat.pop(token, None)
         return self._quietly(self._table.abandon, digest, token)
 
+    def adopt(self, done: Callable[[str], bool]) -> dict[str, str]:
+        """A successor takes its dead predecessor's leases (FencedWorkLeaseTable.adopt);
+        {digest: token} taken."""
+        return self._held({lease.digest: lease.token for lease in self._table.adopt(done)})
+
     def recover_expired(self, limit: int, *, rescan: bool = False) -> dict[str, str]:
         """Take over up to `limit` expired leases of any master; {digest: token} won.
 
@@ -121,7 +127,7 @@ class WorkLeases:
             claims=table.claims, steals=table.taken_over, expiries=self._expiries,
             stale_results=self._stale_results, refused=table.refused,
             heartbeats=table.heartbeats, completed=table.completed, abandoned=table.abandoned,
-            quarantined=table.quarantined, lock_waits=table.lock_waits,
+            adopted=table.adopted, quarantined=table.quarantined, lock_waits=table.lock_waits,
             lock_wait_seconds=table.lock_wait_seconds, writes=table.writes)
 
     def _held(self, tokens: dict[str, str]) -> dict[str, str]:

@@ -43,7 +43,16 @@ from symcc_mpi.federation.quiescence import (
 from symcc_mpi.federation.target_claims import TargetClaims
 from symcc_mpi.scheduling.frontier import Frontier
 from symcc_mpi.wire.control import Abort, Ack, Commit, Prepare, Status, Vote
-from symcc_mpi.wire.protocol import SHA256_PATTERN, SHUTDOWN_GRACE, Figures, Finding, Stop, Tag
+from symcc_mpi.wire.protocol import (
+    SHA256_PATTERN,
+    SHUTDOWN_GRACE,
+    Farewell,
+    Figures,
+    Finding,
+    Stop,
+    Successor,
+    Tag,
+)
 from symcc_mpi.wire.transport import RankFailure
 
 log = logging.getLogger("symcc_mpi.federation")
@@ -56,6 +65,10 @@ ANSWER_WITHIN = 120.0  # root waits this long for votes (then aborts) and ACKs (
 DISCOVERY_INTERVAL = 0.1  # seconds between two reads of the others' publication logs
 RECOVERY_LIMIT = 16  # expired leases one scan takes over at most
 FINAL_FIGURES_WAIT = 60.0  # root waits this long for the others' final figures
+# Root waits this long for a worker of a dead master to take its place: the survivors of its
+# group first notice the death (within a second), then shrink their communicator and open
+# the dead master's state (its journal read back, its corpus listed).
+SUCCESSION_WAIT = 60.0
 
 
 @dataclass(frozen=True)
@@ -106,7 +119,11 @@ class Federation:
         self.next_discovery = 0.0
         self.stop_reason = ""  # root's STOP, relayed to this master
         self.lost = False  # a rank of the job died (ULFM): the campaign ends unfinished
-        self.dead: set[int] = set()  # masters known dead
+        self.dead: set[int] = set()  # masters known dead, and not replaced
+        self.awaiting: dict[int, float] = {}  # root: dead masters, until when a successor may come
+        self.departed: list[dict] = []  # root: the last figures of masters that were replaced
+        self.successions: list[dict] = []  # root: each, as its successor told it (Successor)
+        self.farewells: set[int] = set()  # root: the masters done with the lease table
         self.conflict = ""
         self.figures: dict[int, dict] = {}  # root: each other master's latest snapshot
         self.final: set[int] = set()  # root: the masters whose final figures arrived
@@ -215,6 +232,8 @@ class Federation:
                 self._on_message(own, incoming, now)
         except RankFailure:
             self._masters_died()
+        if self.awaiting:
+            self._succession_overdue(now)
         for digest in self.leases.heartbeat(self.held):
             self.held.pop(digest, None)  # taken over after it expired: no longer ours
         self.targets.round(now)
@@ -309,24 +328,114 @@ class Federation:
             self._masters_died()
 
     def _masters_died(self) -> None:
-        """Ranks died (ULFM), masters among them: the campaign cannot end exhausted any more.
-        What the others have in flight is committed, and the job ends for `--resume` to
-        continue. (A worker's death anywhere is reported here too, and passed over.)"""
+        """Ranks died (ULFM); a worker's death anywhere is reported here too, and passed
+        over. Root waits for a worker of a dead master to take its place (`SUCCESSION_WAIT`):
+        until one does the campaign cannot end, and if none does it stops, for `--resume` to
+        continue. Root's own death ends the campaign: the others commit what they have in
+        flight and stop. Another master's death is root's business alone."""
         failed = self.channel.failed_ranks()
         dead = {k for k, world in self.world_of.items() if world in failed} - self.dead
-        if not dead:
-            return
         self.dead |= dead
-        self.lost = True
         for index in sorted(dead):
             log.error("master %d (world rank %d) died", index, self.world_of[index])
-            if not self.stop_reason:
-                self.stop_reason = (f"{'the first master' if index == 0 else f'master {index}'}"
-                                    " died: continue with --resume")
+            if self.root:
+                self.awaiting[index] = self.clock.monotonic() + SUCCESSION_WAIT
+                self.coordinator.restart(index)
+                log.warning("waiting up to %g s for a worker of master %d to take its place",
+                            SUCCESSION_WAIT, index)
+            elif index == 0:
+                self.lost = True
+                self.stop_reason = self.stop_reason or \
+                    "the first master died: continue with --resume"
+
+    def _succession_overdue(self, now: float) -> None:
+        """Root: a dead master no worker replaced in time ends the campaign unfinished."""
+        for index, deadline in list(self.awaiting.items()):
+            if now >= deadline:
+                del self.awaiting[index]
+                self.lost = True
+                log.error("no worker took master %d's place within %g s", index,
+                          SUCCESSION_WAIT)
+                self.stop_reason = self.stop_reason or (
+                    f"master {index} died and no worker took its place: continue with "
+                    "--resume")
+
+    def _take_successor(self, own: OwnMaster, world: int, news: Successor) -> None:
+        """Root: world rank `world` says it took master `news.master`'s place. It must be of
+        that master's group, and that master dead (asked of MPI now if not known yet: the
+        news may come before root's own check)."""
+        index = news.master
+        if not (isinstance(index, int) and 0 < index < self.masters) \
+                or world not in self.world_ranks[index] or world == self.world_of[index]:
+            own.count_malformed()
+            log.warning("rank %d claims the place of master %r, which it cannot take", world,
+                        index)
+            return
+        if index not in self.dead:
+            self._masters_died()
+        if index not in self.dead:
+            own.count_malformed()
+            log.warning("rank %d claims the place of master %d, which lives", world, index)
+            return
+        self.dead.discard(index)
+        self.awaiting.pop(index, None)
+        self.world_of[index] = world
+        if index in self.figures:  # what the dead one did still counts
+            self.departed.append(self.figures.pop(index))
+        self.final.discard(index)
+        self.coordinator.restart(index)
+        known = {(s["master_index"], s["failed"][0]) for s in self.successions}
+        self.successions += [{
+            "generation": None, "failed": [death.failed[:200]], "requeued": death.requeued,
+            "master": "new", "shrinks": 1, "recovery_seconds": round(death.seconds, 3),
+            "detected": death.detected, "first_dispatch": None, "master_index": index}
+            for death in news.deaths[-16:] if (index, death.failed[:200]) not in known]
+        log.warning("master %d: rank %d took its place", index, world)
+        if self.done or self.stop_reason:  # it came too late to work: it closes and goes
+            self._send(index, Tag.STOP, Stop(self.stop_reason or "frontier exhausted",
+                                             self.lost))
+
+    def take_over(self, done: Callable[[str], bool]) -> int:
+        """This master is a worker that took a dead master's place: its leases become this
+        one's (`done`: what the journal it took over holds as done). Returns how many."""
+        self.held.update(self.leases.adopt(done))
+        return len(self.held)
+
+    def announce(self, news: Successor) -> None:
+        """This master took a dead master's place (`take_over`): root is told."""
+        self._send(0, Tag.SUCCESSOR, news)
+
+    def farewell(self) -> None:
+        """This master closed its part: root may remove the lease table once all have."""
+        if not self.root:
+            self._send(0, Tag.FAREWELL, Farewell())
+
+    def await_farewells(self, own: OwnMaster, seconds: float) -> bool:
+        """Root, after its close: every other master's farewell, bounded; True if each one
+        said it or died and was not replaced (the lease table is nobody's any more)."""
+        deadline = self.clock.monotonic() + seconds
+        while True:
+            self._succession_overdue(self.clock.monotonic())
+            missing = set(self.indices[1:]) - self.farewells - (self.dead - set(self.awaiting))
+            if not missing:
+                return True
+            if self.clock.monotonic() >= deadline:
+                log.warning("the other masters did not finish within %g s: the job's lease "
+                            "table stays (the next run removes it)", seconds)
+                return False
+            try:
+                incoming = self.channel.wait(min(deadline, self.clock.monotonic() + 0.5))
+            except RankFailure:
+                self._masters_died()
+                incoming = None
+            if incoming is not None:
+                self._on_message(own, incoming, self.clock.monotonic())
 
     def _on_message(self, own: OwnMaster, incoming, now: float) -> None:
         source, tag = self._index_of(incoming.source), incoming.tag
-        if source is None:
+        if tag == Tag.SUCCESSOR and self.root and incoming.message is not None:
+            self._take_successor(own, incoming.source, incoming.message)
+        elif source is None:
             own.count_malformed()
             log.warning("a message from rank %d, which is no master", incoming.source)
         elif incoming.message is None:
@@ -340,6 +449,8 @@ class Federation:
             self.figures[incoming.message.master] = incoming.message.snapshot
             if incoming.message.final:
                 self.final.add(incoming.message.master)
+        elif tag == Tag.FAREWELL and self.root:
+            self.farewells.add(source)
         elif tag == Tag.STOP and (self.root or source == 0):
             self.lost |= incoming.message.failure
             self.stop_reason = self.stop_reason or (

@@ -37,13 +37,13 @@ TAKEOVER_LOCK_WAIT = 120.0  # NFS keeps a dead client's locks until its lease ex
 
 
 def open_or_refuse(channel, config: CampaignConfig, *, fault_tolerant: bool = False,
-                    federation=None, host: Host = MACHINE):
+                    federation=None, taking_over: bool = False, host: Host = MACHINE):
     """(None, the master), or (exit status, None) once every worker was told why not."""
     try:
         if channel.size < 2:
             raise UsageError("a campaign needs at least 2 MPI ranks (1 master + 1 worker)")
         return None, open_master(channel, config, fault_tolerant=fault_tolerant,
-                                 federation=federation, host=host)
+                                 federation=federation, taking_over=taking_over, host=host)
     except (UsageError, CampaignError, OSError) as error:
         if isinstance(error, OSError) and not storage_refused(error):
             raise
@@ -68,7 +68,7 @@ def open_master(channel, config: CampaignConfig, *, fault_tolerant: bool = False
 
     joining = federation is not None and not federation.root
     if federation is not None:
-        world_rank = federation.world_ranks[federation.index].start
+        world_rank = federation.world_of[federation.index]
     campaign = CampaignDir(config.out, master=federation.index if federation else 0)
     if taking_over:  # the dead master's lock may outlive it a little (NFS)
         campaign.lock(wait=TAKEOVER_LOCK_WAIT)

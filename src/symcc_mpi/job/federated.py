@@ -1,9 +1,13 @@
 """A job of several masters (--masters M): the groups, the masters' communicator and their
-shared lease table, and the end every master waits for."""
+shared lease table, a dead master's place taken by one of its workers, and the end every
+master waits for."""
 
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
+
+import msgspec
 
 from symcc_mpi.config import CampaignConfig, UsageError
 from symcc_mpi.durable.clock import SYSTEM_CLOCK
@@ -14,8 +18,10 @@ from symcc_mpi.federation.ownership import new_epoch
 from symcc_mpi.job.assembly import open_or_refuse, refuse_workers
 from symcc_mpi.job.ending import end_job, flush
 from symcc_mpi.roles.host import MACHINE, Host
-from symcc_mpi.roles.worker import run_worker
-from symcc_mpi.wire.transport import Channel
+from symcc_mpi.roles.worker import Worker, run_worker
+from symcc_mpi.ulfm.runtime import describe_process, revoke, shrink
+from symcc_mpi.wire.protocol import Death, Successor
+from symcc_mpi.wire.transport import Channel, RankFailure
 
 log = logging.getLogger(__name__)
 FINALIZE_DEADLINE = 10  # seconds (signal.alarm)
@@ -27,8 +33,9 @@ def run_federated(world, config: CampaignConfig, *, outlive_ranks: bool,
     """Several masters (federation.py): the ranks split into groups, a master and its
     workers each; the first master opens the campaign before the others join it.
     `outlive_ranks` (ULFM): a worker's death is survived by its master, which goes on with
-    the others (roles/recovery.py); a master's stops the campaign cleanly, everything the
-    survivors hold committed, instead of ending the job at once."""
+    the others (roles/recovery.py); a master's other than the first by one of its workers,
+    which takes its place (`_serve_or_succeed`). The first master's stops the campaign
+    cleanly, everything the survivors hold committed, instead of ending the job at once."""
     from mpi4py import MPI
 
     try:
@@ -50,7 +57,11 @@ def run_federated(world, config: CampaignConfig, *, outlive_ranks: bool,
     epoch = world.comm.bcast(new_epoch() if world.rank == 0 else None, root=0)
     members = tuple(group_comm.allgather(host.endpoint()))  # to name a rank that dies
     try:
-        if not is_master:
+        if not is_master and outlive_ranks and index > 0:
+            status = _serve_or_succeed(group, federation_comm, config, index=index,
+                                       layout=layout, epoch=epoch, world_rank=world.rank,
+                                       members=members, host=host)
+        elif not is_master:
             status = run_worker(group, config, fault_rank=world.rank,
                                 outlive_master=outlive_ranks, host=host)
         else:
@@ -103,34 +114,96 @@ def _run_federated_master(group, masters_comm, federation, config: CampaignConfi
         return status if master is None else 2
     master.outlives_ranks = outlive_ranks
     master.members = members
-    master.ranks.first_world_rank = federation.world_ranks[federation.index].start
+    master.ranks.world_ranks = tuple(federation.world_ranks[federation.index])
+    federation.open()
+    return _run_to_the_end(master, federation)
+
+
+def _run_to_the_end(master, federation) -> int:
+    """The master's campaign, its close, and the last word between masters: root removes
+    the job's lease table once every other master is done with it (a master stuck past the
+    deadline keeps it there, for the next run's root to remove)."""
     try:
-        federation.open()
         status = master.run()
     finally:
         master.close()
     master.release_workers()
-    # Every master is done with the lease table; a master stuck past the deadline keeps it.
-    if _barrier_within(masters_comm, FINAL_BARRIER_DEADLINE) and federation.root:
+    federation.farewell()
+    if federation.root and federation.await_farewells(master.own, FINAL_BARRIER_DEADLINE):
         federation.remove_lease_directory()
     return STORAGE_EXIT if master.storage_problem else status
 
 
-def _barrier_within(comm, seconds: float) -> bool:
-    """A barrier that gives up after `seconds` (F320 §2.6: every wait is bounded), or when a
-    master died (ULFM); False then, and the job's lease table stays in OUT (harmless: the
-    next run's first master removes it)."""
+def _serve_or_succeed(group: Channel, federation_comm, config: CampaignConfig, *, index: int,
+                      layout: list[range], epoch: bytes, world_rank: int,
+                      members: tuple[str, ...], host: Host = MACHINE) -> int:
+    """A worker of master `index` (not the first), under ULFM. If its master dies while the
+    campaign runs, the survivors of the group shrink its communicator, and its new rank 0
+    (the lowest world rank) takes the master's place: it opens the dead master's state as a
+    master taking over does (its journal read back, the commits it left redone) and tells
+    the first master, which waits for it (federation/masters.py). The others serve it. A
+    death after STOP, when the campaign is ending, has nothing left to take over."""
     from mpi4py import MPI
 
-    deadline = SYSTEM_CLOCK.monotonic() + seconds
+    worker = Worker(group.rank, config, fault_rank=world_rank, host=host)
+    gathered = list(zip(layout[index], members, strict=True))  # (world rank, endpoint) by rank
+    deaths: list[Death] = []  # of this group's masters
     try:
-        request = comm.Ibarrier()
-        while not request.Test():
-            if SYSTEM_CLOCK.monotonic() >= deadline:
-                log.warning("the other masters did not finish within %g s", seconds)
-                return False
-            SYSTEM_CLOCK.sleep(0.01)
-    except MPI.Exception as error:
-        log.warning("the masters' last meeting failed: %s", error)
-        return False
-    return True
+        while True:
+            try:
+                return worker.serve(group, watch_during_runs=True)
+            except RankFailure as failure:
+                detected = SYSTEM_CLOCK.time()
+                if worker.stopped:
+                    log.warning("rank %d: its master is gone (%s) after STOP: exiting",
+                                world_rank, failure)
+                    return 1
+                dead_master = describe_process(gathered[0][1], gathered[0][0])
+                log.warning("rank %d: master %d (%s) is gone (%s): its group shrinks",
+                            world_rank, index, dead_master, failure)
+                began = SYSTEM_CLOCK.monotonic()
+                revoke(group.comm)
+                comm, gathered, _ = shrink(group.comm, (world_rank, host.endpoint()),
+                                           errhandler=MPI.ERRORS_RETURN)
+                group = Channel(comm)
+                deaths.append(Death(dead_master, detected, SYSTEM_CLOCK.monotonic() - began))
+                if group.rank != 0:
+                    continue
+                worker.close()
+                worker = None
+                return _succeed(group, federation_comm, config, index=index, layout=layout,
+                                epoch=epoch, gathered=gathered, deaths=deaths, host=host)
+    finally:
+        if worker is not None:
+            worker.close()
+        flush(group, world_rank)
+
+
+def _succeed(group: Channel, federation_comm, config: CampaignConfig, *, index: int,
+             layout: list[range], epoch: bytes, gathered: list, deaths: list[Death],
+             host: Host = MACHINE) -> int:
+    """This worker is master `index` now (`_serve_or_succeed`)."""
+    world_ranks = tuple(world for world, _ in gathered)
+    log.warning("rank %d: taking master %d's place", world_ranks[0], index)
+    federation = Federation(Channel(federation_comm), index=index, masters=config.masters,
+                            out=config.out, epoch=epoch, world_ranks=layout,
+                            execution_timeout=config.timeout)
+    federation.world_of[index] = world_ranks[0]
+    status, master = open_or_refuse(group, replace(config, resume=True),
+                                    federation=federation, taking_over=True, host=host)
+    if master is None:
+        return status
+    master.outlives_ranks = True
+    master.members = tuple(endpoint for _, endpoint in gathered)
+    master.ranks.world_ranks = world_ranks
+    federation.open()
+    taken = federation.take_over(lambda digest: digest in master.frontier.done)
+    deaths[-1] = msgspec.structs.replace(deaths[-1], requeued=taken)
+    federation.announce(Successor(index, deaths))
+    last = deaths[-1]
+    master.recovery.count(f"master {index}", [last.failed], taken, last.seconds,
+                          detected=last.detected, master="new")
+    try:
+        return _run_to_the_end(master, federation)
+    finally:
+        flush(federation.channel, world_ranks[0])

@@ -219,7 +219,8 @@ def _failures(failures: list[dict], redone: int) -> list[tuple[str, str]]:
         where = f"generation {failure['generation']}" if failure["generation"] is not None \
             else f"master {failure.get('master_index', 0)}"  # several masters (recovery.py)
         rows.append((f"failure → {where}",
-                     f"{'; '.join(failure['failed']) or '?'}: {failure['requeued']} in flight "
+                     f"{'; '.join(failure['failed']) or '?'}: "
+                     f"{'?' if failure['requeued'] is None else failure['requeued']} in flight "
                      f"requeued, {master}, work again after {back}"))
     if redone:
         rows.append(("commits redone", f"{redone:,} (left half done by a dead master)"))

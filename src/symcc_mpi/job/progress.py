@@ -26,11 +26,13 @@ def master_snapshot(master) -> CampaignSnapshot:
     if federation is None:
         return snapshot
     snapshot.extra["federation"] = federation.statistics().to_json()
+    snapshot.extra.update(master_index=federation.index,
+                          world_ranks=list(master.ranks.world_ranks))
     if not federation.root:
         return snapshot
     from symcc_mpi.federation.figures import combine
 
-    return combine(snapshot, federation.figures, federation.world_ranks)
+    return combine(snapshot, federation.figures, federation.departed, federation.successions)
 
 
 def _own_snapshot(master) -> CampaignSnapshot:

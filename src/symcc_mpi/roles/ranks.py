@@ -13,7 +13,8 @@ class Ranks:
     channel: Channel
     # Under ULFM (ulfm/): the endpoint of each rank of `channel`'s communicator.
     members: tuple[str, ...] = ()
-    first_world_rank: int = 0  # with several masters, its group's first rank in MPI_COMM_WORLD
+    # With several masters: the rank in MPI_COMM_WORLD of each rank of `channel`'s.
+    world_ranks: tuple[int, ...] = ()
     workers: list[int] = field(init=False)
     acked: set[int] = field(default_factory=set)  # STOP_ACK received, or none will come
     failed: set[int] = field(default_factory=set)  # dead (several masters under ULFM)
@@ -35,6 +36,9 @@ class Ranks:
         self.acked.clear()
         self.ringing.clear()
         self.next_failure_check = 0.0
+
+    def world_rank(self, rank: int) -> int:
+        return self.world_ranks[rank] if rank < len(self.world_ranks) else rank
 
     def all_ring(self, retired: set[int]) -> bool:
         """Whether every worker still working rings the doorbell after its sends."""

@@ -15,7 +15,7 @@ from symcc_mpi.roles.records import WorkRecords
 from symcc_mpi.roles.sending import WorkSender
 from symcc_mpi.roles.stopping import Phase, Stopping
 from symcc_mpi.roles.timing import TaskTimes
-from symcc_mpi.ulfm.runtime import describe_endpoint
+from symcc_mpi.ulfm.runtime import describe_endpoint, describe_process
 from symcc_mpi.wire.transport import Channel, RankFailure
 
 log = logging.getLogger("symcc_mpi.master")
@@ -67,16 +67,23 @@ class Recovery:
              *, detected: float | None, shrinks: int = 1, master: str = "kept") -> None:
         """Record a recovery in the journal and the figures, and say it in one line."""
         self.records.recovered(generation, failed, requeued, master, seconds)
+        self.count(f"generation {generation}", failed, len(requeued), seconds,
+                   detected=detected, shrinks=shrinks, master=master, generation=generation)
+
+    def count(self, where: str, failed: list[str], requeued: int, seconds: float, *,
+              detected: float | None, shrinks: int = 1, master: str = "kept",
+              generation: int | None = None) -> None:
+        """A failure survived, in the figures and in one line. `generation`: the one it led
+        to (ulfm/); None with several masters, whose groups are not repaired."""
         self.stats.failures.append({
-            "generation": generation, "failed": failed, "requeued": len(requeued),
+            "generation": generation, "failed": failed, "requeued": requeued,
             "master": master, "shrinks": shrinks, "recovery_seconds": round(seconds, 3),
             "detected": detected, "first_dispatch": None})
         if self.sender.since_recovery is None:
             self.sender.since_recovery = 0
         self.report_now()
-        log.warning("generation %d: %s gone, %d inputs in flight requeued, master %s, "
-                    "recovered in %.2f s", generation, ", ".join(failed) or "no rank",
-                    len(requeued), master, seconds)
+        log.warning("%s: %s gone, %d inputs in flight requeued, master %s, recovered in "
+                    "%.2f s", where, ", ".join(failed) or "no rank", requeued, master, seconds)
 
     def retire_dead(self, failure: RankFailure) -> None:
         """Ranks of this master's group died (several masters under ULFM). The group's
@@ -90,9 +97,8 @@ class Recovery:
         if not dead:
             raise failure  # not a dead peer (a revoked communicator): nothing to go on with
         ranks.failed.update(dead)
-        gone = [describe_endpoint(ranks.members[rank], ranks.members, None,
-                                  first_rank=ranks.first_world_rank)
-                if rank < len(ranks.members) else f"rank {ranks.first_world_rank + rank}"
+        gone = [describe_process(ranks.members[rank], ranks.world_rank(rank))
+                if rank < len(ranks.members) else f"rank {ranks.world_rank(rank)}"
                 for rank in dead]
         requeued = []
         for rank, name in zip(dead, gone, strict=True):
@@ -111,10 +117,5 @@ class Recovery:
             self.stopping.begin(f"a worker died ({', '.join(gone)}) and no other is left: "
                                 "continue with --resume", failure=True)
             return
-        self.stats.failures.append({
-            "generation": None, "failed": gone, "requeued": len(requeued), "master": "kept",
-            "shrinks": 0, "recovery_seconds": 0.0, "detected": detected,
-            "first_dispatch": None})
-        self.report_now()
-        log.warning("%s gone, %d inputs in flight requeued; going on with %d worker%s",
-                    ", ".join(gone), len(requeued), len(alive), "s" if len(alive) > 1 else "")
+        self.count(f"{len(alive)} worker{'s' if len(alive) > 1 else ''} left", gone,
+                   len(requeued), 0.0, detected=detected, shrinks=0)

@@ -88,6 +88,7 @@ class Worker:
         self.executions = 0
         self.executor_time = 0.0
         self.generation = 0
+        self.stopped = False  # its master sent STOP: the campaign's end has begun
         self.phases = PhaseClock()
 
     def serve(self, channel: Channel, *, watch_during_runs: bool = False) -> int:
@@ -125,6 +126,7 @@ class Worker:
                 message = _wait_for(channel, Tag.WORK, Tag.STOP)
                 clock.lap("wait")
                 if isinstance(message, Stop):
+                    self.stopped = True
                     break
                 received = SYSTEM_CLOCK.monotonic()
                 if last_token is not None:

@@ -61,15 +61,16 @@ def endpoint() -> str:
     return f"{socket.gethostname()}/{os.getpid()}/{started}"
 
 
-def describe_endpoint(name: str, members: tuple[str, ...], generation: int | None, *,
-                      first_rank: int = 0) -> str:
-    """A failed process as a user knows it: its rank in its generation (or, with several
-    masters, where `members` are a group's from `first_rank` on, in MPI_COMM_WORLD), its
-    pid and host."""
+def describe_endpoint(name: str, members: tuple[str, ...], generation: int) -> str:
+    """A failed process as a user knows it: its rank in its generation, its pid and host."""
+    rank = members.index(name) if name in members else "?"
+    return f"{describe_process(name, rank)} of generation {generation}"
+
+
+def describe_process(name: str, rank: int | str) -> str:
+    """The process of endpoint `name` (endpoint()), at `rank`, with its pid and host."""
     host, _, rest = name.partition("/")
-    rank = first_rank + members.index(name) if name in members else "?"
-    described = f"rank {rank} (pid {rest.split('/')[0]} on {host})"
-    return described if generation is None else f"{described} of generation {generation}"
+    return f"rank {rank} (pid {rest.split('/')[0]} on {host})"
 
 
 def recover(generation: Generation, generations: GenerationLog, *,
@@ -81,13 +82,36 @@ def recover(generation: Generation, generations: GenerationLog, *,
     revoke(generation.comm)
     plan = {"generation": generation.number, "members": list(generation.members)}
     _reconciled(generations.prepare, plan)
-    comm = generation.comm
+    try:
+        comm, members, shrinks = shrink(generation.comm, me, errhandler=errhandler)
+    except RepairFailing as failing:
+        raise GenerationLogError(f"generation {generation.number}: {failing}") from None
+    strangers = sorted(set(members) - set(generation.members))
+    if strangers:
+        raise GenerationLogError(f"ranks {strangers} were not members of generation "
+                                 f"{generation.number}")
+    failed = tuple(m for m in generation.members if m not in members)
+    receipt = {"generation": generation.number + 1, "plan": digest_of(plan),
+               "members": members, "failed": list(failed)}
+    _reconciled(generations.commit, receipt)
+    repaired = Generation(generation.number + 1, comm, tuple(members))
+    return repaired, Repair(generation.number, failed, shrinks, SYSTEM_CLOCK.monotonic() - began)
+
+
+class RepairFailing(Exception):
+    """Ranks kept failing through MAX_REPAIRS shrinks."""
+
+
+def shrink(comm, me: Any, *, errhandler=None) -> tuple[Any, list, int]:
+    """Every survivor of revoked `comm` calls this with what the others should know of it
+    (`me`): the communicator of the survivors, what each said in rank order, and how many
+    shrinks it took. A failure during the shrink itself makes the agreement fail on every
+    survivor alike (MPI_Comm_agree's outcome is uniform), and they shrink again."""
     shrinks = 0
     while True:
         shrinks += 1
         if shrinks > MAX_REPAIRS:
-            raise GenerationLogError(f"generation {generation.number}: ranks kept failing "
-                                     f"through {MAX_REPAIRS} repairs")
+            raise RepairFailing(f"ranks kept failing through {MAX_REPAIRS} repairs")
         comm = comm.Shrink()
         if errhandler is not None:
             comm.Set_errhandler(errhandler)
@@ -103,19 +127,8 @@ def recover(generation: Generation, generations: GenerationLog, *,
         except RankFailure:
             agreed = 0
         if agreed:
-            break
-        log.warning("a rank failed during the recovery of generation %d: shrinking again",
-                    generation.number)
-    strangers = sorted(set(members) - set(generation.members))
-    if strangers:
-        raise GenerationLogError(f"ranks {strangers} were not members of generation "
-                                 f"{generation.number}")
-    failed = tuple(m for m in generation.members if m not in members)
-    receipt = {"generation": generation.number + 1, "plan": digest_of(plan),
-               "members": members, "failed": list(failed)}
-    _reconciled(generations.commit, receipt)
-    repaired = Generation(generation.number + 1, comm, tuple(members))
-    return repaired, Repair(generation.number, failed, shrinks, SYSTEM_CLOCK.monotonic() - began)
+            return comm, members, shrinks
+        log.warning("a rank failed during a repair: shrinking again")
 
 
 def _reconciled(write, document: dict[str, Any]):

@@ -222,10 +222,25 @@ class Figures(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     final: bool = False
 
 
+class Death(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    """A master's death its group went through: `failed` names it, `detected` (Unix time)
+    and `seconds` say when the group noticed and how long it took to shrink, `requeued`
+    counts the leases its successor took over (None: that successor died before it said)."""
+
+    failed: str
+    detected: float
+    seconds: float
+    requeued: int | None = None
+
+
 class Successor(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
-    """The sender, a worker of dead master `master`'s group, is that master now."""
+    """The sender, a worker of dead master `master`'s group, is that master now. `deaths`:
+    every death of its group's master it went through, oldest first (a successor that died
+    in turn may not have told the first master of the one before), which the first master
+    keeps in its figures whatever becomes of the sender."""
 
     master: int
+    deaths: list[Death] = []
 
 
 class Farewell(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
