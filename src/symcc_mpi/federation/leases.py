@@ -184,8 +184,8 @@ class FencedWorkLeaseTable:
         return self._claim_grouped(wanted, origin, takeover_only=False)
 
     def recover_expired(self, *, limit: int | None = None) -> list[WorkLease]:
-        """F320 §2.3 recovery scan: take over expired `leased` records (never `committing`),
-        at most `limit` of them.
+        """F320 §2.3 recovery scan: take over expired `leased` records (never `committing`)
+        of other holders, at most `limit` of them.
 
         Racing recoverers are serialised by the shard lock, so exactly one new token wins per
         record. Records once seen done are not read again (done is final). Corrupt records
@@ -204,7 +204,9 @@ class FencedWorkLeaseTable:
                 continue
             if seen is not None and seen.status == "done":
                 self._seen_done.add(digest)
-            elif seen is not None and seen.expired(now):
+            elif seen is not None and seen.expired(now) and seen.owner != self.owner:
+                # Its own leases its holder knows in memory, in flight or about to be: taking
+                # one over would dispatch the input a second time.
                 expired.append(digest)
         won = self._claim_grouped(expired, None, takeover_only=True)
         return [won[d] for d in expired if d in won]

@@ -118,6 +118,7 @@ class Federation:
         self.active_since_status = False  # work admitted or committed since the last status
         self.next_discovery = 0.0
         self.stop_reason = ""  # root's STOP, relayed to this master
+        self.ending = ""  # root: why it stopped the campaign, when it did
         self.lost = False  # a rank of the job died (ULFM): the campaign ends unfinished
         self.dead: set[int] = set()  # masters known dead, and not replaced
         self.awaiting: dict[int, float] = {}  # root: dead masters, until when a successor may come
@@ -391,9 +392,9 @@ class Federation:
             "detected": death.detected, "first_dispatch": None, "master_index": index}
             for death in news.deaths[-16:] if (index, death.failed[:200]) not in known]
         log.warning("master %d: rank %d took its place", index, world)
-        if self.done or self.stop_reason:  # it came too late to work: it closes and goes
-            self._send(index, Tag.STOP, Stop(self.stop_reason or "frontier exhausted",
-                                             self.lost))
+        if self.done or self.stop_reason or self.ending:  # too late to work: it closes
+            self._send(index, Tag.STOP, Stop(self.stop_reason or self.ending
+                                             or "frontier exhausted", self.lost))
 
     def take_over(self, done: Callable[[str], bool]) -> int:
         """This master is a worker that took a dead master's place: its leases become this
@@ -503,6 +504,7 @@ class Federation:
         `failure`: because a rank died."""
         self.lost |= failure
         if self.root:
+            self.ending = reason
             for destination in self.indices[1:]:
                 self._send(destination, Tag.STOP, Stop(reason, self.lost))
         elif not self.stop_reason:  # not root's own STOP coming back

@@ -97,14 +97,16 @@ def _run_federated_master(group, masters_comm, federation, config: CampaignConfi
     problem = ""
     master = None
     if federation.root:
-        status, master = open_or_refuse(group, config, federation=federation, host=host)
+        status, master = open_or_refuse(group, config, federation=federation,
+                                        fault_tolerant=outlive_ranks, host=host)
         problem = "" if master is not None else "the first master refused the campaign"
     problem = masters_comm.bcast(problem, root=0)
     if not federation.root:
         if problem:
             refuse_workers(group, problem)
             return 2
-        status, master = open_or_refuse(group, config, federation=federation, host=host)
+        status, master = open_or_refuse(group, config, federation=federation,
+                                        fault_tolerant=outlive_ranks, host=host)
     refusals = [p for p in masters_comm.allgather(
         "" if master is not None else f"master {federation.index} refused")]
     if any(refusals):
@@ -190,7 +192,8 @@ def _succeed(group: Channel, federation_comm, config: CampaignConfig, *, index: 
                             execution_timeout=config.timeout)
     federation.world_of[index] = world_ranks[0]
     status, master = open_or_refuse(group, replace(config, resume=True),
-                                    federation=federation, taking_over=True, host=host)
+                                    federation=federation, fault_tolerant=True,
+                                    taking_over=True, host=host)
     if master is None:
         return status
     master.outlives_ranks = True

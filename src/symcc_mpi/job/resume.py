@@ -70,8 +70,15 @@ def load_state(master, config: CampaignConfig, campaign: CampaignDir,
     # the snapshot's for those before it).
     before = [{"kind": Kind.DISPATCH.value, "digest": digest, "part": part}
               for digest, part in map(parse_work_id, saved.in_flight if saved else ())]
-    master.in_flight_at_takeover = sorted(work for work in outstanding(before + journal)
+    left_out = outstanding(before + journal)
+    master.in_flight_at_takeover = sorted(work for work in left_out
                                           if parse_work_id(work)[0] not in done)
+    # Another master's done journal holds it: that master took its lease over (F320), and
+    # the stale result was dropped before its take-back was on record.
+    for work in sorted(set(left_out) - set(master.in_flight_at_takeover)):
+        digest, part = parse_work_id(work)
+        campaign.record_work(wal.Requeue(digest=digest, reason="another master analysed it",
+                                         part=part))
     # An input split and not finished is split anew: each part it had goes out again.
     split_again = {work_of(r) for r in journal if kind_of(r) is Kind.PART
                    and r["digest"] not in done} - set(master.in_flight_at_takeover)
@@ -96,7 +103,10 @@ def _rebuild_frontier(master, campaign: CampaignDir, past, done: set[str],
     for digest in corpus if names_entries else ():
         if campaign.inputs.queue_id(digest) is None:  # promoted, then killed before queueing
             campaign.add_to_queue(digest, parent="")
-    ordered = sorted(corpus, key=campaign.inputs.queue_id)
+    # In queue order; a master joining a running campaign (one taking a dead one's place)
+    # also meets inputs the first master has not queued yet: after the others.
+    ordered = sorted(corpus, key=lambda digest: (
+        (queue_id := campaign.inputs.queue_id(digest)) is None, queue_id or 0, digest))
     committing = {r["digest"] for r in journal
                   if kind_of(r) is Kind.COMMIT and r.get("part") is None} - done
     for digest in ordered:  # a commit left half done is finished below, not analysed again
