@@ -218,7 +218,7 @@ def test_under_ulfm_a_dead_master_is_replaced_by_one_of_its_workers(
 @pytest.mark.parametrize(("faults", "reason"), [
     ("3:die@2", r"master 1 stopped: a worker died \(rank 3 \(pid \d+ on \S+\)\) and no "
                 r"other is left: continue with --resume"),
-    ("2:die@3", r"master 1 died and no worker took its place: continue with --resume"),
+    ("2:die@3", r"master 1 died and no worker of its is left: continue with --resume"),
     ("0:die@3", None),  # the first master: nobody writes the final report
 ], ids=["a-master's-last-worker", "a-master", "the-first-master"])
 def test_under_ulfm_a_dead_rank_ends_the_campaign_cleanly_and_resume_finishes_it(

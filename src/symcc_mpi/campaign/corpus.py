@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import shutil
+from collections.abc import Iterable
 from pathlib import Path
 
 from symcc_mpi.campaign import published, snapshot, stop, wal
@@ -368,9 +369,14 @@ class CampaignDir(AflQueues):
     def leftover_staging(self) -> list[Path]:
         return sorted(self.staging.iterdir()) if self.staging.exists() else []
 
-    def clear_staging(self) -> None:
+    def clear_staging(self, tokens: Iterable[str] | None = None) -> None:
         """Remove whatever is staged: nobody writes there any more (packs, and the staging
-        directories of an older version)."""
+        directories of an older version). With several masters, the packs of the dispatches
+        `tokens` alone: the other masters' workers still write theirs."""
+        if tokens is not None:
+            for token in tokens:
+                self.discard_staging(token)
+            return
         for leftover in self.leftover_staging():
             _remove(str(leftover))
 

@@ -337,6 +337,7 @@ class Federation:
         failed = self.channel.failed_ranks()
         dead = {k for k, world in self.world_of.items() if world in failed} - self.dead
         self.dead |= dead
+        dead -= self.farewells  # done with the campaign: its end is no death
         for index in sorted(dead):
             log.error("master %d (world rank %d) died", index, self.world_of[index])
             if self.root:
@@ -377,6 +378,12 @@ class Federation:
         if index not in self.dead:
             own.count_malformed()
             log.warning("rank %d claims the place of master %d, which lives", world, index)
+            return
+        if news.alone and self.awaiting.pop(index, None) is not None:
+            self.lost = True
+            log.error("master %d died and its group has no worker left", index)
+            self.stop_reason = self.stop_reason or (
+                f"master {index} died and no worker of its is left: continue with --resume")
             return
         self.dead.discard(index)
         self.awaiting.pop(index, None)

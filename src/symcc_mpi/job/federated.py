@@ -20,7 +20,7 @@ from symcc_mpi.job.ending import end_job, flush
 from symcc_mpi.roles.host import MACHINE, Host
 from symcc_mpi.roles.worker import Worker, run_worker
 from symcc_mpi.ulfm.runtime import describe_process, revoke, shrink
-from symcc_mpi.wire.protocol import Death, Successor
+from symcc_mpi.wire.protocol import Death, Successor, Tag
 from symcc_mpi.wire.transport import Channel, RankFailure
 
 log = logging.getLogger(__name__)
@@ -171,6 +171,14 @@ def _serve_or_succeed(group: Channel, federation_comm, config: CampaignConfig, *
                 deaths.append(Death(dead_master, detected, SYSTEM_CLOCK.monotonic() - began))
                 if group.rank != 0:
                     continue
+                if group.size == 1:  # nobody to work for a master made of it
+                    log.error("rank %d: the last of master %d's group, with no worker: "
+                              "exiting", world_rank, index)
+                    federation = Channel(federation_comm)
+                    federation.send(layout[0].start, Tag.SUCCESSOR,
+                                    Successor(index, deaths, alone=True))
+                    flush(federation, world_rank)
+                    return 1
                 worker.close()
                 worker = None
                 return _succeed(group, federation_comm, config, index=index, layout=layout,

@@ -90,7 +90,10 @@ def load_state(master, config: CampaignConfig, campaign: CampaignDir,
             digest, part = parse_work_id(work)
             campaign.record_work(wal.Requeue(digest=digest, reason="the last run ended",
                                              part=part))
-    campaign.clear_staging()  # nothing is in flight before we start
+    # Nothing of this master's is in flight before it starts; a master that takes a dead
+    # one's place in a running job removes only what the dead one's workers staged.
+    campaign.clear_staging({r["token"] for r in journal if kind_of(r) is Kind.DISPATCH}
+                           if taking_over and not names_entries else None)
     log.info("campaign %s: %d inputs, %d already analysed, %d in the frontier%s",
              config.out, len(master.frontier.known), master.stats.resumed_done,
              len(master.frontier), " (from the last run's snapshot)" if saved else "")

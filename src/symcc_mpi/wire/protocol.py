@@ -241,6 +241,7 @@ class Successor(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
 
     master: int
     deaths: list[Death] = []
+    alone: bool = False  # the sender is its group's last rank: no master can be made of it
 
 
 class Farewell(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
