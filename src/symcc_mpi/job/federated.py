@@ -175,8 +175,11 @@ def _serve_or_succeed(group: Channel, federation_comm, config: CampaignConfig, *
                     log.error("rank %d: the last of master %d's group, with no worker: "
                               "exiting", world_rank, index)
                     federation = Channel(federation_comm)
-                    federation.send(layout[0].start, Tag.SUCCESSOR,
-                                    Successor(index, deaths, alone=True))
+                    try:
+                        federation.send(layout[0].start, Tag.SUCCESSOR,
+                                        Successor(index, deaths, alone=True))
+                    except RankFailure:
+                        pass  # the first master is gone too: the job is ending
                     flush(federation, world_rank)
                     return 1
                 worker.close()
