@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import time
 
 import pytest
-from harness import assert_oracles, crash_files, crashes_natively, explore, stats
+from harness import (
+    assert_oracles,
+    crash_files,
+    crashes_natively,
+    done_digests,
+    explore,
+    stats,
+)
 from realsymcc import BUILD, SEEDS
 
 pytestmark = [pytest.mark.mpi, pytest.mark.timeout(240)]
@@ -101,3 +109,23 @@ def test_two_masters_exchange_their_triage_and_pruning_maps(tmp_path):
         assert maps["published"] > 0 and maps["read"] > 0 and maps["gained"] > 0, (index, maps)
         assert maps["rejected"] == 0, (index, maps)
 
+
+
+@pytest.mark.skipif(shutil.which("afl-showmap") is None, reason="AFL++ not installed")
+def test_a_dead_master_is_replaced_by_one_of_its_workers_in_a_real_campaign(tmp_path):
+    """Under ULFM, master 1 (world rank 3) is SIGKILLed after its 5th WORK send; rank 4, a
+    worker of its, takes its place (job/federated.py) and the campaign ends in the job."""
+    out = tmp_path / "out"
+    process = explore(out, "--executor", "symcc", "--target", f"{BUILD / 'json.symcc'} @@",
+                      "--afl-target", f"{BUILD / 'json.afl'} @@", "--seeds", SEEDS / "json",
+                      "--workers", 4, "--masters", 2, "--fault-tolerance", "on",
+                      "--timeout", 20, timeout=200,
+                      env=dict(os.environ, SYMCC_MPI_FAULTS="3:die@5"))
+    assert_oracles(out, process)
+    done = done_digests(out)
+    assert len(done) == len(set(done))  # over both masters' journals: each input once
+    (failure,) = stats(out)["extra"]["failures"]
+    assert failure["master"] == "new" and failure["master_index"] == 1
+    assert failure["failed"][0].startswith("rank 3 ")
+    assert failure["first_dispatch"] >= failure["detected"]
+    assert stats(out)["extra"]["per_master"]["1"]["world_rank"] == 4

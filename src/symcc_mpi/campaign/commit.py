@@ -322,9 +322,11 @@ class Committer:
 
     def _keep(self, digest: str, data: bytes, parent: str, now: float) -> None:
         if not self.campaign.promote(digest, data) and self.shared_corpus:
-            # Another master generated it too and published it first: its find, which its
-            # owner will analyse. (A lone master meets its own file only when its earlier
-            # commit of this result failed after the promotion: then it queues it now.)
+            # Another master generated it too and published it first (or this master's dead
+            # predecessor did): its find, which its owner will analyse; queued once. (A lone
+            # master meets its own file only when its earlier commit of this result failed
+            # after the promotion: then it queues it now.)
+            self.campaign.queue_once(digest, parent)
             self.frontier.add(digest)
             return
         self.campaign.add_to_queue(digest, parent)

@@ -88,6 +88,15 @@ class AflQueues:
             return
         self._add_to_queue(digest, sources=self._source_ids(parent))
 
+    def queue_once(self, digest: str, parent: str) -> None:
+        """corpus/<digest> was published already (by another master, or by this master's
+        dead predecessor, whose message to the first master may have died with it): its
+        queue/ entry, if it has none yet, named once by the first master."""
+        if self.forward_finding is not None:
+            self.forward_finding(Finding(FindingKind.QUEUE, digest, parent))
+        else:
+            self.queue_finding(digest, parent)
+
     def queue_finding(self, digest: str, parent: str) -> bool:
         """Another master kept corpus/<digest>: its queue/ entry, once (the first master)."""
         if self.inputs.queue_id(digest) is not None \
@@ -152,6 +161,23 @@ class AflQueues:
                     adopted += self.save_finding(kind, path.name, None,
                                                  data=path.read_bytes())
         return adopted
+
+    def unnamed_findings(self, parents: dict[str, str]) -> list[Finding]:
+        """What a master other than the first handed it and may not be named: the kept
+        children of `parents` (child -> the input it came from, as this master's journal has
+        them) without a queue/ entry, and every crash and hang this master kept in its state.
+        A master taking a dead one's place hands them again: the messages may have died
+        with the dead one (the first master names each once)."""
+        findings = [Finding(FindingKind.QUEUE, child, parent)
+                    for child, parent in sorted(parents.items())
+                    if self.inputs.queue_id(child) is None
+                    and os.path.exists(os.path.join(self._corpus, child))]
+        for kind in (FindingKind.CRASHES, FindingKind.HANGS):
+            kept = self.state / FINDINGS / kind.value
+            for path in sorted(kept.iterdir()) if kept.is_dir() else ():
+                if SHA256_PATTERN.match(path.name) and path.is_file():
+                    findings.append(Finding(kind, path.name, "", None, path.read_bytes()))
+        return findings
 
     def _source_ids(self, parent: str | None) -> tuple[int, ...]:
         source = self.inputs.queue_id(parent) if parent else None

@@ -7,8 +7,7 @@ from __future__ import annotations
 import logging
 from dataclasses import replace
 
-import msgspec
-
+from symcc_mpi.campaign.wal import Kind, is_done, kind_of
 from symcc_mpi.config import CampaignConfig, UsageError
 from symcc_mpi.durable.clock import SYSTEM_CLOCK
 from symcc_mpi.durable.storage import STORAGE_EXIT
@@ -202,6 +201,9 @@ def _succeed(group: Channel, federation_comm, config: CampaignConfig, *, index: 
                             out=config.out, epoch=epoch, world_ranks=layout,
                             execution_timeout=config.timeout)
     federation.world_of[index] = world_ranks[0]
+    # Root hears of it first: what the takeover hands it (the findings of commits it
+    # redoes) comes from this world rank.
+    federation.announce(Successor(index, deaths))
     status, master = open_or_refuse(group, replace(config, resume=True),
                                     federation=federation, fault_tolerant=True,
                                     taking_over=True, host=host)
@@ -212,8 +214,16 @@ def _succeed(group: Channel, federation_comm, config: CampaignConfig, *, index: 
     master.ranks.world_ranks = world_ranks
     federation.open()
     taken = federation.take_over(lambda digest: digest in master.frontier.done)
-    deaths[-1] = msgspec.structs.replace(deaths[-1], requeued=taken)
-    federation.announce(Successor(index, deaths))
+    # The children the dead master's commits published: those of its done records, and
+    # those of its manifests (a redone commit publishes nothing anew).
+    records, _ = master.campaign.inspect_journal()
+    parents = {child: record["digest"] for record in records if is_done(record)
+               for child in record.get("published", ())}
+    parents.update((child, record["digest"]) for record in records
+                   if kind_of(record) is Kind.COMMIT
+                   for child, _, status in record["publish"] if status == "ok")
+    for finding in master.campaign.unnamed_findings(parents):
+        federation.forward(finding)
     last = deaths[-1]
     master.recovery.count(f"master {index}", [last.failed], taken, last.seconds,
                           detected=last.detected, master="new")
