@@ -65,9 +65,9 @@ ANSWER_WITHIN = 120.0  # root waits this long for votes (then aborts) and ACKs (
 DISCOVERY_INTERVAL = 0.1  # seconds between two reads of the others' publication logs
 RECOVERY_LIMIT = 16  # expired leases one scan takes over at most
 FINAL_FIGURES_WAIT = 60.0  # root waits this long for the others' final figures
-# Root waits this long for a worker of a dead master to take its place: the survivors of its
-# group first notice the death (within a second), then shrink their communicator and open
-# the dead master's state (its journal read back, its corpus listed).
+# Root waits this long for a worker of a dead master to say it takes its place: the survivors
+# of its group notice the death within a second, then shrink their communicator (the new
+# master says so before it opens the dead one's state).
 SUCCESSION_WAIT = 60.0
 
 
@@ -379,11 +379,13 @@ class Federation:
             own.count_malformed()
             log.warning("rank %d claims the place of master %d, which lives", world, index)
             return
-        if news.alone and self.awaiting.pop(index, None) is not None:
-            self.lost = True
-            log.error("master %d died and its group has no worker left", index)
-            self.stop_reason = self.stop_reason or (
-                f"master {index} died and no worker of its is left: continue with --resume")
+        if news.alone:  # no successor will come
+            if self.awaiting.pop(index, None) is not None:
+                self.lost = True
+                log.error("master %d died and its group has no worker left", index)
+                self.stop_reason = self.stop_reason or (
+                    f"master {index} died and no worker of its is left: continue with "
+                    "--resume")
             return
         self.dead.discard(index)
         self.awaiting.pop(index, None)

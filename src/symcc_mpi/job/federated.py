@@ -173,13 +173,13 @@ def _serve_or_succeed(group: Channel, federation_comm, config: CampaignConfig, *
                 if group.size == 1:  # nobody to work for a master made of it
                     log.error("rank %d: the last of master %d's group, with no worker: "
                               "exiting", world_rank, index)
-                    federation = Channel(federation_comm)
+                    to_root = Channel(federation_comm)
                     try:
-                        federation.send(layout[0].start, Tag.SUCCESSOR,
-                                        Successor(index, deaths, alone=True))
+                        to_root.send(layout[0].start, Tag.SUCCESSOR,
+                                     Successor(index, deaths, alone=True))
                     except RankFailure:
                         pass  # the first master is gone too: the job is ending
-                    flush(federation, world_rank)
+                    flush(to_root, world_rank)
                     return 1
                 worker.close()
                 worker = None
@@ -221,7 +221,7 @@ def _succeed(group: Channel, federation_comm, config: CampaignConfig, *, index: 
                for child in record.get("published", ())}
     parents.update((child, record["digest"]) for record in records
                    if kind_of(record) is Kind.COMMIT
-                   for child, _, status in record["publish"] if status == "ok")
+                   for child, _, status in record.get("publish", ()) if status == "ok")
     for finding in master.campaign.unnamed_findings(parents):
         federation.forward(finding)
     last = deaths[-1]
