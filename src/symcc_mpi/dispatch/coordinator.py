@@ -224,8 +224,9 @@ class DispatchCoordinator:
                         "whose lease another master took over" if stale else "already done")
             if stale and part is not None:
                 self.source.set_aside(work_id)  # the other master analyses the input
-            if stale and self.on_requeue is not None:  # this dispatch is given up (F443)
-                self.on_requeue(work_id, "another master took its lease over")
+            if self.on_requeue is not None:  # this dispatch is given up, on record (F443)
+                self.on_requeue(work_id, "another master took its lease over" if stale
+                                else "already done")
         return start
 
     def finish(self, rank: int, token: str, *, path_targets=None, solved_targets=(),

@@ -113,6 +113,10 @@ def _run_federated_master(group, masters_comm, federation, config: CampaignConfi
             master.close()
             refuse_workers(group, "; ".join(filter(None, refusals)))
         return status if master is None else 2
+    # Every master has opened, and finished the commits its last run left half done: what
+    # the others finished after this one read their journals is no work of anyone's now.
+    for digest in master.campaign.done_elsewhere():
+        master.frontier.mark_done(digest)
     master.outlives_ranks = outlive_ranks
     master.members = members
     master.ranks.world_ranks = tuple(federation.world_ranks[federation.index])
