@@ -161,22 +161,28 @@ def test_a_budget_stops_every_master_and_a_resume_with_other_masters_finishes(tm
     assert set(analysed_first) <= set(done)
 
 
+def completed_despite(tmp_path, faults: str, *, masters: int, workers: int):
+    """A campaign of 40 seeds under ULFM with the fault plan `faults`: it ends in the job,
+    exit 0 and verify OK, every seed analysed once over all the masters' journals."""
+    out = tmp_path / "out"
+    contents = [b"seed %d" % number for number in range(40)]
+    target = script(tmp_path, "slow", "sleep 0.3\n")
+    process = explore(out, "--executor", "symcc", "--target", target, "--workers", workers,
+                      "--masters", masters, "--fault-tolerance", "on",
+                      "--seeds", seeds_of(tmp_path, contents),
+                      env=dict(os.environ, SYMCC_MPI_FAULTS=faults))
+    assert_ended_cleanly(out, process)
+    assert sorted(done_digests(out)) == sorted(map(sha256_bytes, contents))  # once, none lost
+    return out, process
+
+
 @pytest.mark.parametrize(("masters", "workers", "faults", "dead"), [
     (2, 4, "4:die@2", [4]),  # ranks 0 and 3 are the masters, 1 2 and 4 5 their workers
     (3, 6, "1:die@2,7:die@3", [1, 7]),  # ranks 0, 3 and 6 the masters
 ], ids=["2-masters", "3-masters-2-workers-die"])
 def test_under_ulfm_a_dead_worker_is_survived_by_its_master(tmp_path, masters, workers,
                                                              faults, dead):
-    out = tmp_path / "out"
-    contents = [b"seed %d" % number for number in range(30)]
-    seeds = seeds_of(tmp_path, contents)
-    target = script(tmp_path, "slow", "sleep 0.3\n")
-    process = explore(out, "--executor", "symcc", "--target", target, "--workers", workers,
-                      "--masters", masters, "--fault-tolerance", "on", "--seeds", seeds,
-                      env=dict(os.environ, SYMCC_MPI_FAULTS=faults))
-    assert_ended_cleanly(out, process)
-    done = done_digests(out)
-    assert sorted(done) == sorted(map(sha256_bytes, contents))  # each once, none lost
+    out, process = completed_despite(tmp_path, faults, masters=masters, workers=workers)
     failures = stats(out)["extra"]["failures"]
     assert sorted(int(f["failed"][0].split()[1]) for f in failures) == dead
     for failure in failures:  # each named, its work handed out again, and when
@@ -195,16 +201,7 @@ def test_under_ulfm_a_dead_worker_is_survived_by_its_master(tmp_path, masters, w
 ], ids=["2-masters", "3-masters-2-die", "a-successor-dies-too"])
 def test_under_ulfm_a_dead_master_is_replaced_by_one_of_its_workers(
         tmp_path, masters, workers, faults, dead_masters):
-    out = tmp_path / "out"
-    contents = [b"seed %d" % number for number in range(40)]
-    seeds = seeds_of(tmp_path, contents)
-    target = script(tmp_path, "slow", "sleep 0.3\n")
-    process = explore(out, "--executor", "symcc", "--target", target, "--workers", workers,
-                      "--masters", masters, "--fault-tolerance", "on", "--seeds", seeds,
-                      env=dict(os.environ, SYMCC_MPI_FAULTS=faults))
-    assert_ended_cleanly(out, process)
-    done = done_digests(out)
-    assert sorted(done) == sorted(map(sha256_bytes, contents))  # each once, none lost
+    out, process = completed_despite(tmp_path, faults, masters=masters, workers=workers)
     failures = [f for f in stats(out)["extra"]["failures"] if f["master"] == "new"]
     assert sorted((f["master_index"], int(f["failed"][0].split()[1])) for f in failures) \
         == dead_masters
