@@ -220,13 +220,12 @@ class DispatchCoordinator:
 
         start = self.tables.begin_commit(rank, token, fence)
         if start is CommitStart.FENCED:
-            log.warning("rank %d analysed %s, %s: result dropped", rank, work_id[:12],
-                        "whose lease another master took over" if stale else "already done")
+            why = "whose lease another master took over" if stale else "already done"
+            log.warning("rank %d analysed %s, %s: result dropped", rank, work_id[:12], why)
             if stale and part is not None:
                 self.source.set_aside(work_id)  # the other master analyses the input
             if self.on_requeue is not None:  # this dispatch is given up, on record (F443)
-                self.on_requeue(work_id, "another master took its lease over" if stale
-                                else "already done")
+                self.on_requeue(work_id, f"analysed, {why}")
         return start
 
     def finish(self, rank: int, token: str, *, path_targets=None, solved_targets=(),

@@ -40,6 +40,7 @@ from symcc_mpi.federation.quiescence import (
     Outcome,
     Participant,
 )
+from symcc_mpi.federation.roster import SUCCESSION_WAIT, Claim, Roster
 from symcc_mpi.federation.target_claims import TargetClaims
 from symcc_mpi.scheduling.frontier import Frontier
 from symcc_mpi.wire.control import Abort, Ack, Commit, Prepare, Status, Vote
@@ -65,10 +66,6 @@ ANSWER_WITHIN = 120.0  # root waits this long for votes (then aborts) and ACKs (
 DISCOVERY_INTERVAL = 0.1  # seconds between two reads of the others' publication logs
 RECOVERY_LIMIT = 16  # expired leases one scan takes over at most
 FINAL_FIGURES_WAIT = 60.0  # root waits this long for the others' final figures
-# Root waits this long for a worker of a dead master to say it takes its place: the survivors
-# of its group notice the death within a second, then shrink their communicator (the new
-# master says so before it opens the dead one's state).
-SUCCESSION_WAIT = 60.0
 
 
 @dataclass(frozen=True)
@@ -87,7 +84,7 @@ class Federation:
     """One master's side of a campaign of several: admission, discovery, the end, the AFL face.
 
     `channel` is a transport.Channel over a communicator of every rank of the job, on which
-    only masters talk: a master is addressed by its world rank (`world_of`), and a worker
+    only masters talk: a master is addressed by its world rank (roster.py), and a worker
     that takes a dead master's place (job/federated.py) is reached on it at its own.
     The master loop calls `round` once per loop round; the dispatch coordinator calls `admit`,
     `begin_commit` and `complete` around each dispatch (dispatch/coordinator.py)."""
@@ -99,7 +96,7 @@ class Federation:
         self.masters = masters
         self.indices = tuple(range(masters))
         self.world_ranks = world_ranks  # per master index, its group's ranks in COMM_WORLD
-        self.world_of = {k: ranks.start for k, ranks in enumerate(world_ranks)}  # where each is
+        self.roster = Roster(world_ranks)  # where each master is reached, which are gone
         self.directory = lease_directory(out, epoch)
         self.owner_name = f"{epoch.hex()[:16]}-master-{index}"
         self.execution_timeout = execution_timeout
@@ -120,11 +117,7 @@ class Federation:
         self.stop_reason = ""  # root's STOP, relayed to this master
         self.ending = ""  # root: why it stopped the campaign, when it did
         self.lost = False  # a rank of the job died (ULFM): the campaign ends unfinished
-        self.dead: set[int] = set()  # masters known dead, and not replaced
-        self.awaiting: dict[int, float] = {}  # root: dead masters, until when a successor may come
         self.departed: list[dict] = []  # root: the last figures of masters that were replaced
-        self.successions: list[dict] = []  # root: each, as its successor told it (Successor)
-        self.farewells: set[int] = set()  # root: the masters done with the lease table
         self.conflict = ""
         self.figures: dict[int, dict] = {}  # root: each other master's latest snapshot
         self.final: set[int] = set()  # root: the masters whose final figures arrived
@@ -233,7 +226,7 @@ class Federation:
                 self._on_message(own, incoming, now)
         except RankFailure:
             self._masters_died()
-        if self.awaiting:
+        if self.roster.awaiting:
             self._succession_overdue(now)
         for digest in self.leases.heartbeat(self.held):
             self.held.pop(digest, None)  # taken over after it expired: no longer ours
@@ -321,89 +314,67 @@ class Federation:
 
     def _send(self, destination: int, tag: Tag, message) -> None:
         """To another master; one that died gets nothing (ULFM reports its death)."""
-        if destination in self.dead:
+        if destination in self.roster.dead:
             return
         try:
-            self.channel.send(self.world_of[destination], tag, message)
+            self.channel.send(self.roster.world_of[destination], tag, message)
         except RankFailure:
             self._masters_died()
 
     def _masters_died(self) -> None:
         """Ranks died (ULFM); a worker's death anywhere is reported here too, and passed
-        over. Root waits for a worker of a dead master to take its place (`SUCCESSION_WAIT`):
-        until one does the campaign cannot end, and if none does it stops, for `--resume` to
+        over. Root waits for a worker of a dead master to take its place (roster.py): until
+        one does the campaign cannot end, and if none does it stops, for `--resume` to
         continue. Root's own death ends the campaign: the others commit what they have in
         flight and stop. Another master's death is root's business alone."""
-        failed = self.channel.failed_ranks()
-        dead = {k for k, world in self.world_of.items() if world in failed} - self.dead
-        self.dead |= dead
-        dead -= self.farewells  # done with the campaign: its end is no death
-        for index in sorted(dead):
-            log.error("master %d (world rank %d) died", index, self.world_of[index])
+        for index in self.roster.died(self.channel.failed_ranks(), self.clock.monotonic(),
+                                      awaits=self.root):
+            log.error("master %d (world rank %d) died", index, self.roster.world_of[index])
             if self.root:
-                self.awaiting[index] = self.clock.monotonic() + SUCCESSION_WAIT
                 self.coordinator.restart(index)
                 log.warning("waiting up to %g s for a worker of master %d to take its place",
                             SUCCESSION_WAIT, index)
             elif index == 0:
-                self.lost = True
-                self.stop_reason = self.stop_reason or \
-                    "the first master died: continue with --resume"
+                self._lose("the first master died: continue with --resume")
+
+    def _lose(self, reason: str) -> None:
+        """The campaign cannot end exhausted: it stops for `--resume` (exit status 1)."""
+        self.lost = True
+        self.stop_reason = self.stop_reason or reason
 
     def _succession_overdue(self, now: float) -> None:
         """Root: a dead master no worker replaced in time ends the campaign unfinished."""
-        for index, deadline in list(self.awaiting.items()):
-            if now >= deadline:
-                del self.awaiting[index]
-                self.lost = True
-                log.error("no worker took master %d's place within %g s", index,
-                          SUCCESSION_WAIT)
-                self.stop_reason = self.stop_reason or (
-                    f"master {index} died and no worker took its place: continue with "
-                    "--resume")
+        for index in self.roster.overdue(now):
+            log.error("no worker took master %d's place within %g s", index, SUCCESSION_WAIT)
+            self._lose(f"master {index} died and no worker took its place: continue with "
+                       "--resume")
 
     def _take_successor(self, own: OwnMaster, world: int, news: Successor) -> None:
-        """Root: world rank `world` says it took master `news.master`'s place. It must be of
-        that master's group, and that master dead (asked of MPI now if not known yet: the
-        news may come before root's own check)."""
-        index = news.master
-        if not (isinstance(index, int) and 0 < index < self.masters) \
-                or world not in self.world_ranks[index] or world == self.world_of[index]:
-            own.count_malformed()
-            log.warning("rank %d claims the place of master %r, which it cannot take", world,
-                        index)
-            return
-        if index not in self.dead:
+        """Root: world rank `world` says it took master `news.master`'s place (roster.vet).
+        The news may come before root's own check of MPI's dead: then it checks first."""
+        claim = self.roster.vet(world, news)
+        if claim is Claim.LIVES:
             self._masters_died()
-        if index not in self.dead:
+            claim = self.roster.vet(world, news)
+        index = news.master
+        if claim in (Claim.INVALID, Claim.LIVES):
             own.count_malformed()
-            log.warning("rank %d claims the place of master %d, which lives", world, index)
-            return
-        if news.alone:  # no successor will come
-            if self.awaiting.pop(index, None) is not None:
-                self.lost = True
-                log.error("master %d died and its group has no worker left", index)
-                self.stop_reason = self.stop_reason or (
-                    f"master {index} died and no worker of its is left: continue with "
-                    "--resume")
-            return
-        self.dead.discard(index)
-        self.awaiting.pop(index, None)
-        self.world_of[index] = world
-        if index in self.figures:  # what the dead one did still counts
-            self.departed.append(self.figures.pop(index))
-        self.final.discard(index)
-        self.coordinator.restart(index)
-        known = {(s["master_index"], s["failed"][0]) for s in self.successions}
-        self.successions += [{
-            "generation": None, "failed": [death.failed[:200]], "requeued": death.requeued,
-            "master": "new", "shrinks": 1, "recovery_seconds": round(death.seconds, 3),
-            "detected": death.detected, "first_dispatch": None, "master_index": index}
-            for death in news.deaths[-16:] if (index, death.failed[:200]) not in known]
-        log.warning("master %d: rank %d took its place", index, world)
-        if self.done or self.stop_reason or self.ending:  # too late to work: it closes
-            self._send(index, Tag.STOP, Stop(self.stop_reason or self.ending
-                                             or "frontier exhausted", self.lost))
+            log.warning("rank %d claims the place of master %r, which %s", world, index,
+                        "lives" if claim is Claim.LIVES else "it cannot take")
+        elif claim is Claim.ALONE:
+            log.error("master %d died and its group has no worker left", index)
+            self._lose(f"master {index} died and no worker of its is left: continue with "
+                       "--resume")
+        elif claim is Claim.TAKEN:
+            self.roster.replace(world, news)
+            if index in self.figures:  # what the dead one did still counts
+                self.departed.append(self.figures.pop(index))
+            self.final.discard(index)
+            self.coordinator.restart(index)
+            log.warning("master %d: rank %d took its place", index, world)
+            if self.done or self.stop_reason or self.ending:  # too late to work: it closes
+                self._send(index, Tag.STOP, Stop(self.stop_reason or self.ending
+                                                 or "frontier exhausted", self.lost))
 
     def take_over(self, done: Callable[[str], bool]) -> int:
         """This master is a worker that took a dead master's place: its leases become this
@@ -426,8 +397,7 @@ class Federation:
         deadline = self.clock.monotonic() + seconds
         while True:
             self._succession_overdue(self.clock.monotonic())
-            missing = set(self.indices[1:]) - self.farewells - (self.dead - set(self.awaiting))
-            if not missing:
+            if not self.roster.not_done(self.indices[1:]):
                 return True
             if self.clock.monotonic() >= deadline:
                 log.warning("the other masters did not finish within %g s: the job's lease "
@@ -442,7 +412,7 @@ class Federation:
                 self._on_message(own, incoming, self.clock.monotonic())
 
     def _on_message(self, own: OwnMaster, incoming, now: float) -> None:
-        source, tag = self._index_of(incoming.source), incoming.tag
+        source, tag = self.roster.index_of(incoming.source), incoming.tag
         if tag == Tag.SUCCESSOR and self.root and incoming.message is not None:
             self._take_successor(own, incoming.source, incoming.message)
         elif source is None:
@@ -460,7 +430,7 @@ class Federation:
             if incoming.message.final:
                 self.final.add(incoming.message.master)
         elif tag == Tag.FAREWELL and self.root:
-            self.farewells.add(source)
+            self.roster.farewells.add(source)
         elif tag == Tag.STOP and (self.root or source == 0):
             self.lost |= incoming.message.failure
             self.stop_reason = self.stop_reason or (
@@ -526,7 +496,7 @@ class Federation:
     def wait_for_final_figures(self, own: OwnMaster) -> None:
         """Root, before its final report: every other master's final figures, bounded."""
         deadline = self.clock.monotonic() + FINAL_FIGURES_WAIT
-        missing = set(self.indices[1:]) - self.final - self.dead
+        missing = set(self.indices[1:]) - self.final - self.roster.dead
         while missing and self.clock.monotonic() < deadline:
             try:
                 incoming = self.channel.wait(deadline)
@@ -535,14 +505,11 @@ class Federation:
                 incoming = None
             if incoming is not None:
                 self._on_message(own, incoming, self.clock.monotonic())
-            missing = set(self.indices[1:]) - self.final - self.dead
+            missing = set(self.indices[1:]) - self.final - self.roster.dead
         if missing:
             log.warning("no final figures from master(s) %s within %g s: the summary counts "
                         "their last report", ", ".join(map(str, sorted(missing))),
                         FINAL_FIGURES_WAIT)
-
-    def _index_of(self, world_rank: int) -> int | None:
-        return next((k for k, world in self.world_of.items() if world == world_rank), None)
 
     def statistics(self) -> FederationStatistics:
         root = self.coordinator

@@ -68,7 +68,7 @@ def open_master(channel, config: CampaignConfig, *, fault_tolerant: bool = False
 
     joining = federation is not None and not federation.root
     if federation is not None:
-        world_rank = federation.world_of[federation.index]
+        world_rank = federation.roster.world_of[federation.index]
     campaign = CampaignDir(config.out, master=federation.index if federation else 0)
     if taking_over:  # the dead master's lock may outlive it a little (NFS)
         campaign.lock(wait=TAKEOVER_LOCK_WAIT)

@@ -204,7 +204,7 @@ def _succeed(group: Channel, federation_comm, config: CampaignConfig, *, index: 
     federation = Federation(Channel(federation_comm), index=index, masters=config.masters,
                             out=config.out, epoch=epoch, world_ranks=layout,
                             execution_timeout=config.timeout)
-    federation.world_of[index] = world_ranks[0]
+    federation.roster.world_of[index] = world_ranks[0]
     # Root hears of it first: what the takeover hands it (the findings of commits it
     # redoes) comes from this world rank.
     federation.announce(Successor(index, deaths))

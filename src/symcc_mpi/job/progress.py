@@ -32,7 +32,8 @@ def master_snapshot(master) -> CampaignSnapshot:
         return snapshot
     from symcc_mpi.federation.figures import combine
 
-    return combine(snapshot, federation.figures, federation.departed, federation.successions)
+    return combine(snapshot, federation.figures, federation.departed,
+                   federation.roster.successions)
 
 
 def _own_snapshot(master) -> CampaignSnapshot:

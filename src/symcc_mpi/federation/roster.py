@@ -1,0 +1,94 @@
+"""Where each master of a several-master job is, and which are gone: the world rank each is
+reached at, the dead, and (the first master's) the deaths a worker of the dead master's
+group may still answer by taking its place (job/federated.py). Pure of MPI and of clocks:
+the caller passes what MPI reports and the time."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+from symcc_mpi.wire.protocol import Successor
+
+SUCCESSION_WAIT = 60.0  # seconds root waits for a dead master's successor to say so
+MAX_DEATHS_KEPT = 16  # of one Successor message, the latest
+MAX_NAME = 200  # characters of a dead master's description kept
+
+
+class Claim(Enum):
+    """What root makes of a `Successor` message."""
+
+    INVALID = "invalid"  # no master's place the sender can take
+    LIVES = "lives"  # the master it names is alive
+    ALONE = "alone"  # the group's last rank: no successor will come
+    LATE = "late"  # alone, after root gave up waiting already
+    TAKEN = "taken"  # the sender is that master now
+
+
+@dataclass
+class Roster:
+    world_ranks: list[range]  # per master index, its group's ranks in MPI_COMM_WORLD
+    world_of: dict[int, int] = field(init=False)  # where each master is reached
+    dead: set[int] = field(default_factory=set)  # masters known dead, and not replaced
+    awaiting: dict[int, float] = field(default_factory=dict)  # dead masters: until when
+    farewells: set[int] = field(default_factory=set)  # the masters done with the campaign
+    # Each succession as its successor told it, in stats.json's extra.failures form.
+    successions: list[dict] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.world_of = {k: ranks.start for k, ranks in enumerate(self.world_ranks)}
+
+    def index_of(self, world_rank: int) -> int | None:
+        return next((k for k, world in self.world_of.items() if world == world_rank), None)
+
+    def died(self, failed: set[int], now: float, *, awaits: bool) -> list[int]:
+        """The masters among the dead world ranks `failed` not known dead before, but those
+        that said farewell (their end is no death). `awaits` (root): each may be replaced
+        until SUCCESSION_WAIT after `now`."""
+        dead = {k for k, world in self.world_of.items() if world in failed} - self.dead
+        self.dead |= dead
+        mourned = sorted(dead - self.farewells)
+        if awaits:
+            self.awaiting.update((index, now + SUCCESSION_WAIT) for index in mourned)
+        return mourned
+
+    def overdue(self, now: float) -> list[int]:
+        """The dead masters no successor came for in time; forgotten as awaited."""
+        late = [index for index, deadline in self.awaiting.items() if now >= deadline]
+        for index in late:
+            del self.awaiting[index]
+        return late
+
+    def vet(self, world: int, news: Successor) -> Claim:
+        """Whether world rank `world` may take master `news.master`'s place: a rank of that
+        master's group, other than the dead one, the master known dead."""
+        index = news.master
+        if not (isinstance(index, int) and 0 < index < len(self.world_ranks)) \
+                or world not in self.world_ranks[index] or world == self.world_of[index]:
+            return Claim.INVALID
+        if index not in self.dead:
+            return Claim.LIVES
+        if news.alone:
+            return Claim.ALONE if self.awaiting.pop(index, None) is not None else Claim.LATE
+        return Claim.TAKEN
+
+    def replace(self, world: int, news: Successor) -> None:
+        """After `vet` said TAKEN: master `news.master` is at `world` now, and the deaths
+        its group went through are on record, each once."""
+        index = news.master
+        self.dead.discard(index)
+        self.awaiting.pop(index, None)
+        self.world_of[index] = world
+        known = {(s["master_index"], s["failed"][0]) for s in self.successions}
+        self.successions += [{
+            "generation": None, "failed": [death.failed[:MAX_NAME]],
+            "requeued": death.requeued, "master": "new", "shrinks": 1,
+            "recovery_seconds": round(death.seconds, 3), "detected": death.detected,
+            "first_dispatch": None, "master_index": index}
+            for death in news.deaths[-MAX_DEATHS_KEPT:]
+            if (index, death.failed[:MAX_NAME]) not in known]
+
+    def not_done(self, others: tuple[int, ...]) -> set[int]:
+        """Of `others`, the masters that may still use the campaign's shared state: neither
+        said farewell nor died for good (a dead one awaited may still be replaced)."""
+        return set(others) - self.farewells - (self.dead - set(self.awaiting))
