@@ -1,5 +1,6 @@
-"""Lease I/O per task on one filesystem (issue 11 item 2, F320 §2.2): claim + begin_commit +
-complete, with and without fsync, claims one at a time against grouped by shard lock.
+"""Lease I/O per task on one filesystem (issues 11 and 27, F320 §2.2): claim, commit fence and
+completion, with and without fsync, claims one at a time against grouped, on one shard (a
+master's own log, as in a job) and on four.
 
 Run: `.venv/bin/python benchmarks/bench_leases.py` (BENCH_DIR picks the filesystem, default
 /tmp). Prints a table, then as its last line one JSON object with the same figures.
@@ -14,7 +15,6 @@ import tempfile
 import time
 from pathlib import Path
 
-from symcc_mpi.federation.lease_config import DEFAULT_SHARDS
 from symcc_mpi.federation.leases import FencedWorkLeaseTable
 
 BATCHES = (1, 8, 64)  # a claim batch: one input, a master's idle workers, a big refill
@@ -27,7 +27,8 @@ def _digests(prefix: str, count: int) -> list[str]:
 
 def _per_task_ms(directory: Path, *, fsync: bool, batch: int, shards: int) -> float:
     """Milliseconds of lease I/O per task: claims in groups of `batch`, then for each task
-    its begin_commit and complete (those are one digest each in the master loop)."""
+    its fence and completion (one digest each, as in the master loop; the completion is
+    written with the next fence)."""
     table = FencedWorkLeaseTable(directory, "bench", ttl=120, lock_timeout=5, shards=shards,
                                  fsync=fsync)
     digests = _digests(directory.name, TASKS)
@@ -38,13 +39,16 @@ def _per_task_ms(directory: Path, *, fsync: bool, batch: int, shards: int) -> fl
         for digest, lease in won.items():
             assert table.begin_commit(digest, lease.token)
             assert table.complete(digest, lease.token)
-    return (time.perf_counter() - start) / TASKS * 1e3
+    table.flush()
+    seconds = time.perf_counter() - start
+    table.close()
+    return seconds / TASKS * 1e3
 
 
 def measure(directory: Path) -> dict[str, float]:
     figures: dict[str, float] = {}
     for fsync in (False, True):
-        for shards in (DEFAULT_SHARDS, 4):
+        for shards in (1, 4):
             for batch in BATCHES:
                 name = (f"ms_per_task_{'fsync' if fsync else 'nofsync'}"
                         f"_shards{shards}_batch{batch}")
@@ -59,7 +63,7 @@ def main() -> None:
                                      dir=scratch_parent) as scratch:
         figures = measure(Path(scratch))
     width = max(map(len, figures))
-    print(f"lease I/O per task (claim + begin_commit + complete), {TASKS} tasks, "
+    print(f"lease I/O per task (claim + fence + completion), {TASKS} tasks, "
           f"on {scratch_parent}")
     for name, value in figures.items():
         print(f"{name:<{width}}  {value:8.3f} ms")

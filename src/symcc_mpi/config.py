@@ -179,7 +179,6 @@ WATCHDOG_ENV = "SYMCC_DISPATCH_WATCHDOG_SEC"
 PROTOCOL_RETRIES_ENV = "SYMCC_DISPATCH_PROTOCOL_RETRIES"
 WORK_LEASE_TTL_ENV = "SYMCC_STANDALONE_WORK_LEASE_TTL"
 WORK_LOCK_ACQUIRE_TIMEOUT_ENV = "SYMCC_STANDALONE_WORK_LOCK_ACQUIRE_TIMEOUT"
-WORK_LEASE_SHARDS_ENV = "SYMCC_STANDALONE_WORK_LEASE_SHARDS"
 TARGET_LEASE_TTL_ENV = "SYMCC_TARGET_LEASE_TTL"  # seconds; default: the work leases' TTL
 # SymCC's runtime reads these in a run (we set them); the Triton shim, which stands in for a
 # SymCC build, reads them too.
@@ -331,14 +330,12 @@ class WorkLeaseSettings:
 
     ttl: float | None
     lock_timeout: float | None
-    shards: int | None
     rejected: tuple[str, ...]  # NAME='value' of each refused setting, for the log
 
 
-def work_lease_settings(env: Mapping[str, str] | None = None, *,
-                        max_shards: int) -> WorkLeaseSettings:
-    """TTL and lock timeout: a finite number of seconds > 0; shards: a decimal integer in
-    1..max_shards. Anything else is refused (listed in `rejected`)."""
+def work_lease_settings(env: Mapping[str, str] | None = None) -> WorkLeaseSettings:
+    """TTL and lock timeout: a finite number of seconds > 0. Anything else is refused
+    (listed in `rejected`)."""
     env = _environ(env)
     rejected: list[str] = []
 
@@ -351,17 +348,9 @@ def work_lease_settings(env: Mapping[str, str] | None = None, *,
             rejected.append(f"{name}={raw!r}")
         return value
 
-    def shard_count(text: str) -> int | None:
-        try:
-            value = int(text, 10)
-        except ValueError:
-            return None
-        return value if 1 <= value <= max_shards else None
-
     return WorkLeaseSettings(ttl=pick(WORK_LEASE_TTL_ENV, _positive_seconds),
                              lock_timeout=pick(WORK_LOCK_ACQUIRE_TIMEOUT_ENV,
                                                _positive_seconds),
-                             shards=pick(WORK_LEASE_SHARDS_ENV, shard_count),
                              rejected=tuple(rejected))
 
 

@@ -625,8 +625,9 @@ class SimDisk:
                 process.disk_fault = fault[:-1] + (IN_COMMIT,)
             return None
         if fault[-1] == IN_COMMIT:
-            if in_leases:  # the commit completed without a child (`"done"`)
-                process.disk_fault = fault[:-1] + (COMMITTING,)
+            if in_leases:  # the commit completed without a child: the next lease write
+                if b'"committing"' not in data:  # (unless it fences the next commit)
+                    process.disk_fault = fault[:-1] + (COMMITTING,)
                 return None
             fault = fault[:-1]
         elif fault[-1] == LEASES and not in_leases:

@@ -1,4 +1,5 @@
-"""WorkLeases, the master's handle on the table: heartbeat rate, recovery pacing, figures."""
+"""WorkLeases, the master's handle on the table: fences, heartbeat rate, recovery pacing,
+figures."""
 
 from __future__ import annotations
 
@@ -16,6 +17,11 @@ def _masters(tmp_path, ttl=30.0, count=2):
     tables = [FencedWorkLeaseTable(tmp_path, f"m{m}", ttl=ttl, lock_timeout=1, shards=4,
                                    clock=clock, sleep=clock.advance) for m in range(count)]
     return clock, [WorkLeases(table) for table in tables]
+
+
+def _commit(leases: WorkLeases, digest: str, token: str) -> bool:
+    committing, _ = leases.fence({digest: token})
+    return digest in committing
 
 
 def test_claims_are_grouped_and_exclusive(tmp_path):
@@ -55,9 +61,9 @@ def test_a_lease_taken_over_is_reported_lost_and_its_result_is_stale(tmp_path):
     ((taken, new_token),) = recovered.items()
     (kept,) = set(IDS[:2]) - {taken}
     assert a.heartbeat(tokens) == [taken]  # `kept` expired but no one took it: still a's
-    assert not a.begin_commit(taken, tokens[taken])
-    assert a.begin_commit(kept, tokens[kept]) and a.complete(kept, tokens[kept])
-    assert b.begin_commit(taken, new_token) and b.complete(taken, new_token)
+    assert not _commit(a, taken, tokens[taken])
+    assert _commit(a, kept, tokens[kept]) and a.complete(kept, tokens[kept])
+    assert _commit(b, taken, new_token) and b.complete(taken, new_token)
     ours, theirs = a.statistics(), b.statistics()
     assert (ours.claims, ours.expiries, ours.stale_results, ours.completed) == (2, 1, 1, 1)
     assert (theirs.claims, theirs.steals, theirs.completed) == (1, 1, 1)
@@ -67,7 +73,7 @@ def test_a_lease_taken_over_is_reported_lost_and_its_result_is_stale(tmp_path):
 def test_committing_and_abandoned_leases_are_not_heartbeaten(tmp_path):
     clock, (a, b) = _masters(tmp_path)
     tokens = a.claim(IDS[:2])
-    assert a.begin_commit(IDS[0], tokens[IDS[0]])
+    assert _commit(a, IDS[0], tokens[IDS[0]])
     assert a.abandon(IDS[1], tokens[IDS[1]])
     clock.advance(600)
     assert a.heartbeat(tokens) == [] and a.statistics().heartbeats == 0
@@ -89,15 +95,32 @@ def test_recovery_scans_are_paced_unless_a_rescan_is_asked(tmp_path):
     assert b.recover_expired(limit=0, rescan=True) == {}
 
 
-def test_a_corrupt_record_reads_as_a_lost_lease_and_is_counted(tmp_path):
+def test_a_corrupt_line_is_counted_and_changes_nothing(tmp_path):
     clock, (a, _) = _masters(tmp_path)
     tokens = a.claim(IDS[:2])
-    table_path = tmp_path / "records"
-    victim = next(p for p in table_path.rglob(f"{IDS[0]}.json"))
-    victim.write_bytes(b"{not json")
+    shard = FencedWorkLeaseTable(tmp_path, "m9", ttl=30, lock_timeout=1).shard_of(IDS[0])
+    with open(tmp_path / "logs" / f"{shard}.log", "ab") as log:
+        log.write(b"[not a record\n")
     clock.advance(10)
-    assert a.heartbeat(tokens) == [IDS[0]]
-    assert not a.begin_commit(IDS[0], tokens[IDS[0]])
-    figures = a.statistics()
-    assert figures.quarantined == 1 and figures.stale_results == 1
-    assert IDS[0] in a.claim([IDS[0]])
+    assert a.heartbeat(tokens) == []
+    assert _commit(a, IDS[0], tokens[IDS[0]])
+    assert a.statistics().corrupt_lines == 1
+
+
+def test_a_fence_carries_the_claims_ahead_and_the_completions_in_one_write(tmp_path):
+    _, (a, b) = _masters(tmp_path, count=2)
+    table = FencedWorkLeaseTable(tmp_path, "m0", ttl=30, lock_timeout=1, shards=4)
+    many = [hashlib.sha256(f"more-{i}".encode()).hexdigest() for i in range(64)]
+    first, second, *ahead = [d for d in many if table.shard_of(d) == 0][:5]
+    tokens = a.claim([first, second])
+    assert _commit(a, first, tokens[first]) and a.complete(first, tokens[first])
+    assert table.read(first).status == "committing"  # not written yet
+    writes = a.statistics().writes
+    committing, claimed = a.fence({second: tokens[second]}, ahead)
+    assert committing == {second} and sorted(claimed) == sorted(ahead)
+    assert a.statistics().writes == writes + 1  # the claims and the completion rode along
+    assert table.read(first).status == "done"
+    assert b.claim([second, *ahead]) == {} and b.recover_expired(limit=10) == {}
+    assert a.complete(second, tokens[second]) and table.read(second).status == "committing"
+    a.flush()
+    assert table.read(second).status == "done" and a.statistics().writes == writes + 2

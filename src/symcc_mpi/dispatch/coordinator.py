@@ -67,7 +67,7 @@ FRONTIER_ENTRY = "frontier-entry"
 UNREADABLE_SOURCE = "unreadable-input"
 MAX_SEND_FAILURES = 3  # in a row, to one rank: then it is retired
 MAX_INVALID_RESULTS = 3  # in a row, from one rank (result_check.py): then it is retired
-CLAIM_AHEAD = 2  # with several masters: leases claimed in one group per idle worker
+CLAIM_AHEAD = 2  # with several masters: leases claimed ahead, per idle worker or per worker
 
 Send = Callable[[int, Work], object]
 Adjuster = Callable[[int, Job], Job]  # (rank, job) -> the job as it goes to that rank
@@ -81,7 +81,8 @@ class Admission(Protocol):
     def claim_ahead(self, digests: Iterable[str]) -> None: ...
     def admit(self, digest: str) -> bool: ...
     def holds(self, digest: str) -> bool: ...
-    def begin_commit(self, digest: str) -> bool: ...
+    def begin_commit(self, digest: str, ahead: Iterable[str] = ()) -> bool: ...
+    def fence(self, digests: Iterable[str], ahead: Iterable[str] = ()) -> frozenset[str]: ...
     def complete(self, digest: str) -> None: ...
     def abandon(self, digest: str) -> None: ...
 
@@ -214,8 +215,8 @@ class DispatchCoordinator:
             if self.source.is_done(work_id):
                 return False
             if self.admission is not None:
-                stale = not (self.admission.begin_commit(digest) if completes_input
-                             else self.admission.holds(digest))
+                stale = not (self.admission.begin_commit(digest, self._ahead())
+                             if completes_input else self.admission.holds(digest))
             return not stale
 
         start = self.tables.begin_commit(rank, token, fence)
@@ -227,6 +228,25 @@ class DispatchCoordinator:
             if self.on_requeue is not None:  # this dispatch is given up, on record (F443)
                 self.on_requeue(work_id, f"analysed, {why}")
         return start
+
+    def fence(self, results: Iterable[tuple[int, str]]) -> None:
+        """With several masters: the shared leases of the whole inputs whose RESULTs (`(rank,
+        token)`) are in hand are fenced in one write, with the claims of the inputs to go out
+        next (each commit's `begin_commit` then finds its input's fenced already). Fencing
+        early is safe: a fenced lease stays this master's, and an input whose result is then
+        refused goes out again from here under it."""
+        digests = []
+        for rank, token in results:
+            found = self.tables.find(rank)
+            if found is not None and found[1].token == token:
+                digest, part = parse_work_id(found[1].work_id)
+                if part is None and not self.source.is_done(digest):
+                    digests.append(digest)
+        if len(digests) > 1:
+            self.admission.fence(digests, self._ahead())
+
+    def _ahead(self) -> Iterable[str]:
+        return islice(self.frontier.pending, CLAIM_AHEAD * max(1, self.workers))
 
     def finish(self, rank: int, token: str, *, path_targets=None, solved_targets=(),
                completes_input: bool = True) -> None:

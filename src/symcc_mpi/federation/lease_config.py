@@ -1,5 +1,5 @@
-"""How a several-master job's work-lease table is configured: its TTL, its lock wait and its
-shard count, from the campaign's timeouts or the environment."""
+"""How a several-master job's work-lease table is configured: its TTL and its lock wait, from
+the campaign's timeouts or the environment. (Its shards are its masters: leases.py.)"""
 
 from __future__ import annotations
 
@@ -8,9 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from symcc_mpi.config import work_lease_settings
-from symcc_mpi.federation.shards import MAX_SHARDS
 
-DEFAULT_SHARDS = 64
 DEFAULT_EXECUTION_TIMEOUT = 10.0
 DEFAULT_SHUTDOWN_GRACE = 5.0
 
@@ -30,14 +28,12 @@ class LeaseConfig:
     """The table's knobs (F320 §6): `FencedWorkLeaseTable(..., **config.options())`.
 
     `from_env` rule: unset or blank → default. Otherwise TTL and lock timeout must be a finite
-    number of seconds > 0, and the shard count a decimal integer in 1..4096; anything else
-    (`"abc"`, `"0"`, `"-3"`, `"nan"`, `"inf"`, `"1.5"` shards) → default, and the variable's name
-    and value are listed in `rejected` for the caller to log.
+    number of seconds > 0; anything else (`"abc"`, `"0"`, `"-3"`, `"nan"`, `"inf"`) → default,
+    and the variable's name and value are listed in `rejected` for the caller to log.
     """
 
     ttl: float = field(default_factory=default_ttl)
     lock_timeout: float = field(default_factory=default_lock_acquire_timeout)
-    shards: int = DEFAULT_SHARDS
     rejected: tuple[str, ...] = ()
 
     @classmethod
@@ -48,17 +44,16 @@ class LeaseConfig:
         execution_timeout: float = DEFAULT_EXECUTION_TIMEOUT,
         shutdown_grace: float = DEFAULT_SHUTDOWN_GRACE,
     ) -> LeaseConfig:
-        settings = work_lease_settings(env, max_shards=MAX_SHARDS)
+        settings = work_lease_settings(env)
         return cls(
             ttl=settings.ttl if settings.ttl is not None else default_ttl(execution_timeout),
             lock_timeout=settings.lock_timeout if settings.lock_timeout is not None
             else default_lock_acquire_timeout(shutdown_grace),
-            shards=settings.shards if settings.shards is not None else DEFAULT_SHARDS,
             rejected=settings.rejected,
         )
 
     def options(self) -> dict[str, Any]:
-        return {"ttl": self.ttl, "lock_timeout": self.lock_timeout, "shards": self.shards}
+        return {"ttl": self.ttl, "lock_timeout": self.lock_timeout}
 
 
 # --- errors -------------------------------------------------------------------------------------

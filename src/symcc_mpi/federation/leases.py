@@ -1,84 +1,71 @@
 """The fenced work-lease table of one multi-master job (F320 §2.2–2.3, F321 corrections).
 
-One small JSON record per content digest, sharded by the digest's first u32
-(`SYMCC_STANDALONE_WORK_LEASE_SHARDS`, default 64). A record is written whole to a temporary
-file and `os.replace`d, so a reader sees an old or a new record, never a torn one. Every
-read-modify-write happens under its shard's bounded lock-directory lock (`locks.DirectoryLock`,
-F320 §2.6): a wait past its deadline raises `LockTimeout` and no lock is broken for its age.
+One record per content digest, kept in its shard's append-only log (lease_log.py). A job's
+table has a shard per master, and a digest lives in its rendezvous owner's (`shard_of`,
+ownership.py): a master's claims, fences and completions all go to its own log, whose lock no
+one else takes but to take over an expired lease. A change is decided under the shard's lock
+(an `fcntl` byte-range lock, F320 §2.6: its wait is bounded, `LockTimeout`, and nothing is
+ever broken for its age) on the state read to the log's end, and the changes of one lock round
+go out in one write, so that a master writes about once per task:
+
+* claims are grouped (`claim_many`), and a fence may carry the claims of the inputs to be
+  dispatched next (`fence(..., claims=)`);
+* several results' fences go in one round (`fence`);
+* a completion (committing → done) is not written at once but with the shard's next write, or
+  by `flush`: nobody else may change a `committing` record, and every other master treats it
+  as it treats a `done` one (never claimed, never taken over), so only its holder needs to
+  know, and it does;
+* heartbeats of many leases go in one round (`heartbeat_many`).
 
 Why not fsynced: the table lives for one job epoch (`OUT/.standalone-work-<epoch>/`, removed
-after the final barrier), and the durable "analysed" set is the masters' done journals. A host
-crash ends the job, and the resume starts a new epoch with a new, empty table, so a record lost
-in a crash costs nothing that a durable write would have saved. `fsync=True` exists for the
-benchmark that measures what leaving it out saves (benchmarks/bench_leases.py).
-
-Why shard locks, not one lock per record: a claim of several digests takes each shard's lock
-once for all its digests (`claim_many`), and no operation ever holds two locks, so there is no
-lock order to get wrong. Updates hold a lock for one record write (~0.1 ms), so a shard shared
-by a few masters is not contended.
-
-Layout::
-
-    table.json                  {"schema", "shards"}: fixed by whoever creates the table
-    records/<shard>/<key>.json  one record per digest
-    locks/<shard>.lock/         a shard's update lock, present only while an update runs
-    quarantine/                 corrupt records moved aside, never silently dropped
+after the job ends), and the durable "analysed" set is the masters' done journals. A host
+crash ends the job, and the resume starts a new epoch with a new, empty table. `fsync=True`
+exists for the benchmark that measures what leaving it out saves (benchmarks/bench_leases.py).
 
 Fencing (F320 §2.2): every claim writes a token unique to that claim; any later change must
 present the exact token of the *current* record, compared under the lock. A stale token (taken
-over, completed, abandoned, never existed) changes nothing and the operation returns False.
-Expiry is a permission for others to take over, not a revocation: until someone does, the
-holder's token stays current. `committing` never expires (F321): stealing it would let the old
-holder and the recoverer apply one result twice.
+over, completed, abandoned, never existed) changes nothing and the operation says so. Expiry is
+a permission for others to take over, not a revocation: until someone does, the holder's token
+stays current. `committing` never expires (F321): stealing it would let the old holder and the
+recoverer apply one result twice.
 
-Errors: refusals are return values. `CorruptRecord` (after quarantining the record),
-`LockTimeout` (a `TimeoutError`) and `OSError` are raised. A failed write is rolled back under
-the lock before the error propagates; if the rollback fails too, the leftover is a conservative
-lease that its TTL ends.
+Errors: refusals are return values. `LockTimeout` (a `TimeoutError`), `TableMismatch` and
+`OSError` are raised; a failed write is cut back off the log (lease_log.py) before the error
+propagates, and a completion it carried is kept for the next write.
 """
 
 from __future__ import annotations
 
-import contextlib
-import functools
+import json
 import logging
-import os
 import secrets
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import msgspec
 
-from symcc_mpi.durable.atomic import is_temporary, write_durable
+from symcc_mpi.durable.atomic import write_durable
 from symcc_mpi.durable.clock import SYSTEM_CLOCK, Clock
-from symcc_mpi.durable.locks import DirectoryLock
-from symcc_mpi.federation.lease_config import DEFAULT_SHARDS
-from symcc_mpi.federation.shards import (
-    MAX_SHARDS,
-    CorruptRecord,
-    InvalidRecord,
-    check_seconds,
-    open_sharded_table,
-    unlink_record,
-)
+from symcc_mpi.federation.lease_log import ShardLog, Writer
+from symcc_mpi.federation.shards import MAX_SHARDS, TableMismatch, check_seconds
 from symcc_mpi.federation.work_leases import (
-    DIGEST,
     WORK_PAYLOAD_SCHEMA,
     WORK_SCHEMA,
     Origin,
     WorkLease,
     WorkPayload,
     check_digest,
-    decode_lease,
     encode_lease,
 )
 
 log = logging.getLogger(__name__)
 
-TABLE_SCHEMA = "symcc-work-lease-table-v1"
+TABLE_SCHEMA = "symcc-work-lease-table-v2"
 _MAX_NAME = 200
+
+
 @dataclass(frozen=True)
 class TableStatistics:
     """Counters of one table object (this process's view of what it did)."""
@@ -92,53 +79,46 @@ class TableStatistics:
     completed: int = 0
     abandoned: int = 0
     adopted: int = 0  # a dead predecessor's leases a successor took (adopt)
-    writes: int = 0
+    writes: int = 0  # appends to a shard's log: each carries one or more changes
+    changes: int = 0  # records written
     write_failures: int = 0
-    rollback_failures: int = 0
-    quarantined: int = 0
+    corrupt_lines: int = 0  # skipped, in every log this object read
+    torn_tails: int = 0  # cut off a log by this object: a writer died inside a write
     lock_waits: int = 0
     lock_wait_seconds: float = 0.0
-    dead_locks_cleared: int = 0
-    corrupt_paths: tuple[str, ...] = ()  # the last 16 quarantined
 
 
-def _new_token(owner: str) -> str:
-    # owner:pid:time_ns plus randomness: unique even if two claims read the same clock.
-    return f"{owner}:{os.getpid()}:{SYSTEM_CLOCK.time_ns()}:{secrets.token_hex(8)}"
+def _new_token() -> str:
+    return secrets.token_hex(12)
 
 
-Writer = Callable[[Path, bytes], None]
-Remover = Callable[[Path], None]
-
-_DELETE = object()
+def _first_u32(shards: int) -> Callable[[str], int]:
+    return lambda digest: int(digest[:8], 16) % shards
 
 
-# --- the table ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Fenced:
+    """What one `fence` did: the digests now `committing` under their holder's token, and the
+    claims it won, {digest: lease}."""
+
+    committing: frozenset[str]
+    claimed: dict[str, WorkLease]
 
 
 class FencedWorkLeaseTable:
     """F320 §2.2–2.3: one record per digest, leased → committing → done, fenced by tokens.
 
-    `owner` names this master (F320: job epoch + master rank). `writer(path, bytes)` and
-    `remover(path)` default to the atomic operations; tests inject faults through them. One
-    object per thread: the locks exclude other objects and processes, not concurrent calls on
-    one object's counters.
+    `owner` names this master (F320: job epoch + master index). `shard_of(digest)` picks a
+    digest's shard in `range(shards)` (by default its first u32): the table's creator fixes
+    the count, and every opener must shard alike. `writer(fd, bytes)` is the log's write;
+    tests inject faults through it. One object per thread.
     """
 
-    def __init__(
-        self,
-        root: Path,
-        owner: str,
-        *,
-        ttl: float,
-        lock_timeout: float,
-        shards: int = DEFAULT_SHARDS,
-        clock: Clock = SYSTEM_CLOCK,
-        sleep: Callable[[float], object] = SYSTEM_CLOCK.sleep,
-        writer: Writer | None = None,
-        remover: Remover | None = None,
-        fsync: bool = False,
-    ):
+    def __init__(self, root: Path, owner: str, *, ttl: float, lock_timeout: float,
+                 shards: int = 64, shard_of: Callable[[str], int] | None = None,
+                 clock: Clock = SYSTEM_CLOCK,
+                 sleep: Callable[[float], object] = SYSTEM_CLOCK.sleep,
+                 writer: Writer | None = None, fsync: bool = False):
         if not isinstance(owner, str) or not owner or len(owner) > _MAX_NAME:
             raise ValueError(f"owner must be a non-empty string of at most {_MAX_NAME} characters")
         if isinstance(shards, bool) or not isinstance(shards, int) or not 1 <= shards <= MAX_SHARDS:
@@ -147,21 +127,16 @@ class FencedWorkLeaseTable:
             raise ValueError(f"lock_timeout must be a number >= 0 (got {lock_timeout!r})")
         self.owner = owner
         self.ttl = check_seconds("ttl", ttl)
-        self.lock_timeout = float(lock_timeout)
         self.clock = clock
-        self._sleep = sleep
-        self._fsync = fsync
-        self._write = writer or functools.partial(write_durable, fsync=fsync)
-        self._remove = remover or functools.partial(unlink_record, fsync=fsync)
-        self._counts: dict[str, Any] = {}
-        self._corrupt: list[str] = []
-        self._seen_done: set[str] = set()  # done is final: recovery scans skip these
         self.root = Path(root)
-        self.shards = self._open(shards)
+        self.shards = self._open(shards, fsync)
+        self.shard_of = shard_of or _first_u32(self.shards)
         digits = len(f"{self.shards - 1:x}")
-        names = [f"{shard:0{digits}x}" for shard in range(self.shards)]
-        self._record_dirs = [self.root / "records" / name for name in names]
-        self._lock_paths = [self.root / "locks" / f"{name}.lock" for name in names]
+        self._logs = [ShardLog(self.root / "logs" / f"{shard:0{digits}x}.log",
+                               lock_timeout=float(lock_timeout), clock=clock, sleep=sleep,
+                               writer=writer, fsync=fsync) for shard in range(self.shards)]
+        self._completions: list[dict[str, WorkLease]] = [{} for _ in range(self.shards)]
+        self._counts: dict[str, Any] = {}
 
     # -- operations
 
@@ -173,43 +148,78 @@ class FencedWorkLeaseTable:
 
     def claim_many(self, digests: Iterable[str], *,
                    origin: Origin = "generated") -> dict[str, WorkLease]:
-        """`claim` for each digest, taking each shard's lock once: {digest: lease} of those won.
+        """`claim` for each digest, one lock round and one write per shard: {digest: lease}
+        of those won."""
+        return self.fence({}, claims=digests, origin=origin).claimed
 
-        A corrupt record met on the way is quarantined and then claimed as absent; the
-        quarantine is counted (`statistics().quarantined`) and logged, not raised.
-        """
+    def fence(self, tokens: Mapping[str, str], *, claims: Iterable[str] = (),
+              origin: Origin = "generated") -> Fenced:
+        """`begin_commit` for each {digest: token} of `tokens`, and `claim` for each of
+        `claims`, one lock round and one write per shard. A record already `committing`
+        under its token needs no round."""
         if origin not in ("initial", "generated"):
             raise ValueError(f"origin must be 'initial' or 'generated' (got {origin!r})")
-        wanted = list(dict.fromkeys(check_digest(d) for d in digests))
-        return self._claim_grouped(wanted, origin, takeover_only=False)
+        committing: set[str] = set()
+        by_shard: dict[int, tuple[dict[str, str], list[str]]] = {}
+        for digest, token in tokens.items():
+            seen = self._logs[self._shard(digest)].records.get(digest)
+            if seen is not None and seen.token == token and seen.status == "committing":
+                committing.add(digest)  # only its holder changes it: no one else can have
+            else:
+                by_shard.setdefault(self._shard(digest), ({}, []))[0][digest] = token
+        for digest in dict.fromkeys(map(check_digest, claims)):
+            by_shard.setdefault(self._shard(digest), ({}, []))[1].append(digest)
+        claimed: dict[str, WorkLease] = {}
+        for shard in sorted(by_shard):
+            fences, wanted = by_shard[shard]
+
+            def decide(records: dict[str, WorkLease], now: float, fences=fences, wanted=wanted):
+                changes = []
+                for digest, token in fences.items():
+                    old = records.get(digest)
+                    if not self._current(old, token) or old.status == "done":
+                        continue
+                    committing.add(digest)
+                    if old.status == "leased":
+                        self._add("commits_begun")
+                        changes.append(msgspec.structs.replace(old, status="committing",
+                                                               updated=now))
+                for digest in wanted:
+                    if (lease := self._claimed(records.get(digest), digest, origin, now,
+                                               takeover_only=False)) is not None:
+                        claimed[digest] = lease
+                        changes.append(lease)
+                return changes
+            self._round(shard, decide)
+        return Fenced(frozenset(committing), claimed)
 
     def recover_expired(self, *, limit: int | None = None) -> list[WorkLease]:
         """F320 §2.3 recovery scan: take over expired `leased` records (never `committing`)
         of other holders, at most `limit` of them.
 
         Racing recoverers are serialised by the shard lock, so exactly one new token wins per
-        record. Records once seen done are not read again (done is final). Corrupt records
-        are quarantined and logged, not raised.
-        """
+        record. Its own leases its holder knows in memory, in flight or about to be: taking
+        one over would dispatch the input a second time."""
         now = self.clock.time()
-        expired: list[str] = []
-        for digest in self._digests():
-            if limit is not None and len(expired) >= limit:
-                break
-            if digest in self._seen_done:
-                continue
-            try:
-                seen = self._peek(digest)
-            except CorruptRecord:
-                continue
-            if seen is not None and seen.status == "done":
-                self._seen_done.add(digest)
-            elif seen is not None and seen.expired(now) and seen.owner != self.owner:
-                # Its own leases its holder knows in memory, in flight or about to be: taking
-                # one over would dispatch the input a second time.
-                expired.append(digest)
-        won = self._claim_grouped(expired, None, takeover_only=True)
-        return [won[d] for d in expired if d in won]
+        expired: dict[int, list[str]] = {}
+        found = 0
+        for shard, shard_log in enumerate(self._logs):
+            shard_log.refresh()
+            for digest, seen in shard_log.records.items():
+                if limit is not None and found >= limit:
+                    break
+                if seen.expired(now) and seen.owner != self.owner:
+                    expired.setdefault(shard, []).append(digest)
+                    found += 1
+        won: list[WorkLease] = []
+        for shard, digests in expired.items():
+            def decide(records: dict[str, WorkLease], now: float, digests=digests):
+                changes = [lease for digest in digests if (lease := self._claimed(
+                    records.get(digest), digest, None, now, takeover_only=True)) is not None]
+                won.extend(changes)
+                return changes
+            self._round(shard, decide)
+        return won
 
     def adopt(self, done: Callable[[str], bool]) -> list[WorkLease]:
         """A successor's takeover of its dead predecessor's records: those of this table's
@@ -219,175 +229,173 @@ class FencedWorkLeaseTable:
         `done` is completed; any other is leased anew to the successor, whatever its status,
         for the input to be analysed again. (A `committing` record's commit never reached
         the journal; nor may a `done` one's: a commit completes its lease before the group
-        commit that makes its done line durable.) Returns the leases taken, in the table's
-        order."""
-        adopted = []
-        for digest in self._digests():
-            try:
-                seen = self._peek(digest)
-            except CorruptRecord:
+        commit that makes its done line durable.) Returns the leases taken."""
+        adopted: list[WorkLease] = []
+        for shard, shard_log in enumerate(self._logs):
+            shard_log.refresh()
+            if not any(r.owner == self.owner for r in shard_log.records.values()):
                 continue
-            if seen is None or seen.owner != self.owner:
-                continue
-            def decide(old: WorkLease | None, now: float, finished: bool = done(digest)):
-                if old is None or old.owner != self.owner:
-                    return None, None  # a claim or takeover of another master's since
-                if finished:
-                    if old.status == "done":
-                        return None, None
-                    return None, msgspec.structs.replace(old, status="done", updated=now)
-                self._add("adopted")
-                record = msgspec.structs.replace(
-                    old, status="leased", token=_new_token(self.owner), updated=now,
-                    expires=now + self.ttl, attempts=old.attempts + 1)
-                return record, record
 
-            lease = self._mutate(digest, decide)
-            if lease is not None:
-                adopted.append(lease)
+            def decide(records: dict[str, WorkLease], now: float):
+                changes = []
+                for old in list(records.values()):
+                    if old.owner != self.owner:
+                        continue
+                    if done(old.digest):
+                        if old.status != "done":
+                            changes.append(msgspec.structs.replace(old, status="done",
+                                                                   updated=now))
+                        continue
+                    self._add("adopted")
+                    lease = msgspec.structs.replace(
+                        old, status="leased", token=_new_token(), updated=now,
+                        expires=now + self.ttl, attempts=old.attempts + 1)
+                    changes.append(lease)
+                    adopted.append(lease)
+                return changes
+            self._round(shard, decide)
         return adopted
 
     def heartbeat(self, digest: str, token: str) -> bool:
         """Extend the lease of the exact current `leased` token; False if stale or committing
         (a committing record never expires, so there is nothing to extend)."""
-        def decide(old: WorkLease | None, now: float):
-            if not self._current(old, token) or old.status != "leased":
-                return False, None
-            self._add("heartbeats")
-            return True, msgspec.structs.replace(old, updated=now, expires=now + self.ttl)
-        return self._mutate(digest, decide)
+        return digest in self.heartbeat_many({digest: token})
+
+    def heartbeat_many(self, tokens: Mapping[str, str]) -> set[str]:
+        """`heartbeat` for each {digest: token}, one round per shard: the digests extended."""
+        by_shard: dict[int, dict[str, str]] = {}
+        for digest, token in tokens.items():
+            by_shard.setdefault(self._shard(check_digest(digest)), {})[digest] = token
+        extended: set[str] = set()
+        for shard, beats in by_shard.items():
+            def decide(records: dict[str, WorkLease], now: float, beats=beats):
+                changes = []
+                for digest, token in beats.items():
+                    old = records.get(digest)
+                    if self._current(old, token) and old.status == "leased":
+                        self._add("heartbeats")
+                        extended.add(digest)
+                        changes.append(msgspec.structs.replace(old, updated=now,
+                                                               expires=now + self.ttl))
+                return changes
+            self._round(shard, decide)
+        return extended
 
     def begin_commit(self, digest: str, token: str) -> bool:
         """leased → committing for the exact current token: from now on no TTL takeover (F321).
 
         True also if already committing under `token` (safe to repeat); False otherwise.
         """
-        def decide(old: WorkLease | None, now: float):
-            if not self._current(old, token) or old.status == "done":
-                return False, None
-            if old.status == "committing":
-                return True, None
-            self._add("commits_begun")
-            return True, msgspec.structs.replace(old, status="committing", updated=now)
-        return self._mutate(digest, decide)
+        return digest in self.fence({check_digest(digest): token}).committing
 
     def complete(self, digest: str, token: str) -> bool:
-        """committing → done for the exact current token; True also if already done by it."""
-        def decide(old: WorkLease | None, now: float):
-            if not self._current(old, token) or old.status == "leased":
-                return False, None
-            if old.status == "done":
-                return True, None
+        """committing → done for the exact current token, written with the shard's next write
+        (or `flush`); True also if already done by it."""
+        shard = self._shard(check_digest(digest))
+        if digest in self._completions[shard]:
+            return self._completions[shard][digest].token == token
+        old = self._logs[shard].records.get(digest)
+        if not self._current(old, token) or old.status == "leased":
+            return False
+        if old.status == "committing":
             self._add("completed")
-            return True, msgspec.structs.replace(old, status="done", updated=now)
-        return self._mutate(digest, decide)
+            self._completions[shard][digest] = msgspec.structs.replace(
+                old, status="done", updated=self.clock.time())
+        return True
 
     def abandon(self, digest: str, token: str) -> bool:
         """Give up a pre-commit lease (F320 §2.3: the corpus file is missing): the record is
-        deleted, so no one heartbeats it and a later claim starts afresh. False for a stale
+        removed, so no one heartbeats it and a later claim starts afresh. False for a stale
         token or a record already committing or done."""
-        def decide(old: WorkLease | None, now: float):
+        given_up = []
+
+        def decide(records: dict[str, WorkLease], now: float):
+            old = records.get(digest)
             if not self._current(old, token) or old.status != "leased":
-                return False, None
+                return []
             self._add("abandoned")
-            return True, _DELETE
-        return self._mutate(digest, decide)
+            given_up.append(digest)
+            return [msgspec.structs.replace(old, status="abandoned", updated=now)]
+        self._round(self._shard(check_digest(digest)), decide)
+        return bool(given_up)
+
+    def flush(self) -> int:
+        """Write the completions still waiting for their shard's next write; how many."""
+        waiting = sum(map(len, self._completions))
+        for shard, pending in enumerate(self._completions):
+            if pending:
+                self._round(shard, lambda records, now: [])
+        return waiting
 
     def read(self, digest: str) -> WorkLease | None:
-        """The current record (no lock needed: records are replaced whole)."""
-        return self._peek(check_digest(digest))
+        """The digest's record as its log says now (completions not yet written are not in)."""
+        shard_log = self._logs[self._shard(check_digest(digest))]
+        shard_log.refresh()
+        return shard_log.records.get(digest)
 
-    def path(self, digest: str) -> Path:
-        return self._record_dirs[self._shard(check_digest(digest))] / f"{digest}.json"
+    def records(self) -> list[WorkLease]:
+        """Every record, as the logs say now."""
+        for shard_log in self._logs:
+            shard_log.refresh()
+        return [record for shard_log in self._logs for record in shard_log.records.values()]
 
     def statistics(self) -> TableStatistics:
-        return TableStatistics(**self._counts, corrupt_paths=tuple(self._corrupt))
+        logs = self._logs
+        return TableStatistics(**self._counts, writes=sum(s.writes for s in logs),
+                               corrupt_lines=sum(s.corrupt for s in logs),
+                               torn_tails=sum(s.torn for s in logs))
 
-    # -- opening
-
-    def _open(self, shards: int) -> int:
-        found, cleared = open_sharded_table(self.root, TABLE_SCHEMA, shards, fsync=self._fsync)
-        self._add("dead_locks_cleared", cleared)
-        return found
+    def close(self) -> None:
+        for shard_log in self._logs:
+            shard_log.close()
 
     # -- machinery
+
+    def _open(self, shards: int, fsync: bool) -> int:
+        """Create the table if absent; the shard count its creator fixed."""
+        (self.root / "logs").mkdir(parents=True, exist_ok=True)
+        meta = self.root / "table.json"
+        if not meta.exists():
+            # Of two creators one links its description into place; both read the winner's.
+            write_durable(meta, json.dumps({"schema": TABLE_SCHEMA, "shards": shards}).encode()
+                          + b"\n", fsync=fsync, exclusive=True)
+        try:
+            raw = json.loads(meta.read_bytes())
+            schema, found = raw["schema"], raw["shards"]
+        except (OSError, ValueError, TypeError, KeyError) as error:
+            raise TableMismatch(f"{meta}: unreadable table description ({error})") from None
+        if schema != TABLE_SCHEMA:
+            raise TableMismatch(f"{meta}: schema {schema!r}, not {TABLE_SCHEMA!r}")
+        if isinstance(found, bool) or not isinstance(found, int) or not 1 <= found <= MAX_SHARDS:
+            raise TableMismatch(f"{meta}: shard count {found!r} out of range")
+        return found
 
     def _add(self, name: str, amount: float = 1) -> None:
         self._counts[name] = self._counts.get(name, 0) + amount
 
     def _shard(self, digest: str) -> int:
-        return int(digest[:8], 16) % self.shards
+        return self.shard_of(digest)
 
-    @contextlib.contextmanager
-    def _locked(self, shard: int) -> Iterator[None]:
-        lock = DirectoryLock(self._lock_paths[shard], timeout=self.lock_timeout,
-                             clock=self.clock, sleep=self._sleep, label=self.owner)
-        with lock:
-            if lock.waited > 0:
+    def _round(self, shard: int,
+               decide: Callable[[dict[str, WorkLease], float], list[WorkLease]]) -> None:
+        """One lock round of `shard`: the changes `decide` makes of its records, after the
+        completions waiting for this shard, in one write (none if there is nothing)."""
+        shard_log = self._logs[shard]
+        with shard_log.locked() as waited:
+            if waited > 0:
                 self._add("lock_waits")
-                self._add("lock_wait_seconds", lock.waited)
-            if lock.cleared:
-                self._add("dead_locks_cleared", lock.cleared)
-            yield
-
-    def _load(self, digest: str) -> tuple[WorkLease | None, bytes | None]:
-        """Under the shard's lock: (record, raw bytes), or (None, None) when absent."""
-        path = self.path(digest)
-        try:
-            raw = path.read_bytes()
-        except FileNotFoundError:
-            return None, None
-        try:
-            return decode_lease(digest, raw), raw
-        except InvalidRecord as invalid:
-            raise self._quarantine(path, str(invalid)) from None
-
-    def _peek(self, digest: str) -> WorkLease | None:
-        """Without the lock (replace is atomic); a corrupt record is re-read under the lock
-        (a writer may have been mid-way) and quarantined if still corrupt."""
-        try:
-            raw = self.path(digest).read_bytes()
-        except FileNotFoundError:
-            return None
-        try:
-            return decode_lease(digest, raw)
-        except InvalidRecord:
-            with self._locked(self._shard(digest)):
-                return self._load(digest)[0]
-
-    def _quarantine(self, path: Path, reason: str) -> CorruptRecord:
-        destination: Path | None = (self.root / "quarantine"
-                                    / f"{path.parent.name}-{path.name}.{SYSTEM_CLOCK.time_ns()}")
-        try:
-            os.rename(path, destination)
-        except OSError:
-            destination = None
-        self._add("quarantined")
-        self._corrupt = (self._corrupt + [str(path)])[-16:]
-        error = CorruptRecord(path, reason, destination)
-        log.warning("%s", error)
-        return error
-
-    def _digests(self) -> Iterator[str]:
-        """Every digest with a record, shard by shard; sweeps dead writers' temporaries."""
-        for shard, directory in enumerate(self._record_dirs):
-            names = os.listdir(directory)
-            debris = [n for n in names if is_temporary(Path(n))]
-            if debris:
-                self._sweep_temporaries(shard, directory, debris)
-            for name in names:
-                if name.endswith(".json") and DIGEST.fullmatch(name[: -len(".json")]):
-                    yield name[: -len(".json")]
-
-    def _sweep_temporaries(self, shard: int, directory: Path, names: list[str]) -> None:
-        # A writer holds its shard's lock while its temporary exists; one seen while we hold
-        # that lock belongs to a writer that died.
-        try:
-            with self._locked(shard):
-                for name in names:
-                    (directory / name).unlink(missing_ok=True)
-        except (TimeoutError, OSError):
-            pass  # junk stays until a later scan; it is never read as a record
+                self._add("lock_wait_seconds", waited)
+            changes = list(self._completions[shard].values()) \
+                + decide(shard_log.records, self.clock.time())
+            if not changes:
+                return
+            try:
+                shard_log.append(changes, encode_lease)
+            except OSError:
+                self._add("write_failures")
+                raise
+            self._completions[shard].clear()
+            self._add("changes", len(changes))
 
     def _current(self, old: WorkLease | None, token: str) -> bool:
         if old is not None and old.token == token:
@@ -395,29 +403,9 @@ class FencedWorkLeaseTable:
         self._add("stale")
         return False
 
-    def _claim_grouped(self, digests: list[str], origin: Origin | None, *,
-                       takeover_only: bool) -> dict[str, WorkLease]:
-        by_shard: dict[int, list[str]] = {}
-        for digest in digests:
-            by_shard.setdefault(self._shard(digest), []).append(digest)
-        won: dict[str, WorkLease] = {}
-        for shard in sorted(by_shard):
-            with self._locked(shard):
-                now = self.clock.time()
-                for digest in by_shard[shard]:
-                    record = self._claim_locked(digest, origin, now, takeover_only)
-                    if record is not None:
-                        won[digest] = record
-        return won
-
-    def _claim_locked(self, digest: str, origin: Origin | None, now: float,
-                      takeover_only: bool) -> WorkLease | None:
-        try:
-            old, raw = self._load(digest)
-        except CorruptRecord as corrupt:
-            if corrupt.quarantined is None:
-                return None  # still in place: fail closed for this digest
-            old, raw = None, None
+    def _claimed(self, old: WorkLease | None, digest: str, origin: Origin | None, now: float,
+                 *, takeover_only: bool) -> WorkLease | None:
+        """The lease a claim of `digest` writes over `old`, or None if it is refused."""
         if old is None:
             if takeover_only:
                 return None
@@ -426,60 +414,12 @@ class FencedWorkLeaseTable:
         elif old.expired(now):
             attempts, steals, payload = old.attempts + 1, old.steals + 1, old.payload
         else:
-            if old.status == "done":
-                self._seen_done.add(digest)
             self._add("refused")
             return None
-        record = WorkLease(WORK_SCHEMA, digest, "leased", self.owner, _new_token(self.owner),
-                           now, now + self.ttl, attempts, steals, payload)
-        self._put(digest, encode_lease(record), raw)
         self._add("claims")
         self._add("taken_over", int(old is not None))
-        return record
-
-    def _mutate(self, digest: str, decide: Callable[[WorkLease | None, float], tuple]) -> Any:
-        check_digest(digest)
-        with self._locked(self._shard(digest)):
-            old, raw = self._load(digest)
-            result, new = decide(old, self.clock.time())
-            if new is _DELETE:
-                self._drop(digest, raw)
-            elif new is not None:
-                self._put(digest, encode_lease(new), raw)
-            return result
-
-    def _put(self, digest: str, data: bytes, previous: bytes | None) -> None:
-        """Write a record; on failure restore `previous` (None: absent), then re-raise."""
-        self._add("writes")
-        try:
-            self._write(self.path(digest), data)
-        except OSError:
-            self._add("write_failures")
-            self._restore(digest, previous)
-            raise
-
-    def _drop(self, digest: str, previous: bytes) -> None:
-        """Delete a record; on failure put `previous` back if it is gone, then re-raise."""
-        self._add("writes")
-        try:
-            self._remove(self.path(digest))
-        except OSError:
-            self._add("write_failures")
-            if not self.path(digest).exists():
-                self._restore(digest, previous)
-            raise
-
-    def _restore(self, digest: str, previous: bytes | None) -> None:
-        """Best effort, under the lock: make the record `previous` again (None: absent)."""
-        try:
-            if previous is None:
-                self._remove(self.path(digest))
-            else:
-                self._write(self.path(digest), previous)
-        except OSError:
-            self._add("rollback_failures")
-            log.warning("could not roll back lease record %s; it stays until its TTL ends",
-                        self.path(digest))
+        return WorkLease(WORK_SCHEMA, digest, "leased", self.owner, _new_token(), now,
+                         now + self.ttl, attempts, steals, payload)
 
     def __repr__(self) -> str:
         return f"FencedWorkLeaseTable({str(self.root)!r}, owner={self.owner!r})"

@@ -1,4 +1,4 @@
-"""A master's work leases: grouped claims, rate-limited heartbeats and the per-master figures.
+"""A master's work leases: grouped claims and fences, rate-limited heartbeats, the figures.
 
 The master loop's one handle on the shared table (F320 §2.2–2.3, issue 11 items 2 and 7). It
 keeps what the table cannot: when each of this master's tokens was last extended, so that the
@@ -6,13 +6,13 @@ loop may call `heartbeat` every tick and the table sees at most one write per to
 `heartbeat_interval`; and when the last recovery scan ran, because a scan lists the whole
 table and nothing can expire faster than a TTL.
 
-`heartbeat_interval = min(TTL / 3, 30 s)`: a master that ticks at least that often extends
-every live lease two or more times per TTL, so only a master stalled for most of a TTL loses
-one. Times are the table clock's monotonic seconds (tests pass a `ManualClock`).
+`heartbeat_interval = min(TTL / 3, 30 s)`, and the leases due are looked at four times per
+interval: a master that ticks at least that often extends every live lease at most 5/12 TTL
+apart, so only a master stalled for most of a TTL loses one. Times are the table clock's
+monotonic seconds (tests pass a `ManualClock`).
 
 Errors: `LockTimeout` (a `TimeoutError`) and `OSError` propagate; the master turns them into a
-one-line failure and Abort(70) (F320 §2.6). A corrupt record is quarantined and counted by the
-table; here it reads as a lease this master no longer holds.
+one-line failure and Abort(70) (F320 §2.6).
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from symcc_mpi.federation.leases import FencedWorkLeaseTable
-from symcc_mpi.federation.shards import CorruptRecord
 from symcc_mpi.federation.work_leases import Origin
 
 LONGEST_HEARTBEAT_INTERVAL = 30.0
@@ -40,10 +39,11 @@ class LeaseFigures:
     completed: int
     abandoned: int
     adopted: int  # a dead predecessor's leases this master took, as its successor
-    quarantined: int  # corrupt records moved aside
+    corrupt_lines: int  # log lines skipped
     lock_waits: int
     lock_wait_seconds: float
-    writes: int  # records written (claims, heartbeats, commits, releases)
+    writes: int  # appends to the table's logs
+    changes: int  # records written (claims, heartbeats, fences, completions, releases)
 
 
 class WorkLeases:
@@ -54,6 +54,7 @@ class WorkLeases:
         self._clock = table.clock
         self.heartbeat_interval = min(table.ttl / 3.0, LONGEST_HEARTBEAT_INTERVAL)
         self._last_beat: dict[str, float] = {}  # token of a `leased` record -> last extension
+        self._next_beats = float("-inf")  # no lease is due before
         self._next_recovery = float("-inf")
         self._expiries = 0
         self._stale_results = 0
@@ -64,19 +65,27 @@ class WorkLeases:
         return self._held({digest: lease.token for digest, lease in won.items()})
 
     def heartbeat(self, tokens: Mapping[str, str]) -> list[str]:
-        """Extend the leases in `tokens` ({digest: token}) that are due; the digests lost.
+        """Extend the leases in `tokens` ({digest: token}) that are due, in one round per
+        shard; the digests lost.
 
         Only tokens this object handed out and that are still `leased` are extended; others
         are ignored. A lost lease was taken over after it expired: the master drops it from
         its queue, and a result already running for it will be refused at `begin_commit`.
         """
         now = self._clock.monotonic()
+        if now < self._next_beats:
+            return []
+        # Looked at four times per interval: a lease is extended at most 1.25 intervals apart.
+        self._next_beats = now + self.heartbeat_interval / 4
+        due = {digest: token for digest, token in tokens.items()
+               if (last := self._last_beat.get(token)) is not None
+               and now - last >= self.heartbeat_interval}
+        if not due:
+            return []
+        extended = self._table.heartbeat_many(due)
         lost = []
-        for digest, token in tokens.items():
-            last = self._last_beat.get(token)
-            if last is None or now - last < self.heartbeat_interval:
-                continue
-            if self._quietly(self._table.heartbeat, digest, token):
+        for digest, token in due.items():
+            if digest in extended:
                 self._last_beat[token] = now
             else:
                 del self._last_beat[token]
@@ -84,22 +93,30 @@ class WorkLeases:
                 lost.append(digest)
         return lost
 
-    def begin_commit(self, digest: str, token: str) -> bool:
-        """The fence before any side effect of a result; False: the result is stale (counted)."""
-        self._last_beat.pop(token, None)  # committing never expires: no more heartbeats
-        if self._quietly(self._table.begin_commit, digest, token):
-            return True
-        self._stale_results += 1
-        return False
+    def fence(self, tokens: Mapping[str, str], claims: Iterable[str] = ()
+              ) -> tuple[frozenset[str], dict[str, str]]:
+        """The fence before any side effect of the results of `tokens` ({digest: token}),
+        with the claims of `claims` in the same write: (the digests now committing, {digest:
+        token} claimed). A digest not committing is a stale result (counted)."""
+        for token in tokens.values():
+            self._last_beat.pop(token, None)  # committing never expires: no more heartbeats
+        fenced = self._table.fence(tokens, claims=claims)
+        self._stale_results += len(tokens) - len(fenced.committing & tokens.keys())
+        return fenced.committing, self._held({d: lease.token
+                                               for d, lease in fenced.claimed.items()})
 
     def complete(self, digest: str, token: str) -> bool:
-        """committing → done; False only if the record was lost (corrupt) meanwhile."""
-        return self._quietly(self._table.complete, digest, token)
+        """committing → done (written with the next write); False if the token is stale."""
+        return self._table.complete(digest, token)
 
     def abandon(self, digest: str, token: str) -> bool:
         """Give up a lease before commit (its corpus file is missing); False if already lost."""
         self._last_beat.pop(token, None)
-        return self._quietly(self._table.abandon, digest, token)
+        return self._table.abandon(digest, token)
+
+    def flush(self) -> None:
+        """The completions not yet written, written."""
+        self._table.flush()
 
     def adopt(self, done: Callable[[str], bool]) -> dict[str, str]:
         """A successor takes its dead predecessor's leases (FencedWorkLeaseTable.adopt);
@@ -127,18 +144,12 @@ class WorkLeases:
             claims=table.claims, steals=table.taken_over, expiries=self._expiries,
             stale_results=self._stale_results, refused=table.refused,
             heartbeats=table.heartbeats, completed=table.completed, abandoned=table.abandoned,
-            adopted=table.adopted, quarantined=table.quarantined, lock_waits=table.lock_waits,
-            lock_wait_seconds=table.lock_wait_seconds, writes=table.writes)
+            adopted=table.adopted, corrupt_lines=table.corrupt_lines,
+            lock_waits=table.lock_waits, lock_wait_seconds=table.lock_wait_seconds,
+            writes=table.writes, changes=table.changes)
 
     def _held(self, tokens: dict[str, str]) -> dict[str, str]:
         now = self._clock.monotonic()
         for token in tokens.values():
             self._last_beat[token] = now
         return tokens
-
-    @staticmethod
-    def _quietly(operation, digest: str, token: str) -> bool:
-        try:
-            return operation(digest, token)
-        except CorruptRecord:
-            return False  # quarantined and counted by the table: the lease is gone

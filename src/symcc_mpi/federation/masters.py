@@ -15,6 +15,7 @@ appears after a higher one) and writes stats.json, fuzzer_stats and plot_data.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import shutil
@@ -66,6 +67,7 @@ ANSWER_WITHIN = 120.0  # root waits this long for votes (then aborts) and ACKs (
 DISCOVERY_INTERVAL = 0.1  # seconds between two reads of the others' publication logs
 RECOVERY_LIMIT = 16  # expired leases one scan takes over at most
 FINAL_FIGURES_WAIT = 60.0  # root waits this long for the others' final figures
+OWNER_CACHE = 1 << 16  # digests whose owner a master remembers
 
 
 @dataclass(frozen=True)
@@ -95,6 +97,9 @@ class Federation:
         self.index = index
         self.masters = masters
         self.indices = tuple(range(masters))
+        # Asked several times per task (admission, claims ahead, the lease table's shard).
+        self.owner_of = functools.lru_cache(maxsize=OWNER_CACHE)(
+            functools.partial(owner, masters=self.indices))
         self.world_ranks = world_ranks  # per master index, its group's ranks in COMM_WORLD
         self.roster = Roster(world_ranks)  # where each master is reached, which are gone
         self.directory = lease_directory(out, epoch)
@@ -139,9 +144,11 @@ class Federation:
             for stale in self.directory.parent.glob(LEASE_DIRECTORY_PREFIX + "*"):
                 if stale != self.directory:  # of a job that ended without its last barrier
                     shutil.rmtree(stale, ignore_errors=True)
-        self.leases = WorkLeases(FencedWorkLeaseTable(self.directory / "leases",
-                                                      self.owner_name, clock=clock,
-                                                      **config.options()))
+        # A shard per master, a digest in its owner's: a master writes to its own log.
+        self.leases = WorkLeases(FencedWorkLeaseTable(
+            self.directory / "leases", self.owner_name, shards=self.masters,
+            shard_of=self.owner_of, clock=clock,
+            **config.options()))
         self.targets = TargetClaims(self.directory / "targets", owner=self.owner_name,
                                     work_ttl=config.ttl, clock=clock)
         self.publications = PublicationLog(self.directory, self.index)
@@ -157,7 +164,7 @@ class Federation:
                                           or self.coordinator.outcome is Outcome.COMMITTED)
 
     def owns(self, digest: str) -> bool:
-        return owner(digest, self.indices) == self.index
+        return self.owner_of(digest) == self.index
 
     # -- admission (dispatch/coordinator.py) ------------------------------------------------
 
@@ -180,15 +187,27 @@ class Federation:
             return True
         return False
 
-    def begin_commit(self, digest: str) -> bool:
+    def begin_commit(self, digest: str, ahead: Iterable[str] = ()) -> bool:
         """The fence before any side effect of a result: False, the lease is no longer this
-        master's (it expired and another master took it): the result is stale."""
-        token = self.held.pop(digest, None)
-        if token is not None and self.leases.begin_commit(digest, token):
-            self.held[digest] = token  # until `complete`
+        master's (it expired and another master took it): the result is stale. `ahead`: the
+        inputs to be dispatched next, claimed in the same write."""
+        if digest in self.fence([digest], ahead):
             return True
         self.stale_results += 1  # its lease lost at a heartbeat already, or now
         return False
+
+    def fence(self, digests: Iterable[str], ahead: Iterable[str] = ()) -> frozenset[str]:
+        """`begin_commit` for the results of `digests` in hand, in one write with the claims of
+        `ahead`: the digests now committing under this master's lease."""
+        tokens = {digest: self.held.pop(digest) for digest in digests if digest in self.held}
+        wanted = [d for d in ahead if d not in self.held and d not in tokens and self.owns(d)]
+        if not tokens and not wanted:
+            return frozenset()
+        committing, claimed = self.leases.fence(tokens, wanted)
+        self.held.update(claimed)
+        for digest in committing:
+            self.held[digest] = tokens[digest]  # until `complete`
+        return committing
 
     def mine(self, digest: str) -> bool:
         """Whether this master analyses `digest`: it holds its lease, or owns it."""
@@ -388,6 +407,7 @@ class Federation:
 
     def farewell(self) -> None:
         """This master closed its part: root may remove the lease table once all have."""
+        self.leases.flush()
         if not self.root:
             self._send(0, Tag.FAREWELL, Farewell())
 

@@ -1,5 +1,5 @@
-"""The work-lease table's records (F320 §2.2): one JSON file per input, named by its digest,
-and the checks a record read back must pass before the table trusts it."""
+"""The work-lease table's records (F320 §2.2): one line of a shard's log (lease_log.py) each,
+a JSON array, and the checks a line read back must pass before the table trusts it."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ DIGEST = re.compile(r"[0-9a-f]{64}")
 Origin = Literal["initial", "generated"]
 
 
-class WorkPayload(msgspec.Struct, frozen=True):
+class WorkPayload(msgspec.Struct, frozen=True, array_like=True):
     """F320 §2.2 payload: schema, the input's digest, and where it came from."""
 
     schema: str
@@ -27,12 +27,13 @@ class WorkPayload(msgspec.Struct, frozen=True):
     origin: Origin
 
 
-class WorkLease(msgspec.Struct, frozen=True):
-    """One work record (F320 §2.2). `status` only moves leased → committing → done."""
+class WorkLease(msgspec.Struct, frozen=True, array_like=True):
+    """One work record (F320 §2.2). `status` only moves leased → committing → done; a line
+    saying `abandoned` removes the record (F320 §2.3: a lease given up before its commit)."""
 
     schema: str
     digest: str
-    status: Literal["leased", "committing", "done"]
+    status: Literal["leased", "committing", "done", "abandoned"]
     owner: str
     token: str
     updated: float  # wall clock, comparable across hosts
@@ -55,12 +56,13 @@ _ENCODER = msgspec.json.Encoder()
 _DECODER = msgspec.json.Decoder(WorkLease)
 
 
-def decode_lease(digest: str, raw: bytes) -> WorkLease:
+def decode_lease(raw: bytes) -> WorkLease:
+    """A log line's record; InvalidRecord, saying why, if it is none or an impossible one."""
     record = decode_record(_DECODER, raw)
     problem = (
         "wrong schema" if record.schema != WORK_SCHEMA
-        else "digest differs from the file name" if record.digest != digest
-        else "payload digest differs from the record's" if record.payload.digest != digest
+        else "not a digest" if not DIGEST.fullmatch(record.digest)
+        else "payload digest differs from the record's" if record.payload.digest != record.digest
         else "wrong payload schema" if record.payload.schema != WORK_PAYLOAD_SCHEMA
         else "empty token or owner" if not (record.token and record.owner)
         else "impossible counters" if not 0 <= record.steals < record.attempts

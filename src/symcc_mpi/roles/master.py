@@ -206,9 +206,22 @@ class Master:
         """One round of the loop: messages, the join, dispatch, deadlines, reports, a nap."""
         handled = 0
         self.rang = self.doorbell.drain() or self.rang
-        while (incoming := self.channel.poll()) is not None:
+        arrived, failure = [], None
+        try:
+            while (incoming := self.channel.poll()) is not None:
+                arrived.append(incoming)
+        except RankFailure as error:  # raised once what came before it is handled
+            failure = error
+        if self.federation is not None and len(arrived) > 1:
+            with self.guard:  # a lease write (F320)
+                self.dispatch.fence((incoming.source, incoming.message.token)
+                                    for incoming in arrived
+                                    if isinstance(incoming.message, Result))
+        for incoming in arrived:
             self._handle(incoming)
             handled += 1
+        if failure is not None:
+            raise failure
         # F317 round order: messages, then the join, then dispatch, then the deadlines.
         # A round that received nothing has nothing to join, and deadlines (seconds) are
         # swept every SWEEP_INTERVAL: an idle round then costs little more than a probe.
