@@ -82,10 +82,23 @@ def test_a_commit_goes_through_only_while_the_lease_is_current(tmp_path, monkeyp
     assert not first.admit(digest) and not second.admit(digest)  # done for the whole job
 
 
-def test_claims_ahead_take_only_owned_inputs(tmp_path):
+def test_claims_ahead_take_the_next_owned_inputs(tmp_path):
     first, _ = federations(tmp_path)
-    first.claim_ahead(DIGESTS)
-    assert set(first.held) == {d for d in DIGESTS if owner(d, (0, 1)) == 0}
+    owned = [d for d in DIGESTS if owner(d, (0, 1)) == 0]
+    first.claim_ahead(DIGESTS, 2)
+    assert set(first.held) == set(owned[:2])
+    first.claim_ahead(DIGESTS, len(DIGESTS))
+    assert set(first.held) == set(owned)
+
+
+def test_a_fence_claims_the_next_owned_inputs_in_the_same_write(tmp_path):
+    first, second = federations(tmp_path)
+    owned = [d for d in DIGESTS if owner(d, (0, 1)) == 0]
+    first.claim_ahead(DIGESTS, 1)
+    writes = first.leases.statistics().writes
+    assert first.begin_commit(owned[0], DIGESTS, 3)
+    assert set(first.held) == set(owned[:4]) and first.leases.statistics().writes == writes + 1
+    assert not second.admit(owned[1]) and first.admit(owned[1])
 
 
 def test_root_combines_every_masters_figures():

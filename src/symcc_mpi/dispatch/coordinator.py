@@ -36,7 +36,6 @@ from collections import Counter, deque
 from collections.abc import Callable, Collection, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
-from itertools import islice
 from typing import Protocol
 
 from symcc_mpi.coverage.pruning import PruningLedger
@@ -78,11 +77,13 @@ class Admission(Protocol):
     only by the master that wins its shared lease, and its result counts only while the
     lease is still that master's."""
 
-    def claim_ahead(self, digests: Iterable[str]) -> None: ...
+    def claim_ahead(self, pending: Iterable[str], count: int) -> None: ...
     def admit(self, digest: str) -> bool: ...
     def holds(self, digest: str) -> bool: ...
-    def begin_commit(self, digest: str, ahead: Iterable[str] = ()) -> bool: ...
-    def fence(self, digests: Iterable[str], ahead: Iterable[str] = ()) -> frozenset[str]: ...
+    def begin_commit(self, digest: str, pending: Iterable[str] = (), count: int = 0
+                     ) -> bool: ...
+    def fence(self, digests: Iterable[str], pending: Iterable[str] = (),
+              count: int = 0) -> frozenset[str]: ...
     def complete(self, digest: str) -> None: ...
     def abandon(self, digest: str) -> None: ...
 
@@ -215,7 +216,8 @@ class DispatchCoordinator:
             if self.source.is_done(work_id):
                 return False
             if self.admission is not None:
-                stale = not (self.admission.begin_commit(digest, self._ahead())
+                stale = not (self.admission.begin_commit(digest, self.frontier.pending,
+                                                         self._ahead)
                              if completes_input else self.admission.holds(digest))
             return not stale
 
@@ -243,10 +245,12 @@ class DispatchCoordinator:
                 if part is None and not self.source.is_done(digest):
                     digests.append(digest)
         if len(digests) > 1:
-            self.admission.fence(digests, self._ahead())
+            self.admission.fence(digests, self.frontier.pending, self._ahead)
 
-    def _ahead(self) -> Iterable[str]:
-        return islice(self.frontier.pending, CLAIM_AHEAD * max(1, self.workers))
+    @property
+    def _ahead(self) -> int:
+        """How many inputs a master holds the leases of before it dispatches them."""
+        return CLAIM_AHEAD * max(1, self.workers)
 
     def finish(self, rank: int, token: str, *, path_targets=None, solved_targets=(),
                completes_input: bool = True) -> None:
@@ -309,7 +313,7 @@ class DispatchCoordinator:
         """Hand frontier inputs to idle ranks; return how many WORK sends returned."""
         sent = 0
         if self.admission is not None and self.idle:
-            self.admission.claim_ahead(islice(self.frontier.pending, CLAIM_AHEAD * len(self.idle)))
+            self.admission.claim_ahead(self.frontier.pending, CLAIM_AHEAD * len(self.idle))
         while self.idle:
             work_id = self.source.peek(max(self.free_workers, len(self.idle)), self.idle[0])
             if work_id is None:

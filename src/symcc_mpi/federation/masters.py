@@ -21,6 +21,7 @@ import os
 import shutil
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
+from itertools import islice
 from pathlib import Path
 
 from symcc_mpi.campaign.checkpoint import Checkpointer
@@ -65,9 +66,11 @@ STATUS_REFRESH = 0.5  # an unchanged status is sent again this often, so root se
 STATUS_STALE = 3.0  # root counts a status older than this as unknown
 ANSWER_WITHIN = 120.0  # root waits this long for votes (then aborts) and ACKs (then Abort 70)
 DISCOVERY_INTERVAL = 0.1  # seconds between two reads of the others' publication logs
+MASTERS_POLL = 0.01  # seconds between two looks for the other masters' messages
 RECOVERY_LIMIT = 16  # expired leases one scan takes over at most
 FINAL_FIGURES_WAIT = 60.0  # root waits this long for the others' final figures
 OWNER_CACHE = 1 << 16  # digests whose owner a master remembers
+AHEAD_SCAN = 256  # frontier inputs looked at for the next ones to claim
 
 
 @dataclass(frozen=True)
@@ -119,6 +122,7 @@ class Federation:
                                        answer_within=ANSWER_WITHIN) if index == 0 else None
         self.active_since_status = False  # work admitted or committed since the last status
         self.next_discovery = 0.0
+        self.next_poll = 0.0
         self.stop_reason = ""  # root's STOP, relayed to this master
         self.ending = ""  # root: why it stopped the campaign, when it did
         self.lost = False  # a rank of the job died (ULFM): the campaign ends unfinished
@@ -168,11 +172,10 @@ class Federation:
 
     # -- admission (dispatch/coordinator.py) ------------------------------------------------
 
-    def claim_ahead(self, digests: Iterable[str]) -> None:
-        """Claim, in one group, the owned inputs about to be dispatched (the head of the
-        frontier): a claim per input costs one lock of its shard, a group one per shard."""
-        wanted = [d for d in digests if d not in self.held and self.owns(d)]
-        if wanted:
+    def claim_ahead(self, pending: Iterable[str], count: int) -> None:
+        """Hold the leases of the next `count` inputs of `pending` (the frontier, in order)
+        this master owns: those not held yet are claimed in one write."""
+        if wanted := self._unheld(pending, count):
             self.held.update(self.leases.claim(wanted))
 
     def admit(self, digest: str) -> bool:
@@ -187,20 +190,22 @@ class Federation:
             return True
         return False
 
-    def begin_commit(self, digest: str, ahead: Iterable[str] = ()) -> bool:
+    def begin_commit(self, digest: str, pending: Iterable[str] = (), count: int = 0) -> bool:
         """The fence before any side effect of a result: False, the lease is no longer this
-        master's (it expired and another master took it): the result is stale. `ahead`: the
-        inputs to be dispatched next, claimed in the same write."""
-        if digest in self.fence([digest], ahead):
+        master's (it expired and another master took it): the result is stale. The inputs
+        to dispatch next are claimed in the same write (`claim_ahead`)."""
+        if digest in self.fence([digest], pending, count):
             return True
         self.stale_results += 1  # its lease lost at a heartbeat already, or now
         return False
 
-    def fence(self, digests: Iterable[str], ahead: Iterable[str] = ()) -> frozenset[str]:
-        """`begin_commit` for the results of `digests` in hand, in one write with the claims of
-        `ahead`: the digests now committing under this master's lease."""
+    def fence(self, digests: Iterable[str], pending: Iterable[str] = (),
+              count: int = 0) -> frozenset[str]:
+        """`begin_commit` for the results of `digests` in hand, in one write with the claims
+        of `claim_ahead(pending, count)`: the digests now committing under this master's
+        lease."""
         tokens = {digest: self.held.pop(digest) for digest in digests if digest in self.held}
-        wanted = [d for d in ahead if d not in self.held and d not in tokens and self.owns(d)]
+        wanted = self._unheld(pending, count, fencing=tokens)
         if not tokens and not wanted:
             return frozenset()
         committing, claimed = self.leases.fence(tokens, wanted)
@@ -208,6 +213,21 @@ class Federation:
         for digest in committing:
             self.held[digest] = tokens[digest]  # until `complete`
         return committing
+
+    def _unheld(self, pending: Iterable[str], count: int, fencing=()) -> list[str]:
+        """Of the next `count` inputs of `pending` this master owns or holds (looking at
+        AHEAD_SCAN at most), those it does not hold yet."""
+        wanted: list[str] = []
+        mine = 0
+        for digest in islice(pending, AHEAD_SCAN):
+            if mine >= count:
+                break
+            if digest in self.held:
+                mine += 1
+            elif digest not in fencing and self.owns(digest):
+                mine += 1
+                wanted.append(digest)
+        return wanted
 
     def mine(self, digest: str) -> bool:
         """Whether this master analyses `digest`: it holds its lease, or owns it."""
@@ -240,11 +260,15 @@ class Federation:
     def round(self, own: OwnMaster, now: float) -> None:
         """Once per master loop round: messages from the other masters, heartbeats, discovery,
         this master's status and (root) the quiescence decisions."""
-        try:
-            while (incoming := self.channel.poll()) is not None:
-                self._on_message(own, incoming, now)
-        except RankFailure:
-            self._masters_died()
+        if now >= self.next_poll:
+            # A probe costs a master about as much as its own workers' probe: at most every
+            # MASTERS_POLL, as nothing between masters needs an answer within milliseconds.
+            self.next_poll = now + MASTERS_POLL
+            try:
+                while (incoming := self.channel.poll()) is not None:
+                    self._on_message(own, incoming, now)
+            except RankFailure:
+                self._masters_died()
         if self.roster.awaiting:
             self._succession_overdue(now)
         for digest in self.leases.heartbeat(self.held):
