@@ -5,6 +5,8 @@ from __future__ import annotations
 import hashlib
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from symcc_mpi.scheduling import frontier as frontier_module
 from symcc_mpi.scheduling.frontier import Frontier, FrontierStatistics
@@ -183,3 +185,20 @@ def test_statistics_and_memory():
                                        memory_bytes=f.memory_bytes())
     assert 0 < f.memory_bytes() < 400 * 200
     assert "known=100" in repr(f)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["add", "take", "requeue", "rank"]),
+                          st.integers(0, 30)), max_size=60))
+def test_the_head_of_the_pending_inputs_is_their_order(steps):
+    f = Frontier()
+    for step, i in steps:
+        if step == "add":
+            f.add(d(i))
+        elif step == "take" and len(f):
+            f.take()
+        elif step == "requeue":
+            f.requeue(d(i))
+        elif step == "rank":
+            f.rank_by(lambda digest, at=i % 64: (digest[at],))
+        assert list(f.pending.head()) == list(f.pending)

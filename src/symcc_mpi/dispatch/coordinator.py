@@ -216,7 +216,7 @@ class DispatchCoordinator:
             if self.source.is_done(work_id):
                 return False
             if self.admission is not None:
-                stale = not (self.admission.begin_commit(digest, self.frontier.pending,
+                stale = not (self.admission.begin_commit(digest, self.frontier.pending.head(),
                                                          self._ahead)
                              if completes_input else self.admission.holds(digest))
             return not stale
@@ -245,7 +245,7 @@ class DispatchCoordinator:
                 if part is None and not self.source.is_done(digest):
                     digests.append(digest)
         if len(digests) > 1:
-            self.admission.fence(digests, self.frontier.pending, self._ahead)
+            self.admission.fence(digests, self.frontier.pending.head(), self._ahead)
 
     @property
     def _ahead(self) -> int:
@@ -313,7 +313,8 @@ class DispatchCoordinator:
         """Hand frontier inputs to idle ranks; return how many WORK sends returned."""
         sent = 0
         if self.admission is not None and self.idle:
-            self.admission.claim_ahead(self.frontier.pending, CLAIM_AHEAD * len(self.idle))
+            self.admission.claim_ahead(self.frontier.pending.head(),
+                                       CLAIM_AHEAD * len(self.idle))
         while self.idle:
             work_id = self.source.peek(max(self.free_workers, len(self.idle)), self.idle[0])
             if work_id is None:

@@ -55,26 +55,24 @@ class ShardLog:
         self.torn = 0  # torn tails cut off
         self.writes = 0
 
-    def refresh(self) -> None:
-        """Read the lines appended since the last read (no lock: complete lines only)."""
+    def refresh(self) -> bool:
+        """Read the lines appended since the last read (no lock: complete lines only); True if
+        bytes of an incomplete line follow them."""
         while True:
             chunk = os.pread(self.fd, _READ_SIZE, self.offset)
             end = chunk.rfind(b"\n") + 1
-            if end == 0:
-                return
             for line in chunk[:end].splitlines():
                 self._apply(line)
             self.offset += end
-            if len(chunk) < _READ_SIZE:
-                return
+            if end == 0 or len(chunk) < _READ_SIZE:
+                return len(chunk) > end
 
     @contextlib.contextmanager
     def locked(self) -> Iterator[float]:
         """Hold the shard's lock, the state read up to the log's end; yields the seconds
         waited for the lock. A torn tail is cut off first."""
         with self.lock:
-            self.refresh()
-            if os.fstat(self.fd).st_size > self.offset:
+            if self.refresh():
                 os.ftruncate(self.fd, self.offset)
                 self.torn += 1
                 log.warning("%s: cut off the torn last line of a writer that died", self.path)

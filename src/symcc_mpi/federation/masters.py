@@ -16,12 +16,12 @@ appears after a higher one) and writes stats.json, fuzzer_stats and plot_data.
 from __future__ import annotations
 
 import functools
+import itertools
 import logging
 import os
 import shutil
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
-from itertools import islice
 from pathlib import Path
 
 from symcc_mpi.campaign.checkpoint import Checkpointer
@@ -174,8 +174,13 @@ class Federation:
 
     def claim_ahead(self, pending: Iterable[str], count: int) -> None:
         """Hold the leases of the next `count` inputs of `pending` (the frontier, in order)
-        this master owns: those not held yet are claimed in one write."""
-        if wanted := self._unheld(pending, count):
+        this master owns: those not held yet are claimed in one write. Nothing is looked
+        at if the first is held: the last fence claimed those to come (`fence`)."""
+        pending = iter(pending)
+        first = next(pending, None)
+        if first is None or first in self.held:
+            return
+        if wanted := self._unheld(itertools.chain((first,), pending), count):
             self.held.update(self.leases.claim(wanted))
 
     def admit(self, digest: str) -> bool:
@@ -219,7 +224,7 @@ class Federation:
         AHEAD_SCAN at most), those it does not hold yet."""
         wanted: list[str] = []
         mine = 0
-        for digest in islice(pending, AHEAD_SCAN):
+        for digest in itertools.islice(pending, AHEAD_SCAN):
             if mine >= count:
                 break
             if digest in self.held:

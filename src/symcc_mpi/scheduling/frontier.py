@@ -387,6 +387,28 @@ class PendingView(Sequence):
         key, entries = self._frontier._table.key, self._frontier._pending_entries()
         return (key(entry).hex() for entry in entries)
 
+    def head(self) -> Iterator[str]:
+        """The pending inputs in order, made as they are asked for: a look at the first few
+        of a big frontier costs a few, not a copy of its order. The frontier must not change
+        while it runs."""
+        frontier = self._frontier
+        key = frontier._table.key
+        for entry in reversed(frontier._front):
+            yield key(entry).hex()
+        ranked = frontier._ranked
+        # The heap in order without sorting it: its smallest unseen items are the children
+        # of those seen.
+        candidates = [(ranked[0], 0)] if ranked else []
+        while candidates:
+            item, index = heapq.heappop(candidates)
+            yield key(item[2]).hex()
+            for child in (2 * index + 1, 2 * index + 2):
+                if child < len(ranked):
+                    heapq.heappush(candidates, (ranked[child], child))
+        queue = frontier._queue
+        for position in range(frontier._head, len(queue)):
+            yield key(queue[position]).hex()
+
     def __repr__(self) -> str:
         return f"PendingView({list(self)!r})"
 
