@@ -58,14 +58,19 @@ class ShardLog:
     def refresh(self) -> bool:
         """Read the lines appended since the last read (no lock: complete lines only); True if
         bytes of an incomplete line follow them."""
+        size = _READ_SIZE
         while True:
-            chunk = os.pread(self.fd, _READ_SIZE, self.offset)
+            chunk = os.pread(self.fd, size, self.offset)
             end = chunk.rfind(b"\n") + 1
+            if end == 0 and len(chunk) == size:
+                size *= 2  # a line longer than a read (garbage): read on to its end
+                continue
             for line in chunk[:end].splitlines():
                 self._apply(line)
             self.offset += end
-            if end == 0 or len(chunk) < _READ_SIZE:
+            if len(chunk) < size:
                 return len(chunk) > end
+            size = _READ_SIZE
 
     @contextlib.contextmanager
     def locked(self) -> Iterator[float]:

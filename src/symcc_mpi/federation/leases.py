@@ -162,12 +162,14 @@ class FencedWorkLeaseTable:
         committing: set[str] = set()
         by_shard: dict[int, tuple[dict[str, str], list[str]]] = {}
         for digest, token in tokens.items():
-            seen = self._logs[self._shard(digest)].records.get(digest)
+            seen = self._logs[self._shard(check_digest(digest))].records.get(digest)
             if seen is not None and seen.token == token and seen.status == "committing":
                 committing.add(digest)  # only its holder changes it: no one else can have
             else:
                 by_shard.setdefault(self._shard(digest), ({}, []))[0][digest] = token
         for digest in dict.fromkeys(map(check_digest, claims)):
+            if digest in tokens:
+                continue  # its result is in hand: it is fenced, not claimed again
             by_shard.setdefault(self._shard(digest), ({}, []))[1].append(digest)
         claimed: dict[str, WorkLease] = {}
         for shard in sorted(by_shard):
@@ -385,9 +387,15 @@ class FencedWorkLeaseTable:
             if waited > 0:
                 self._add("lock_waits")
                 self._add("lock_wait_seconds", waited)
-            changes = list(self._completions[shard].values()) \
-                + decide(shard_log.records, self.clock.time())
+            records = shard_log.records
+            # A completion is written only if its token is still the record's: the holder's
+            # view may be old (a successor adopted the record meanwhile).
+            changes = [done for done in self._completions[shard].values()
+                       if (old := records.get(done.digest)) is not None
+                       and old.token == done.token and old.status == "committing"] \
+                + decide(records, self.clock.time())
             if not changes:
+                self._completions[shard].clear()
                 return
             try:
                 shard_log.append(changes, encode_lease)
