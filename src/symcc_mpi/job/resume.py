@@ -174,6 +174,9 @@ def _redo_commits(master, journal: list[dict], done: set[str]) -> set[str]:
         if part is None:
             redone.add(digest)
     if redone:
+        # Durable before the other masters read this journal (job/federated.py): else one
+        # of them analyses again what was just committed here.
+        master.campaign.sync_done()
         master.stats.redone_commits += len(redone)
         log.info("finished %d commits the last master left half done", len(redone))
     return redone
