@@ -111,7 +111,7 @@ def test_a_fence_carries_the_claims_ahead_and_the_completions_in_one_write(tmp_p
     _, (a, b) = _masters(tmp_path, count=2)
     table = FencedWorkLeaseTable(tmp_path, "m0", ttl=30, lock_timeout=1, shards=4)
     many = [hashlib.sha256(f"more-{i}".encode()).hexdigest() for i in range(64)]
-    first, second, *ahead = [d for d in many if table.shard_of(d) == 0][:5]
+    first, second, *ahead, later = [d for d in many if table.shard_of(d) == 0][:6]
     tokens = a.claim([first, second])
     assert _commit(a, first, tokens[first]) and a.complete(first, tokens[first])
     assert table.read(first).status == "committing"  # not written yet
@@ -122,5 +122,5 @@ def test_a_fence_carries_the_claims_ahead_and_the_completions_in_one_write(tmp_p
     assert table.read(first).status == "done"
     assert b.claim([second, *ahead]) == {} and b.recover_expired(limit=10) == {}
     assert a.complete(second, tokens[second]) and table.read(second).status == "committing"
-    a.flush()
+    assert later in a.claim([later])  # the next write carries it
     assert table.read(second).status == "done" and a.statistics().writes == writes + 2

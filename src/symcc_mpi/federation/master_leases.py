@@ -114,10 +114,6 @@ class WorkLeases:
         self._last_beat.pop(token, None)
         return self._table.abandon(digest, token)
 
-    def flush(self) -> None:
-        """The completions not yet written, written."""
-        self._table.flush()
-
     def adopt(self, done: Callable[[str], bool]) -> dict[str, str]:
         """A successor takes its dead predecessor's leases (FencedWorkLeaseTable.adopt);
         {digest: token} taken."""

@@ -2,7 +2,7 @@
 
 The job's ranks form M groups (layout.groups), each a master and its workers, and all share one OUT.
 A master analyses an input only if it owns it (rendezvous hashing, ownership.py) and wins its
-claim in the job's shared lease table (durable/leases.py); a result counts only if its lease
+claim in the job's shared lease table (leases.py); a result counts only if its lease
 is still current when its commit begins. Masters learn of each other's children from the
 publication logs (durable/hints.py) and of stalled work from expired leases; the campaign ends
 when all of them agree it is over (quiescence.py), never because one of them is idle.
@@ -213,7 +213,11 @@ class Federation:
         wanted = self._unheld(pending, count, fencing=tokens)
         if not tokens and not wanted:
             return frozenset()
-        committing, claimed = self.leases.fence(tokens, wanted)
+        try:
+            committing, claimed = self.leases.fence(tokens, wanted)
+        except BaseException:
+            self.held.update(tokens)  # fenced or not, they are still this master's
+            raise
         self.held.update(claimed)
         for digest in committing:
             self.held[digest] = tokens[digest]  # until `complete`
@@ -436,7 +440,6 @@ class Federation:
 
     def farewell(self) -> None:
         """This master closed its part: root may remove the lease table once all have."""
-        self.leases.flush()
         if not self.root:
             self._send(0, Tag.FAREWELL, Farewell())
 

@@ -4,7 +4,7 @@ Rendezvous (highest-random-weight) hashing, Thaler and Ravishankar 1998: every m
 the same owner from the digest and the list of master ranks alone, with no routing table, and
 adding a master moves only the digests the newcomer wins; removing one moves only its own. The
 owner is only the *preferred* master: admission also needs the shared claim
-(durable/leases.py), so a race or a stale view costs a refused claim, never a double analysis.
+(federation/leases.py), so a race or a stale view costs a refused claim, never a double analysis.
 """
 
 from __future__ import annotations
