@@ -4,6 +4,7 @@ and fences, deferred completions, write faults, corrupt and torn log lines."""
 from __future__ import annotations
 
 import contextlib
+import gc
 import hashlib
 import os
 import shutil
@@ -1079,3 +1080,21 @@ def test_a_fenced_digest_among_the_claims_is_not_claimed_again(tmp_path):
     fenced = table.fence({IDS[0]: lease.token}, claims=[IDS[0], IDS[1]])
     assert fenced.committing == {IDS[0]} and set(fenced.claimed) == {IDS[1]}
     assert table.read(IDS[0]).status == "committing"
+
+
+def test_a_table_closed_or_dropped_leaves_no_descriptor_open(tmp_path):
+    def open_descriptors() -> int:
+        return len(os.listdir("/proc/self/fd"))
+
+    before = open_descriptors()
+    table = _table(tmp_path, shards=8)
+    table.claim(IDS[0])
+    assert open_descriptors() == before + 8
+    table.close()
+    table.close()  # twice is harmless
+    assert open_descriptors() == before
+    dropped = _table(tmp_path, "m1", shards=8)
+    dropped.claim(IDS[1])
+    del dropped  # a dead simulated rank's table, say: freed, not closed
+    gc.collect()
+    assert open_descriptors() == before

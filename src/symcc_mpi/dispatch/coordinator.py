@@ -231,7 +231,7 @@ class DispatchCoordinator:
                 self.on_requeue(work_id, f"analysed, {why}")
         return start
 
-    def fence(self, results: Iterable[tuple[int, str]]) -> None:
+    def fence(self, results: list[tuple[int, str]]) -> None:
         """With several masters: the shared leases of the whole inputs whose RESULTs (`(rank,
         token)`) are in hand are fenced in one write, with the claims of the inputs to go out
         next (each commit's `begin_commit` then finds its input's fenced already). Fencing

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import weakref
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -46,6 +47,7 @@ class ShardLog:
                  fsync: bool = False):
         self.path = path
         self.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
+        self._close = weakref.finalize(self, os.close, self.fd)  # closed once, at the latest
         self.lock = RangeLock(self.fd, path, timeout=lock_timeout, clock=clock, sleep=sleep)
         self._write = writer or SYSTEM_DISK.write
         self._fsync = fsync
@@ -103,7 +105,7 @@ class ShardLog:
         self.offset += len(data)
 
     def close(self) -> None:
-        os.close(self.fd)
+        self._close()
 
     def _apply(self, line: bytes) -> None:
         try:

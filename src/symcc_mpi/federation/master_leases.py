@@ -134,6 +134,9 @@ class WorkLeases:
         self._next_recovery = float("-inf") if full else now + self.heartbeat_interval
         return self._held({lease.digest: lease.token for lease in won})
 
+    def close(self) -> None:
+        self._table.close()
+
     def statistics(self) -> LeaseFigures:
         table = self._table.statistics()
         return LeaseFigures(

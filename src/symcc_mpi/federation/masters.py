@@ -440,6 +440,7 @@ class Federation:
 
     def farewell(self) -> None:
         """This master closed its part: root may remove the lease table once all have."""
+        self.leases.close()
         if not self.root:
             self._send(0, Tag.FAREWELL, Farewell())
 

@@ -213,10 +213,11 @@ class Master:
         except RankFailure as error:  # raised once what came before it is handled
             failure = error
         if self.federation is not None and len(arrived) > 1:
-            with self.guard:  # a lease write (F320)
-                self.dispatch.fence((incoming.source, incoming.message.token)
-                                    for incoming in arrived
-                                    if isinstance(incoming.message, Result))
+            results = [(incoming.source, incoming.message.token) for incoming in arrived
+                       if isinstance(incoming.message, Result)]
+            if len(results) > 1:
+                with self.guard:  # a lease write (F320)
+                    self.dispatch.fence(results)
         for incoming in arrived:
             self._handle(incoming)
             handled += 1
