@@ -33,6 +33,7 @@ from symcc_mpi.federation.work_leases import WorkLease, decode_lease
 log = logging.getLogger(__name__)
 
 _READ_SIZE = 1 << 20
+_WARNED: set[tuple[Path, int]] = set()  # the corrupt lines logged
 
 Writer = Callable[[int, bytes], int]
 
@@ -67,8 +68,10 @@ class ShardLog:
             if end == 0 and len(chunk) == size:
                 size *= 2  # a line longer than a read (garbage): read on to its end
                 continue
-            for line in chunk[:end].splitlines():
-                self._apply(line)
+            at = self.offset
+            for line in chunk[:end].split(b"\n")[:-1]:
+                self._apply(line, at)
+                at += len(line) + 1
             self.offset += end
             if len(chunk) < size:
                 return len(chunk) > end
@@ -107,13 +110,14 @@ class ShardLog:
     def close(self) -> None:
         self._close()
 
-    def _apply(self, line: bytes) -> None:
+    def _apply(self, line: bytes, at: int) -> None:
         try:
             record = decode_lease(line)
         except InvalidRecord as invalid:
             self.corrupt += 1
-            log.warning("%s: corrupt line at byte %d skipped (%s)", self.path, self.offset,
-                        invalid)
+            if (self.path, at) not in _WARNED:  # once per process, however many read it
+                _WARNED.add((self.path, at))
+                log.warning("%s: corrupt line at byte %d skipped (%s)", self.path, at, invalid)
             return
         self._set(record)
 
