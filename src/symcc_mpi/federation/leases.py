@@ -36,7 +36,6 @@ propagates, and a completion it carried is kept for the next write.
 
 from __future__ import annotations
 
-import json
 import logging
 import secrets
 from collections.abc import Callable, Iterable, Mapping
@@ -46,10 +45,9 @@ from typing import Any
 
 import msgspec
 
-from symcc_mpi.durable.atomic import write_durable
 from symcc_mpi.durable.clock import SYSTEM_CLOCK, Clock
 from symcc_mpi.federation.lease_log import ShardLog, Writer
-from symcc_mpi.federation.shards import MAX_SHARDS, TableMismatch, check_seconds
+from symcc_mpi.federation.shards import MAX_SHARDS, check_seconds, open_description
 from symcc_mpi.federation.work_leases import (
     WORK_PAYLOAD_SCHEMA,
     WORK_SCHEMA,
@@ -356,21 +354,7 @@ class FencedWorkLeaseTable:
     def _open(self, shards: int, fsync: bool) -> int:
         """Create the table if absent; the shard count its creator fixed."""
         (self.root / "logs").mkdir(parents=True, exist_ok=True)
-        meta = self.root / "table.json"
-        if not meta.exists():
-            # Of two creators one links its description into place; both read the winner's.
-            write_durable(meta, json.dumps({"schema": TABLE_SCHEMA, "shards": shards}).encode()
-                          + b"\n", fsync=fsync, exclusive=True)
-        try:
-            raw = json.loads(meta.read_bytes())
-            schema, found = raw["schema"], raw["shards"]
-        except (OSError, ValueError, TypeError, KeyError) as error:
-            raise TableMismatch(f"{meta}: unreadable table description ({error})") from None
-        if schema != TABLE_SCHEMA:
-            raise TableMismatch(f"{meta}: schema {schema!r}, not {TABLE_SCHEMA!r}")
-        if isinstance(found, bool) or not isinstance(found, int) or not 1 <= found <= MAX_SHARDS:
-            raise TableMismatch(f"{meta}: shard count {found!r} out of range")
-        return found
+        return open_description(self.root, TABLE_SCHEMA, shards, fsync=fsync)
 
     def _add(self, name: str, amount: float = 1) -> None:
         self._counts[name] = self._counts.get(name, 0) + amount

@@ -1,6 +1,6 @@
-"""The on-disk layout both lease tables share (federation/leases.py's work leases and
-federation/target_leases.py's target leases): `table.json`, `records/<shard>/`, `locks/`,
-`quarantine/`; opening it, and the errors of its records."""
+"""What the lease tables share: `table.json` (both: federation/leases.py's work-lease logs and
+federation/target_leases.py's target leases), the target table's `records/<shard>/`, `locks/`
+and `quarantine/`, opening them, and the errors of their records."""
 
 from __future__ import annotations
 
@@ -73,6 +73,26 @@ def open_sharded_table(root: Path, schema: str, shards: int, *, fsync: bool
     and how many locks of dead holders it cleared. TableMismatch if `table.json` is not one
     of `schema`."""
     root.mkdir(parents=True, exist_ok=True)
+    found = open_description(root, schema, shards, fsync=fsync)
+    created = False
+    for tree in ("records", "locks", "quarantine"):
+        created |= make_directory(root / tree)
+    for directory in shard_directories(root, found):
+        created |= make_directory(directory)
+    if created and fsync:
+        for directory in (root / "records", root):
+            fsync_directory(directory)
+    # A master killed inside an update leaves its lock; clear it now if (and only if) its
+    # holder is provably dead (locks.break_if_dead), so reopening leaves nothing behind.
+    locks = root / "locks"
+    sweep_debris(locks)
+    return found, sum(1 for name in os.listdir(locks)
+                      if name.endswith(".lock") and break_if_dead(locks / name))
+
+
+def open_description(root: Path, schema: str, shards: int, *, fsync: bool) -> int:
+    """`root/table.json`, created if absent: the shard count the table's creator fixed,
+    whatever `shards` says. TableMismatch if it is not a table of `schema`."""
     meta = root / "table.json"
     if not meta.exists():
         # Create-if-absent without a race: of two openers one links its file into place,
@@ -89,20 +109,7 @@ def open_sharded_table(root: Path, schema: str, shards: int, *, fsync: bool
         raise TableMismatch(f"{meta}: schema {found_schema!r}, not {schema!r}")
     if isinstance(found, bool) or not isinstance(found, int) or not 1 <= found <= MAX_SHARDS:
         raise TableMismatch(f"{meta}: shard count {found!r} out of range")
-    created = False
-    for tree in ("records", "locks", "quarantine"):
-        created |= make_directory(root / tree)
-    for directory in shard_directories(root, found):
-        created |= make_directory(directory)
-    if created and fsync:
-        for directory in (root / "records", root):
-            fsync_directory(directory)
-    # A master killed inside an update leaves its lock; clear it now if (and only if) its
-    # holder is provably dead (locks.break_if_dead), so reopening leaves nothing behind.
-    locks = root / "locks"
-    sweep_debris(locks)
-    return found, sum(1 for name in os.listdir(locks)
-                      if name.endswith(".lock") and break_if_dead(locks / name))
+    return found
 
 
 def shard_directories(root: Path, shards: int) -> list[Path]:
