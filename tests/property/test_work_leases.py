@@ -26,7 +26,7 @@ from hypothesis.stateful import (
 )
 
 from symcc_mpi.config import WORK_LEASE_TTL_ENV, WORK_LOCK_ACQUIRE_TIMEOUT_ENV
-from symcc_mpi.durable import locks
+from symcc_mpi.durable import range_lock
 from symcc_mpi.durable.clock import ManualClock
 from symcc_mpi.durable.locks import LockTimeout
 from symcc_mpi.federation.lease_config import LeaseConfig
@@ -719,13 +719,13 @@ def test_done_refuses_later_claims_and_late_results(tmp_path):
 
 def test_grouped_claim_takes_each_shard_lock_once_and_writes_once(tmp_path, monkeypatch):
     entered = []
-    real = locks.RangeLock.__enter__
+    real = range_lock.RangeLock.__enter__
 
     def counting(lock):
         entered.append(lock.path.name)
         return real(lock)
 
-    monkeypatch.setattr(locks.RangeLock, "__enter__", counting)
+    monkeypatch.setattr(range_lock.RangeLock, "__enter__", counting)
     table = _table(tmp_path, shards=2)
     shards = {table.shard_of(i) for i in IDS}
     assert len(shards) == 2

@@ -1,12 +1,6 @@
 """The package's locks: `flock`s on a file (held for a life, or around one append) and bounded
 lock-directory locks on a shared POSIX directory (a monotonic deadline, no age breaks).
 
-Byte-range locks (`RangeLock`): an open file description's `fcntl` lock on a whole shared file
-(F_OFD_SETLK), held around one read-decide-append of a lease log (federation/lease_log.py).
-NFS carries them to the server (NLM, NFSv4), the kernel drops them when their holder dies, and
-unlike a process's POSIX locks two descriptions in one process exclude each other. Waiting is
-bounded like a lock directory's (below); acquiring and releasing cost a system call each.
-
 Two `flock`s, two scopes: `FileLock` is the campaign lock (`OUT/state/master.lock`, held for
 a master's whole life: one writer of done.jsonl; `wait` rides out an NFS server that frees a
 dead client's lock only when its lease expires), and `flocked` is held around one
@@ -50,60 +44,13 @@ import json
 import os
 import secrets
 import socket
-import struct
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from symcc_mpi.durable.clock import SYSTEM_CLOCK, Clock
 
-_BUSY = (errno.EWOULDBLOCK, errno.EACCES)  # what flock says of a lock another holds
-
-
-class RangeLock:
-    """The open file description `fd`'s exclusive `fcntl` lock on the whole of `path`: a
-    context manager, not re-entrant. The wait is bounded by `timeout` seconds of
-    `clock.monotonic()` (LockTimeout); `waited` is how long the last acquisition waited."""
-
-    _WRITE = struct.pack("hhxxxxqqixxxx", fcntl.F_WRLCK, os.SEEK_SET, 0, 0, 0)
-    _UNLOCK = struct.pack("hhxxxxqqixxxx", fcntl.F_UNLCK, os.SEEK_SET, 0, 0, 0)
-
-    def __init__(self, fd: int, path: Path, *, timeout: float, clock: Clock = SYSTEM_CLOCK,
-                 sleep: Callable[[float], object] = SYSTEM_CLOCK.sleep):
-        self.fd = fd
-        self.path = path
-        self.timeout = timeout
-        self.clock = clock
-        self.sleep = sleep
-        self.waited = 0.0
-
-    def __enter__(self) -> RangeLock:
-        try:
-            fcntl.fcntl(self.fd, fcntl.F_OFD_SETLK, self._WRITE)
-            self.waited = 0.0
-            return self
-        except OSError as error:
-            if error.errno not in _BUSY:
-                raise
-        start = self.clock.monotonic()
-        deadline, nap = start + self.timeout, _FIRST_NAP
-        while True:
-            now = self.clock.monotonic()
-            if now >= deadline:
-                raise LockTimeout(self.path, now - start, None, None)
-            self.sleep(min(nap, deadline - now))
-            nap = min(nap * 1.5, _LONGEST_NAP)
-            try:
-                fcntl.fcntl(self.fd, fcntl.F_OFD_SETLK, self._WRITE)
-            except OSError as error:
-                if error.errno not in _BUSY:
-                    raise
-                continue
-            self.waited = self.clock.monotonic() - start
-            return self
-
-    def __exit__(self, *_exc) -> None:
-        fcntl.fcntl(self.fd, fcntl.F_OFD_SETLK, self._UNLOCK)
+BUSY = (errno.EWOULDBLOCK, errno.EACCES)  # what flock says of a lock another holds
 
 
 class FlockHeld(OSError):
@@ -130,11 +77,11 @@ class FileLock:
                 fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 break
             except OSError as error:
-                if error.errno in _BUSY and self.clock.monotonic() < deadline:
+                if error.errno in BUSY and self.clock.monotonic() < deadline:
                     self.clock.sleep(0.2)
                     continue
                 handle.close()
-                if error.errno in _BUSY:
+                if error.errno in BUSY:
                     raise FlockHeld(error.errno, "held by another process", str(self.path)) \
                         from None
                 raise
@@ -166,7 +113,7 @@ def check_unlocked(path: Path) -> None:
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as error:
-            if error.errno in _BUSY:
+            if error.errno in BUSY:
                 raise FlockHeld(error.errno, "held by another process", str(path)) from None
             raise
 
@@ -188,8 +135,8 @@ def flocked(path: Path) -> Iterator[None]:
 HOLDER_FILE = "holder"
 _ACQUIRING = ".tmp-lock"
 _RELEASED = ".tmp-released"
-_FIRST_NAP = 0.0005
-_LONGEST_NAP = 0.02
+FIRST_NAP = 0.0005
+LONGEST_NAP = 0.02
 
 
 def _boot_id() -> str:
@@ -437,7 +384,7 @@ class DirectoryLock:
         start = self.clock.monotonic()
         deadline = start + self.timeout
         staged, fd = self._stage()
-        nap = _FIRST_NAP
+        nap = FIRST_NAP
         try:
             while True:
                 try:
@@ -458,7 +405,7 @@ class DirectoryLock:
                     raise LockTimeout(self.path, now - start, _age(self.path, holder, self.clock),
                                       holder)
                 self.sleep(min(nap, deadline - now))
-                nap = min(nap * 1.5, _LONGEST_NAP)
+                nap = min(nap * 1.5, LONGEST_NAP)
         except BaseException:
             os.close(fd)
             with contextlib.suppress(OSError):

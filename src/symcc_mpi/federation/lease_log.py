@@ -26,7 +26,7 @@ from pathlib import Path
 
 from symcc_mpi.durable.atomic import SYSTEM_DISK
 from symcc_mpi.durable.clock import Clock
-from symcc_mpi.durable.locks import RangeLock
+from symcc_mpi.durable.range_lock import RangeLock
 from symcc_mpi.federation.shards import InvalidRecord
 from symcc_mpi.federation.work_leases import WorkLease, decode_lease
 
