@@ -198,7 +198,14 @@ def test_under_ulfm_a_dead_worker_is_survived_by_its_master(tmp_path, masters, w
     (3, 6, "3:die@3,6:die@5", [(1, 3), (2, 6)]),
     # Masters at 0 and 4: master 1 dies, rank 5 takes its place and dies in turn, then 6.
     (2, 6, "4:die@3,5:die@2=after-recovery", [(1, 4), (1, 5)]),
-], ids=["2-masters", "3-masters-2-die", "a-successor-dies-too"])
+    # The first master: rank 1 takes its place, the AFL face and the end with it.
+    (2, 4, "0:die@3", [(0, 0)]),
+    # Masters at 0, 3 and 6: the first dies, then master 1.
+    (3, 6, "0:die@3,3:die@6", [(0, 0), (1, 3)]),
+    # Masters at 0 and 4: the first dies, rank 1 takes its place and dies in turn, then 2.
+    (2, 6, "0:die@3,1:die@2=after-recovery", [(0, 0), (0, 1)]),
+], ids=["2-masters", "3-masters-2-die", "a-successor-dies-too", "the-first-master",
+        "the-first-then-another", "the-first-and-its-successor"])
 def test_under_ulfm_a_dead_master_is_replaced_by_one_of_its_workers(
         tmp_path, masters, workers, faults, dead_masters):
     out, process = completed_despite(tmp_path, faults, masters=masters, workers=workers)

@@ -36,7 +36,7 @@ from symcc_mpi.durable.lines import Writer
 from symcc_mpi.durable.locks import FileLock, FlockHeld, check_unlocked
 from symcc_mpi.durable.regular import DIRECTORY_FLAGS, open_regular
 from symcc_mpi.scheduling.frontier import Frontier
-from symcc_mpi.wire.protocol import SHA256_PATTERN, TOKEN_PATTERN, ResultField
+from symcc_mpi.wire.protocol import SHA256_PATTERN, TOKEN_PATTERN, Finding, ResultField
 from symcc_mpi.wire.staging import Pack, PackRejected
 
 log = logging.getLogger("symcc_mpi.campaign.corpus")
@@ -184,6 +184,18 @@ class CampaignDir(AflQueues):
         """Every record of a done journal (done records and work records), read-only: this
         master's, or the one at `path` (wal.read); `after`: a prefix not read."""
         return wal.read(path or self.done_journal, after=after)
+
+    def findings_to_forward(self) -> list[Finding]:
+        """`unnamed_findings` of the children this master's journal says it published: those
+        of its done records, and of its commit manifests (a redone commit publishes nothing
+        anew). Handed to the first master again when the messages may have died."""
+        records, _ = self.inspect_journal()
+        parents = {child: record["digest"] for record in records if wal.is_done(record)
+                   for child in record.get("published", ())}
+        parents.update((child, record["digest"]) for record in records
+                       if wal.kind_of(record) is wal.Kind.COMMIT
+                       for child, _, status in record.get("publish", ()) if status == "ok")
+        return self.unnamed_findings(parents)
 
     def done_elsewhere(self) -> set[str]:
         """The inputs the other masters' done journals record (--masters), read-only: a torn

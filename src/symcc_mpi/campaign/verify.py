@@ -107,6 +107,9 @@ def verify_campaign(out: Path) -> tuple[list[str], dict]:
         problems.append(f"the lease table of an ended job is left in OUT: {lease_tables[0]}")
     work_problems, work_facts = _check_work(journal, set(corpus), extra)
     problems += work_problems
+    for path, (other, _) in journals.items():  # each master's work is its own journal's
+        problems += [f"{path.parent.name}: {problem}"
+                     for problem in _check_work(other, set(corpus), extra)[0]]
     generation_problems, generation_facts = _check_generations(out, journal)
     problems += generation_problems
     facts = {

@@ -11,6 +11,11 @@ The first master (index 0, root) is also the campaign's AFL face: the others han
 keep and the crashes they find (`Finding`), and their figures (`Figures`), over the masters'
 communicator; it alone names queue/, crashes/, hangs/ entries (AFL's sync skips an id that
 appears after a higher one) and writes stats.json, fuzzer_stats and plot_data.
+
+A dead master's place is taken by a worker of its group (job/federated.py). The first
+master's successor inherits what root kept on record (root_record.py) and tells the others;
+each one hands it again what the dead root may have lost: its own succession, the findings
+it has not seen named, its last figures, its STOP.
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ from symcc_mpi.federation.quiescence import (
     Outcome,
     Participant,
 )
+from symcc_mpi.federation.root_record import Inheritance, RootRecord
 from symcc_mpi.federation.roster import SUCCESSION_WAIT, Claim, Roster
 from symcc_mpi.federation.target_claims import TargetClaims
 from symcc_mpi.scheduling.frontier import Frontier
@@ -117,6 +123,8 @@ class Federation:
         self.maps = MapExchange(self.directory, index, peers)
         self.next_exchange = 0.0
         self.participant = Participant(refresh=STATUS_REFRESH)
+        self.record = RootRecord(self.directory)
+        self.decision_recorded = False
         self.coordinator = Coordinator(masters, window=QUIESCENCE_WINDOW,
                                        stale_after=STATUS_STALE,
                                        answer_within=ANSWER_WITHIN) if index == 0 else None
@@ -134,6 +142,10 @@ class Federation:
         self.not_owned = 0  # inputs dropped from this master's queue: another master's
         self.stale_results = 0  # results whose lease another master had taken over
         self.clock: Clock = SYSTEM_CLOCK  # set by `open`
+        # What a new root is handed again (`_new_root`): the dead one may have lost them.
+        self.announcement: Successor | None = None  # this master's succession
+        self.stop_sent: Stop | None = None
+        self.last_figures: Figures | None = None
 
     def open(self, clock: Clock = SYSTEM_CLOCK) -> None:
         """The job's lease table and this master's publication log, in OUT: once the first
@@ -294,7 +306,11 @@ class Federation:
         if (status := self.participant.status(idle, now)) is not None:
             self._send_control(0, status, own, now)
         if self.coordinator is not None:
-            for destination, message in self.coordinator.tick(now):
+            outbox = self.coordinator.tick(now)
+            if self.coordinator.decided is not None and not self.decision_recorded:
+                self.record.decide(self.coordinator.decided)  # before any COMMIT goes out
+                self.decision_recorded = True
+            for destination, message in outbox:
                 self._send_control(destination, message, own, now)
             if self.coordinator.outcome is Outcome.CONFLICT:
                 self.conflict = self.coordinator.conflict or "quiescence conflict"
@@ -375,19 +391,19 @@ class Federation:
 
     def _masters_died(self) -> None:
         """Ranks died (ULFM); a worker's death anywhere is reported here too, and passed
-        over. Root waits for a worker of a dead master to take its place (roster.py): until
-        one does the campaign cannot end, and if none does it stops, for `--resume` to
-        continue. Root's own death ends the campaign: the others commit what they have in
-        flight and stop. Another master's death is root's business alone."""
+        over. A worker of a dead master's group takes its place (roster.py): root waits for
+        every master's successor, the others for root's. Until one comes the campaign cannot
+        end, and if none does it stops, for `--resume` to continue. Another master's death
+        is root's business alone."""
+        awaited = self.indices if self.root else (0,)
         for index in self.roster.died(self.channel.failed_ranks(), self.clock.monotonic(),
-                                      awaits=self.root):
+                                      awaits=awaited):
             log.error("master %d (world rank %d) died", index, self.roster.world_of[index])
             if self.root:
                 self.coordinator.restart(index)
+            if index in awaited:
                 log.warning("waiting up to %g s for a worker of master %d to take its place",
                             SUCCESSION_WAIT, index)
-            elif index == 0:
-                self._lose("the first master died: continue with --resume")
 
     def _lose(self, reason: str) -> None:
         """The campaign cannot end exhausted: it stops for `--resume` (exit status 1)."""
@@ -395,19 +411,20 @@ class Federation:
         self.stop_reason = self.stop_reason or reason
 
     def _succession_overdue(self, now: float) -> None:
-        """Root: a dead master no worker replaced in time ends the campaign unfinished."""
+        """A dead master no worker replaced in time ends the campaign unfinished."""
         for index in self.roster.overdue(now):
             log.error("no worker took master %d's place within %g s", index, SUCCESSION_WAIT)
             self._lose(f"master {index} died and no worker took its place: continue with "
                        "--resume")
 
     def _take_successor(self, own: OwnMaster, world: int, news: Successor) -> None:
-        """Root: world rank `world` says it took master `news.master`'s place (roster.vet).
-        The news may come before root's own check of MPI's dead: then it checks first."""
-        claim = self.roster.vet(world, news)
+        """World rank `world` says it took master `news.master`'s place (roster.vet): root
+        heeds the others' successors, the others root's. The news may come before this
+        master's own check of MPI's dead: then it checks first."""
+        claim = self.roster.vet(world, news, root=self.root)
         if claim is Claim.LIVES:
             self._masters_died()
-            claim = self.roster.vet(world, news)
+            claim = self.roster.vet(world, news, root=self.root)
         index = news.master
         if claim in (Claim.INVALID, Claim.LIVES):
             own.count_malformed()
@@ -417,6 +434,10 @@ class Federation:
             log.error("master %d died and its group has no worker left", index)
             self._lose(f"master {index} died and no worker of its is left: continue with "
                        "--resume")
+        elif claim is Claim.TAKEN and not self.root:
+            self.roster.replace(world, news)
+            log.warning("the first master: rank %d took its place", world)
+            self._new_root(own, news.decided)
         elif claim is Claim.TAKEN:
             self.roster.replace(world, news)
             if index in self.figures:  # what the dead one did still counts
@@ -428,6 +449,59 @@ class Federation:
                 self._send(index, Tag.STOP, Stop(self.stop_reason or self.ending
                                                  or "frontier exhausted", self.lost))
 
+    def _new_root(self, own: OwnMaster, decided: str | None) -> None:
+        """A new root: what the dead one decided holds (quiescence.py), and what it may have
+        lost is handed again (it names a finding once, and takes the latest figures)."""
+        self.participant.new_root(decided)
+        if self.announcement is not None:
+            self._send(0, Tag.SUCCESSOR, self.announcement)
+        for finding in own.campaign.findings_to_forward():
+            self.forward(finding)
+        for tag, message in ((Tag.STOP, self.stop_sent), (Tag.FIGURES, self.last_figures)):
+            if message is not None:
+                self._send(0, tag, message)
+
+    def locate(self, failed: set[int]) -> None:
+        """This master is a worker that takes a dead one's place: where the masters it talks
+        to are (`failed`: MPI's dead), root's or (root) the others'. A group with no living
+        rank has no master left: the campaign stops, for `--resume`."""
+        talks_to = self.indices[1:] if self.root else (0,)
+        for index in self.roster.locate(failed, talks_to):
+            self._lose(f"master {index} died and no worker of its is left: continue with "
+                       "--resume")
+
+    def inherit_root(self) -> Inheritance:
+        """This master takes the first master's place: what the dead root left on record."""
+        found = self.record.inherit()
+        self.departed = found.departed
+        self.roster.successions = found.successions
+        self.findings = found.findings
+        self.ending = found.ending
+        for index, figures in found.farewells.items():
+            if 0 < index < self.masters:
+                self.roster.farewells.add(index)
+                self.final.add(index)
+                if figures:
+                    self.figures[index] = figures
+        if found.decided is not None:
+            self.participant.new_root(found.decided)
+            self.coordinator.inherit(found.decided)
+            self.decision_recorded = True
+        return found
+
+    def announce_root(self, news: Successor) -> None:
+        """The new root tells every other master that has not said farewell."""
+        self.announcement = news
+        for index in self.indices[1:]:
+            if index not in self.roster.farewells:
+                self._send(index, Tag.SUCCESSOR, news)
+
+    def keep_root_figures(self, own: dict, budget_start: float) -> None:
+        """Root, with each report: what a successor needs to go on counting (root_record)."""
+        self.record.keep(own=own, departed=self.departed, successions=self.roster.successions,
+                         findings=self.findings, budget_start=budget_start,
+                         ending=self.ending)
+
     def take_over(self, done: Callable[[str], bool]) -> int:
         """This master is a worker that took a dead master's place: its leases become this
         one's (`done`: what the journal it took over holds as done). Returns how many."""
@@ -435,13 +509,18 @@ class Federation:
         return len(self.held)
 
     def announce(self, news: Successor) -> None:
-        """This master took a dead master's place (`take_over`): root is told."""
+        """This master took a dead master's place (`take_over`): root is told, and a new
+        root will be (`_new_root`)."""
+        self.announcement = news
         self._send(0, Tag.SUCCESSOR, news)
 
     def farewell(self) -> None:
-        """This master closed its part: root may remove the lease table once all have."""
+        """This master closed its part: root may remove the lease table once all have. On
+        record too, with its final figures: root may die before it reads the message."""
         self.leases.close()
         if not self.root:
+            self.record.farewell(self.index, self.last_figures.snapshot
+                                 if self.last_figures is not None else {})
             self._send(0, Tag.FAREWELL, Farewell())
 
     def await_farewells(self, own: OwnMaster, seconds: float) -> bool:
@@ -466,7 +545,7 @@ class Federation:
 
     def _on_message(self, own: OwnMaster, incoming, now: float) -> None:
         source, tag = self.roster.index_of(incoming.source), incoming.tag
-        if tag == Tag.SUCCESSOR and self.root and incoming.message is not None:
+        if tag == Tag.SUCCESSOR and incoming.message is not None:
             self._take_successor(own, incoming.source, incoming.message)
         elif source is None:
             own.count_malformed()
@@ -540,11 +619,13 @@ class Federation:
             for destination in self.indices[1:]:
                 self._send(destination, Tag.STOP, Stop(reason, self.lost))
         elif not self.stop_reason:  # not root's own STOP coming back
-            self._send(0, Tag.STOP, Stop(reason, self.lost))
+            self.stop_sent = Stop(reason, self.lost)
+            self._send(0, Tag.STOP, self.stop_sent)
 
     def report(self, snapshot, final: bool) -> None:
         """A master other than root: its figures go to root, which writes the reports."""
-        self._send(0, Tag.FIGURES, Figures(self.index, plain(asdict(snapshot)), final))
+        self.last_figures = Figures(self.index, plain(asdict(snapshot)), final)
+        self._send(0, Tag.FIGURES, self.last_figures)
 
     def wait_for_final_figures(self, own: OwnMaster) -> None:
         """Root, before its final report: every other master's final figures, bounded."""

@@ -237,6 +237,18 @@ class Coordinator:
         """A COMMIT is out and its ACKs are awaited."""
         return self._phase is _Phase.COMMITTING
 
+    @property
+    def decided(self) -> str | None:
+        """The token of the COMMIT decided, once it is (it goes out with the next tick)."""
+        return self._token if self._phase in (_Phase.COMMITTING, _Phase.COMMITTED) else None
+
+    def inherit(self, decided: str) -> None:
+        """This root took a dead one's place after it decided the end (`decided`, its COMMIT
+        token, on record): the end holds. Its ACKs went to the dead root: none is awaited."""
+        self._phase = _Phase.COMMITTED
+        self._token = decided
+        self._outbox = []
+
     def restart(self, master: int) -> None:
         """`master` died, or a worker took its place (federation/masters.py): what root saw
         of it no longer holds, and its successor counts its statuses from 1 again. An open
@@ -308,6 +320,7 @@ class ParticipantStatistics:
     duplicate: int  # a PREPARE or COMMIT of the token it already answered
     superseded: int  # a PREPARE while it held another token (that round was never decided)
     late: int  # a PREPARE after it committed
+    new_roots: int  # the first master's successors it heard of
 
 
 class Participant:
@@ -391,6 +404,18 @@ class Participant:
             self._counts["duplicate"] += 1
         self._done = True
         return Ack(message.token, committed=True)
+
+    def new_root(self, decided: str | None) -> None:
+        """A worker of the first master took its place. What the dead one decided holds
+        (`decided`, the token of its COMMIT, which it made durable before it went out): the
+        master is done. Without a decision the dead root's PREPARE is void (no COMMIT of it
+        ever went out): the freeze ends, and the new root has this master's status at once."""
+        self._counts["new_roots"] += 1
+        if decided is not None:
+            self._done = True
+            return
+        self._prepared = None
+        self._sent_idle = None
 
     def statistics(self) -> ParticipantStatistics:
         return ParticipantStatistics(**_counted(ParticipantStatistics, self._counts))

@@ -1,10 +1,13 @@
 """Where each master of a several-master job is, and which are gone: the world rank each is
-reached at, the dead, and (the first master's) the deaths a worker of the dead master's
-group may still answer by taking its place (job/federated.py). Pure of MPI and of clocks:
-the caller passes what MPI reports and the time."""
+reached at, the dead, and the deaths a worker of the dead master's group may still answer by
+taking its place (job/federated.py): root awaits every master's successor, the others the
+first master's. A group's master is always its lowest living rank (a successor is the lowest
+rank of the shrunk group), so a new first master finds the others from MPI's dead alone
+(`locate`). Pure of MPI and of clocks: the caller passes what MPI reports and the time."""
 
 from __future__ import annotations
 
+from collections.abc import Container, Iterable
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -18,7 +21,7 @@ MAX_NAME = 200  # characters of a dead master's description kept
 class Claim(Enum):
     """What root makes of a `Successor` message."""
 
-    INVALID = "invalid"  # no master's place the sender can take
+    INVALID = "invalid"  # no master's place the sender can take (or that the receiver heeds)
     LIVES = "lives"  # the master it names is alive
     ALONE = "alone"  # the group's last rank: no successor will come
     LATE = "late"  # alone, after root gave up waiting already
@@ -41,16 +44,29 @@ class Roster:
     def index_of(self, world_rank: int) -> int | None:
         return next((k for k, world in self.world_of.items() if world == world_rank), None)
 
-    def died(self, failed: set[int], now: float, *, awaits: bool) -> list[int]:
+    def died(self, failed: set[int], now: float, *, awaits: Container[int]) -> list[int]:
         """The masters among the dead world ranks `failed` not known dead before, but those
-        that said farewell (their end is no death). `awaits` (root): each may be replaced
-        until SUCCESSION_WAIT after `now`."""
+        that said farewell (their end is no death). Those in `awaits` may be replaced until
+        SUCCESSION_WAIT after `now`."""
         dead = {k for k, world in self.world_of.items() if world in failed} - self.dead
         self.dead |= dead
         mourned = sorted(dead - self.farewells)
-        if awaits:
-            self.awaiting.update((index, now + SUCCESSION_WAIT) for index in mourned)
+        self.awaiting.update((index, now + SUCCESSION_WAIT) for index in mourned
+                             if index in awaits)
         return mourned
+
+    def locate(self, failed: set[int], indices: Iterable[int]) -> list[int]:
+        """A successor's view of the masters `indices`: each at its group's lowest living
+        rank (a successor that has not opened yet reads what it is sent once it has); those
+        whose group has no living rank, returned, are dead for good."""
+        empty = []
+        for index in indices:
+            if living := [world for world in self.world_ranks[index] if world not in failed]:
+                self.world_of[index] = living[0]
+            else:
+                self.dead.add(index)
+                empty.append(index)
+        return empty
 
     def overdue(self, now: float) -> list[int]:
         """The dead masters no successor came for in time; forgotten as awaited."""
@@ -59,11 +75,13 @@ class Roster:
             del self.awaiting[index]
         return late
 
-    def vet(self, world: int, news: Successor) -> Claim:
-        """Whether world rank `world` may take master `news.master`'s place: a rank of that
-        master's group, other than the dead one, the master known dead."""
+    def vet(self, world: int, news: Successor, *, root: bool) -> Claim:
+        """Whether world rank `world` may take master `news.master`'s place, as told to
+        root (another master's) or to another master (root's): a rank of that master's
+        group, other than the dead one, the master known dead."""
         index = news.master
-        if not (isinstance(index, int) and 0 < index < len(self.world_ranks)) \
+        heeded = range(1, len(self.world_ranks)) if root else (0,)
+        if not (isinstance(index, int) and index in heeded) \
                 or world not in self.world_ranks[index] or world == self.world_of[index]:
             return Claim.INVALID
         if index not in self.dead:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import logging
 from dataclasses import replace
 
-from symcc_mpi.campaign.wal import Kind, is_done, kind_of
 from symcc_mpi.config import CampaignConfig, UsageError
 from symcc_mpi.durable.clock import SYSTEM_CLOCK
 from symcc_mpi.durable.storage import STORAGE_EXIT
@@ -32,9 +31,8 @@ def run_federated(world, config: CampaignConfig, *, outlive_ranks: bool,
     """Several masters (federation.py): the ranks split into groups, a master and its
     workers each; the first master opens the campaign before the others join it.
     `outlive_ranks` (ULFM): a worker's death is survived by its master, which goes on with
-    the others (roles/recovery.py); a master's other than the first by one of its workers,
-    which takes its place (`_serve_or_succeed`). The first master's stops the campaign
-    cleanly, everything the survivors hold committed, instead of ending the job at once."""
+    the others (roles/recovery.py); a master's by one of its workers, which takes its place
+    (`_serve_or_succeed`), the first master's too."""
     from mpi4py import MPI
 
     try:
@@ -56,7 +54,7 @@ def run_federated(world, config: CampaignConfig, *, outlive_ranks: bool,
     epoch = world.comm.bcast(new_epoch() if world.rank == 0 else None, root=0)
     members = tuple(group_comm.allgather(host.endpoint()))  # to name a rank that dies
     try:
-        if not is_master and outlive_ranks and index > 0:
+        if not is_master and outlive_ranks:
             status = _serve_or_succeed(group, federation_comm, config, index=index,
                                        layout=layout, epoch=epoch, world_rank=world.rank,
                                        members=members, host=host)
@@ -142,12 +140,13 @@ def _run_to_the_end(master, federation) -> int:
 def _serve_or_succeed(group: Channel, federation_comm, config: CampaignConfig, *, index: int,
                       layout: list[range], epoch: bytes, world_rank: int,
                       members: tuple[str, ...], host: Host = MACHINE) -> int:
-    """A worker of master `index` (not the first), under ULFM. If its master dies while the
-    campaign runs, the survivors of the group shrink its communicator, and its new rank 0
-    (the lowest world rank) takes the master's place: it opens the dead master's state as a
-    master taking over does (its journal read back, the commits it left redone) and tells
-    the first master, which waits for it (federation/masters.py). The others serve it. A
-    death after STOP, when the campaign is ending, has nothing left to take over."""
+    """A worker of master `index`, under ULFM. If its master dies while the campaign runs,
+    the survivors of the group shrink its communicator, and its new rank 0 (the lowest world
+    rank) takes the master's place: it opens the dead master's state as a master taking
+    over does (its journal read back, the commits it left redone) and tells the first master
+    (or, the first master's successor, all the others), which wait for it
+    (federation/masters.py). The others serve it. A death after STOP, when the campaign is
+    ending, has nothing left to take over."""
     from mpi4py import MPI
 
     worker = Worker(group.rank, config, fault_rank=world_rank, host=host)
@@ -177,13 +176,7 @@ def _serve_or_succeed(group: Channel, federation_comm, config: CampaignConfig, *
                 if group.size == 1:  # nobody to work for a master made of it
                     log.error("rank %d: the last of master %d's group, with no worker: "
                               "exiting", world_rank, index)
-                    to_root = Channel(federation_comm)
-                    try:
-                        to_root.send(layout[0].start, Tag.SUCCESSOR,
-                                     Successor(index, deaths, alone=True))
-                    except RankFailure:
-                        pass  # the first master is gone too: the job is ending
-                    flush(to_root, world_rank)
+                    _tell_alone(Channel(federation_comm), index, layout, deaths, world_rank)
                     return 1
                 worker.close()
                 worker = None
@@ -193,6 +186,20 @@ def _serve_or_succeed(group: Channel, federation_comm, config: CampaignConfig, *
         if worker is not None:
             worker.close()
         flush(group, world_rank)
+
+
+def _tell_alone(masters: Channel, index: int, layout: list[range], deaths: list[Death],
+                world_rank: int) -> None:
+    """Master `index` died and its group has nobody left to take its place: root is told
+    (the first master's last rank tells the others), for the campaign to stop."""
+    try:
+        failed = masters.failed_ranks()
+        for other in (range(1, len(layout)) if index == 0 else (0,)):
+            if living := [world for world in layout[other] if world not in failed]:
+                masters.send(living[0], Tag.SUCCESSOR, Successor(index, deaths, alone=True))
+    except RankFailure:
+        pass  # a master it tells is dead too: its own successor hears of the end from root
+    flush(masters, world_rank)
 
 
 def _succeed(group: Channel, federation_comm, config: CampaignConfig, *, index: int,
@@ -205,9 +212,15 @@ def _succeed(group: Channel, federation_comm, config: CampaignConfig, *, index: 
                             out=config.out, epoch=epoch, world_ranks=layout,
                             execution_timeout=config.timeout)
     federation.roster.world_of[index] = world_ranks[0]
-    # Root hears of it first: what the takeover hands it (the findings of commits it
-    # redoes) comes from this world rank.
-    federation.announce(Successor(index, deaths))
+    federation.locate(federation.channel.failed_ranks())
+    inherited = None
+    # The first master hears of it first: what the takeover hands it (the findings of
+    # commits it redoes) comes from this world rank. A new first master tells the others.
+    if index == 0:
+        inherited = federation.inherit_root()
+        federation.announce_root(Successor(0, deaths, decided=inherited.decided))
+    else:
+        federation.announce(Successor(index, deaths))
     status, master = open_or_refuse(group, replace(config, resume=True),
                                     federation=federation, fault_tolerant=True,
                                     taking_over=True, host=host)
@@ -218,17 +231,18 @@ def _succeed(group: Channel, federation_comm, config: CampaignConfig, *, index: 
     master.ranks.world_ranks = world_ranks
     federation.open()
     taken = federation.take_over(lambda digest: digest in master.frontier.done)
-    # The children the dead master's commits published: those of its done records, and
-    # those of its manifests (a redone commit publishes nothing anew).
-    records, _ = master.campaign.inspect_journal()
-    parents = {child: record["digest"] for record in records if is_done(record)
-               for child in record.get("published", ())}
-    parents.update((child, record["digest"]) for record in records
-                   if kind_of(record) is Kind.COMMIT
-                   for child, _, status in record.get("publish", ()) if status == "ok")
-    for finding in master.campaign.unnamed_findings(parents):
-        federation.forward(finding)
+    if inherited is not None:
+        if inherited.budget_start is not None:  # the budget is the campaign's, not its own
+            master.stopping.budget_start = inherited.budget_start
+        if inherited.ending:
+            master.stopping.begin(inherited.ending)
+    else:
+        for finding in master.campaign.findings_to_forward():
+            federation.forward(finding)
     last = deaths[-1]
+    # What the dead master had out goes out again: on record as taken back (F443).
+    master.records.recovered(master.generation, [last.failed], master.in_flight_at_takeover,
+                             "new", last.seconds)
     master.recovery.count(f"master {index}", [last.failed], taken, last.seconds,
                           detected=last.detected, master="new")
     try:

@@ -30,8 +30,10 @@ def master_snapshot(master) -> CampaignSnapshot:
                           world_ranks=list(master.ranks.world_ranks))
     if not federation.root:
         return snapshot
-    from symcc_mpi.federation.figures import combine
+    from symcc_mpi.federation.figures import combine, plain
 
+    # Root's own figures and what it alone holds, on record for a successor of its.
+    federation.keep_root_figures(plain(asdict(snapshot)), master.stopping.budget_start)
     return combine(snapshot, federation.figures, federation.departed,
                    federation.roster.successions)
 

@@ -91,9 +91,9 @@ def load_state(master, config: CampaignConfig, campaign: CampaignDir,
             campaign.record_work(wal.Requeue(digest=digest, reason="the last run ended",
                                              part=part))
     # Nothing of this master's is in flight before it starts; a master that takes a dead
-    # one's place in a running job removes only what the dead one's workers staged.
+    # one's place beside other masters removes only what the dead one's workers staged.
     campaign.clear_staging({r["token"] for r in journal if kind_of(r) is Kind.DISPATCH}
-                           if taking_over and not names_entries else None)
+                           if taking_over and master.federation is not None else None)
     log.info("campaign %s: %d inputs, %d already analysed, %d in the frontier%s",
              config.out, len(master.frontier.known), master.stats.resumed_done,
              len(master.frontier), " (from the last run's snapshot)" if saved else "")

@@ -16,7 +16,7 @@ import msgspec
 
 from symcc_mpi.coverage.edges import Status as ProbeStatus
 from symcc_mpi.executors.base import Outcome
-from symcc_mpi.wire.control import ControlMessage
+from symcc_mpi.wire.control import ControlMessage, Token
 
 # Seconds a rank waits at the end for the other side of STOP (its STOP_ACK, its last
 # RESULTs) before it gives up on it.
@@ -242,6 +242,9 @@ class Successor(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     master: int
     deaths: list[Death] = []
     alone: bool = False  # the sender is its group's last rank: no master can be made of it
+    # The first master's successor, to the others: the token of the end the dead one had
+    # decided (its COMMIT, made durable before it went out), or None (any PREPARE is void).
+    decided: Token | None = None
 
 
 class Farewell(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
