@@ -10,7 +10,9 @@ otherwise it stays in the corpus for the next campaign (F320 §2.5, last paragra
 travel as bytes, FIFO per (source, destination) pair like MPI, the pairs in any order; the
 clock advances in steps; garbage bytes, replayed statuses, foreign ranks and foreign tokens
 are faults. A master other than root may die and a worker take its place (a succession): a
-fresh participant with the dead one's work, root told.
+fresh participant with the dead one's work, root told. Root may die too: a worker of its takes
+its place with a fresh coordinator, which inherits the end the dead one decided (its record
+of the COMMIT token, written before any COMMIT went out), and every master is told.
 
 The master honours the contract of `Participant`: `idle` and `still_idle` are False when it
 held work at any time since its previous status() call.
@@ -60,9 +62,8 @@ class QuiescenceMachine(RuleBasedStateMachine):
     @initialize(masters=st.integers(2, 4), seeds=st.lists(st.integers(0, 3), max_size=3))
     def start(self, masters, seeds):
         self.masters = masters
-        numbers = itertools.count(1)
-        self.root = Coordinator(masters, window=WINDOW, stale_after=STALE_AFTER,
-                                random_bytes=lambda size: next(numbers).to_bytes(size, "big"))
+        self.numbers = itertools.count(1)  # no two coordinators of a run share a token
+        self.root = self._coordinator()
         self.participants = [Participant(refresh=REFRESH, root=ROOT) for _ in range(masters)]
         self.now = 0.0
         self.busy = [False] * masters
@@ -83,6 +84,10 @@ class QuiescenceMachine(RuleBasedStateMachine):
         self.early_aborts = [0] * masters  # such rounds' ABORTs to a master that voted busy
         for receiver in seeds:
             self.external_seed(receiver)
+
+    def _coordinator(self):
+        return Coordinator(self.masters, window=WINDOW, stale_after=STALE_AFTER,
+                           random_bytes=lambda size: next(self.numbers).to_bytes(size, "big"))
 
     # -- the masters' work ---------------------------------------------------------------------
 
@@ -259,6 +264,32 @@ class QuiescenceMachine(RuleBasedStateMachine):
         self.root.restart(m)
         self.root_tick()  # the ABORT goes out in the same round
 
+    @precondition(lambda self: self.root.outcome is not Outcome.CONFLICT)
+    @rule()
+    def root_succession(self):
+        """Root dies and one of its workers takes its place: a fresh coordinator that
+        inherits the dead one's decided end, if any, a fresh participant with root's work,
+        nothing of what was on the way to or from it, every other master told
+        (federation/masters.py)."""
+        decided = self.root.decided
+        for pair in self.channels:
+            if ROOT in pair:
+                self.channels[pair].clear()
+        self.root = self._coordinator()
+        self.late_votes = 0  # the new coordinator's statistics begin at zero
+        if decided is not None:
+            self.root.inherit(decided)
+        self.participants[ROOT] = Participant(refresh=REFRESH, root=ROOT)
+        self.foreign_aborts[ROOT] = self.peer_prepares[ROOT] = self.early_aborts[ROOT] = 0
+        self.last_status[ROOT] = None
+        self.held_since_status[ROOT] = self.busy[ROOT]
+        for m, participant in enumerate(self.participants):
+            participant.new_root(decided)
+            if not participant.frozen and not participant.done:
+                self.prepared[m] = None
+                self.pending[m] += self.deferred[m]  # what it set aside is its work again
+                self.deferred[m] = self.deferred_by_masters[m] = 0
+
     # -- faults --------------------------------------------------------------------------------
 
     @rule(kind=st.sampled_from(["garbage", "replay", "stranger", "abort", "peer"]),
@@ -325,6 +356,9 @@ class QuiescenceMachine(RuleBasedStateMachine):
         event(f"before quiet: {self.root.outcome.value}, {min(statistics.aborts, 2)}+ aborts")
         event(f"before quiet: {min(sum(self.deferred), 2)}+ inputs deferred")
         self.fall_quiet_and_commit()
+        self.root_succession()  # after the end: the decided end holds for the successor
+        assert self.root.outcome is Outcome.COMMITTED
+        assert all(participant.done for participant in self.participants)
 
     def fall_quiet_and_commit(self):
         """Liveness: the environment falls quiet; rounds, deliveries and ticks commit."""

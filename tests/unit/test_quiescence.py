@@ -366,3 +366,37 @@ def test_acks_that_do_not_come_are_a_conflict():
     coordinator.tick(25.5)
     assert coordinator.outcome is Outcome.CONFLICT
     assert "master(s) 1 did not acknowledge COMMIT" in coordinator.conflict
+
+
+def test_a_new_root_without_a_decision_unfreezes_and_hears_a_status_at_once():
+    token = propose(coordinator())
+    participant = prepared_participant(token)
+    assert participant.status(True, 0.1) is None  # unchanged, within the refresh
+    participant.new_root(None)  # the dead root's PREPARE is void: no COMMIT of it went out
+    assert not participant.frozen and not participant.done
+    assert participant.status(True, 0.2) == Status(2, idle=True)
+    assert participant.on_commit(ROOT, Commit(token)) == Ack(token, committed=False)
+    assert participant.statistics().new_roots == 1
+
+
+def test_a_new_root_after_the_decision_keeps_the_end_for_everyone():
+    masters = 3
+    root = coordinator(masters)
+    token = propose(root, masters)
+    for master in range(masters):
+        root.on_vote(master, Vote(token, yes=True))
+    assert root.decided == token  # on record before the COMMIT goes out with the tick
+    successor = coordinator(masters)
+    successor.inherit(root.decided)
+    assert successor.outcome is Outcome.COMMITTED and successor.tick(10.0) == []
+    frozen, fresh = prepared_participant(token), Participant(refresh=REFRESH)
+    for participant in (frozen, fresh):  # a master, and the successor's own participant
+        participant.new_root(token)
+        assert participant.done and participant.status(True, 1.0) is None
+
+
+def test_nothing_is_decided_while_the_votes_are_out():
+    root = coordinator()
+    token = propose(root)
+    root.on_vote(0, Vote(token, yes=True))
+    assert root.decided is None
