@@ -161,17 +161,23 @@ def test_a_budget_stops_every_master_and_a_resume_with_other_masters_finishes(tm
     assert set(analysed_first) <= set(done)
 
 
-def completed_despite(tmp_path, faults: str, *, masters: int, workers: int):
+def completed_despite(tmp_path, faults: str, *, masters: int, workers: int,
+                      children: bool = False):
     """A campaign of 40 seeds under ULFM with the fault plan `faults`: it ends in the job,
-    exit 0 and verify OK, every seed analysed once over all the masters' journals."""
+    exit 0 and verify OK, every input analysed once over all the masters' journals.
+    `children`: each input shorter than 8 bytes has one, itself and a "+" (staged packs
+    a dead worker may leave behind)."""
     out = tmp_path / "out"
     contents = [b"seed %d" % number for number in range(40)]
-    target = script(tmp_path, "slow", "sleep 0.3\n")
+    child = 'data=$(cat)\n[ ${#data} -lt 8 ] && printf "%s+" "$data" > "$SYMCC_OUTPUT_DIR/c"\n'
+    target = script(tmp_path, "slow", "sleep 0.3\n" + (child if children else ""))
     process = explore(out, "--executor", "symcc", "--target", target, "--workers", workers,
                       "--masters", masters, "--fault-tolerance", "on",
                       "--seeds", seeds_of(tmp_path, contents),
                       env=dict(os.environ, SYMCC_MPI_FAULTS=faults))
     assert_ended_cleanly(out, process)
+    if children:  # 40 seeds, 40 children, 10 grandchildren ("seed 0++", ..., "seed 9++")
+        contents += [c + b"+" for c in contents] + [c + b"++" for c in contents if len(c) < 7]
     assert sorted(done_digests(out)) == sorted(map(sha256_bytes, contents))  # once, none lost
     return out, process
 
@@ -182,7 +188,8 @@ def completed_despite(tmp_path, faults: str, *, masters: int, workers: int):
 ], ids=["2-masters", "3-masters-2-workers-die"])
 def test_under_ulfm_a_dead_worker_is_survived_by_its_master(tmp_path, masters, workers,
                                                              faults, dead):
-    out, process = completed_despite(tmp_path, faults, masters=masters, workers=workers)
+    out, process = completed_despite(tmp_path, faults, masters=masters, workers=workers,
+                                     children=True)
     failures = stats(out)["extra"]["failures"]
     assert sorted(int(f["failed"][0].split()[1]) for f in failures) == dead
     for failure in failures:  # each named, its work handed out again, and when

@@ -103,16 +103,19 @@ def test_a_fence_claims_the_next_owned_inputs_in_the_same_write(tmp_path):
 
 def test_root_combines_every_masters_figures():
     own = CampaignSnapshot(start_time=1.0, now=5.0, executions=3, interesting=2, workers=1,
-                           last_find=4.0, per_worker={1: {"executions": 3}},
+                           pending=1, last_find=4.0, per_worker={1: {"executions": 3}},
                            extra={"federation": {"claims": 3}, "in_flight": 0,
                                   "world_ranks": [0, 1]})
     other = {"executions": 5, "interesting": 1, "workers": 2, "last_find": 4.5,
              "per_worker": {"1": {"executions": 2}, "2": {"executions": 3}},
              "extra": {"federation": {"claims": 6, "steals": 1}, "in_flight": 1,
                        "world_ranks": [2, 3, 4]}}
-    replaced = {"executions": 4, "interesting": 2, "extra": {"master_index": 1}}
+    # A master that died and was replaced: what it did counts, what it held is its successor's.
+    replaced = {"executions": 4, "interesting": 2, "pending": 9, "workers": 2,
+                "extra": {"master_index": 1}}
     combined = combine(own, {1: other}, [replaced])
     assert (combined.executions, combined.interesting, combined.workers) == (12, 5, 3)
+    assert combined.pending == 1
     assert combined.last_find == 4.5
     assert sorted(combined.per_worker) == [1, 3, 4]  # world ranks
     assert combined.extra["per_master"]["1"]["claims"] == 6

@@ -12,8 +12,9 @@ from symcc_mpi.federation.master_leases import LeaseFigures
 from symcc_mpi.federation.quiescence import CoordinatorStatistics, ParticipantStatistics
 from symcc_mpi.federation.target_claims import ClaimStatistics
 
-SUMMED = ("executions", "generated", "unique", "interesting", "pending", "crashes", "hangs",
-          "crashing_runs", "hanging_runs", "executor_time", "solver_time", "workers")
+SUMMED = ("executions", "generated", "unique", "interesting", "crashes", "hangs",
+          "crashing_runs", "hanging_runs", "executor_time", "solver_time")
+CURRENT = ("pending", "workers")  # of the living masters: a dead one's are its successor's
 LATEST = ("max_depth", "last_find", "last_crash", "last_hang")
 
 
@@ -58,6 +59,7 @@ def combine(own: CampaignSnapshot, others: dict[int, dict], departed: list[dict]
     masters = {0: asdict(own), **others}
     everyone = [*masters.values(), *departed]
     combined = {name: sum(m.get(name) or 0 for m in everyone) for name in SUMMED}
+    combined.update((name, sum(m.get(name) or 0 for m in masters.values())) for name in CURRENT)
     for name in LATEST:
         values = [m[name] for m in masters.values() if m.get(name) is not None]
         combined[name] = max(values) if values else getattr(own, name)

@@ -434,6 +434,8 @@ class Federation:
             log.error("master %d died and its group has no worker left", index)
             self._lose(f"master {index} died and no worker of its is left: continue with "
                        "--resume")
+        elif claim is Claim.KNOWN:
+            self.roster.replace(world, news)  # its group's deaths on record
         elif claim is Claim.TAKEN and not self.root:
             self.roster.replace(world, news)
             log.warning("the first master: rank %d took its place", world)

@@ -26,6 +26,7 @@ class Claim(Enum):
     ALONE = "alone"  # the group's last rank: no successor will come
     LATE = "late"  # alone, after root gave up waiting already
     TAKEN = "taken"  # the sender is that master now
+    KNOWN = "known"  # told again, to a new root that had found it already (`locate`)
 
 
 @dataclass
@@ -82,8 +83,10 @@ class Roster:
         index = news.master
         heeded = range(1, len(self.world_ranks)) if root else (0,)
         if not (isinstance(index, int) and index in heeded) \
-                or world not in self.world_ranks[index] or world == self.world_of[index]:
+                or world not in self.world_ranks[index]:
             return Claim.INVALID
+        if world == self.world_of[index]:  # the dead one itself, or one located already
+            return Claim.INVALID if index in self.dead or news.alone else Claim.KNOWN
         if index not in self.dead:
             return Claim.LIVES
         if news.alone:

@@ -19,9 +19,9 @@ class Ranks:
     acked: set[int] = field(default_factory=set)  # STOP_ACK received, or none will come
     failed: set[int] = field(default_factory=set)  # dead (several masters under ULFM)
     ringing: set[int] = field(default_factory=set)  # ring the doorbell after each send
-    # Per rank, the token of the last WORK sent: a worker removes a dispatch's staging when
-    # it asks for the next, so a dead one may leave that one behind.
-    last_work: dict[int, str] = field(default_factory=dict)
+    # Per rank, the tokens of the last two WORKs sent: a worker removes a dispatch's staging
+    # after it asks for work once more, so a dead one may leave both behind.
+    recent_work: dict[int, tuple[str, ...]] = field(default_factory=dict)
     next_failure_check: float = 0.0  # when to ask MPI for dead ranks next (FAILURE_POLL)
 
     def __post_init__(self) -> None:

@@ -105,8 +105,8 @@ class Recovery:
             for token in self.dispatch.retire(rank, f"it died: {name}"):
                 requeued.append(token)
                 self.campaign.discard_staging(token)
-            if rank in ranks.last_work:
-                self.campaign.discard_staging(ranks.last_work.pop(rank))
+            for token in ranks.recent_work.pop(rank, ()):
+                self.campaign.discard_staging(token)
             ranks.acked.add(rank)  # no STOP_ACK will come
         alive = [rank for rank in ranks.workers if rank not in ranks.failed]
         if self.stopping.phase is Phase.STOPPING:

@@ -61,7 +61,7 @@ class WorkSender:
             self.stats.failures[-1]["first_dispatch"] = SYSTEM_CLOCK.time()
             self.report_now()
         self.times.sent(work.token)
-        self.ranks.last_work[rank] = work.token
+        self.ranks.recent_work[rank] = (*self.ranks.recent_work.get(rank, ())[-1:], work.token)
 
     def _after_send(self, rank: int) -> None:
         """The faults planned after a WORK send (faults.py)."""

@@ -116,8 +116,9 @@ class Stopping:
                 parked = self.dispatch.gate.parked()
                 # Whatever is staged now would be refused: the work in flight was taken back,
                 # and the ranks that acknowledged STOP removed their own staging.
-                self.campaign.clear_staging(ranks.last_work.values()
-                                            if self.federation is not None else None)
+                self.campaign.clear_staging(
+                    [token for tokens in ranks.recent_work.values() for token in tokens]
+                    if self.federation is not None else None)
                 log.error("workers %s did not acknowledge STOP within %.0f s%s; ending the "
                           "job, what was committed is kept", missing, SHUTDOWN_GRACE,
                           " (parked: silent since the watchdog took back their work)"
