@@ -9,14 +9,15 @@ TOKEN = "ab" * 16
 
 def test_a_successor_inherits_the_decision_the_figures_and_the_farewells(tmp_path):
     record = RootRecord(tmp_path)
-    record.keep(own={"executions": 7}, departed=[{"executions": 3}],
+    record.keep(own={"executions": 7, "start_time": 99.0}, departed=[{"executions": 3}],
                 successions=[{"master_index": 1}], findings=2, budget_start=100.5,
                 ending="wall-clock budget spent")
     record.farewell(2, {"executions": 5})
     record.decide(TOKEN)
     found = RootRecord(tmp_path).inherit()
     assert found.decided == TOKEN
-    assert found.departed == [{"executions": 7}, {"executions": 3}]  # the dead root's first
+    assert found.departed == [{"executions": 7, "start_time": 99.0}, {"executions": 3}]
+    assert found.start_time == 99.0  # the dead root's own figures come first
     assert found.successions == [{"master_index": 1}] and found.findings == 2
     assert found.budget_start == 100.5 and found.ending == "wall-clock budget spent"
     assert found.farewells == {2: {"executions": 5}}
@@ -25,7 +26,7 @@ def test_a_successor_inherits_the_decision_the_figures_and_the_farewells(tmp_pat
 def test_nothing_on_record_is_a_campaign_that_goes_on(tmp_path):
     found = RootRecord(tmp_path).inherit()
     assert found.decided is None and found.departed == [] and found.farewells == {}
-    assert found.budget_start is None and found.ending == ""
+    assert found.budget_start is None and found.start_time is None and found.ending == ""
 
 
 def test_damaged_records_leave_their_part_empty(tmp_path, caplog):

@@ -5,8 +5,9 @@ the campaign, and which masters said farewell.
 - `decision`: the token of root's COMMIT (F320 §2.5), durable before the COMMIT goes out, as
   a two-phase coordinator logs its decision. A successor that finds it tells the others the
   end holds; one that does not voids every PREPARE (no COMMIT of it can have gone out).
-- `root.json`: root's own last figures, those of the masters that died before it, the
-  successions it heard of, when the budget began and why it stopped (if it did); rewritten
+- `root.json`: root's own last figures (the campaign's start time among them), those of the
+  masters that died before it, the successions it heard of, when the budget began and why it
+  stopped (if it did); rewritten
   with each report (once a second), so a successor's summary counts what the dead one did.
 - `farewell-K.json`: master K closed its part, with its final figures: its farewell message
   may have gone to a dead root, and a master that said it is gone.
@@ -39,6 +40,7 @@ class Inheritance:
     departed: list[dict] = field(default_factory=list)  # figures of masters no more
     successions: list[dict] = field(default_factory=list)
     findings: int = 0  # findings root named for the others
+    start_time: float | None = None  # the campaign's, as its reports say (Unix time)
     budget_start: float | None = None  # Unix time
     ending: str = ""  # why root stopped the campaign, if it did
     farewells: dict[int, dict] = field(default_factory=dict)  # master -> final figures
@@ -80,6 +82,8 @@ class RootRecord:
             found.successions = _dicts(document.get("successions"))
             found.findings = _number(document.get("findings"), int) or 0
             found.budget_start = _number(document.get("budget_start"), float)
+            if found.departed:
+                found.start_time = _number(found.departed[0].get("start_time"), float)
             found.ending = document.get("ending") if isinstance(document.get("ending"),
                                                                  str) else ""
         for path in self.directory.glob("farewell-*.json"):

@@ -232,6 +232,8 @@ def _succeed(group: Channel, federation_comm, config: CampaignConfig, *, index: 
     federation.open()
     taken = federation.take_over(lambda digest: digest in master.frontier.done)
     if inherited is not None:
+        if inherited.start_time is not None:  # the reports' run time is the campaign's
+            master.stats.start_time = inherited.start_time
         if inherited.budget_start is not None:  # the budget is the campaign's, not its own
             master.stopping.budget_start = inherited.budget_start
         if inherited.ending:
