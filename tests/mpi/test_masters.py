@@ -211,8 +211,10 @@ def test_under_ulfm_a_dead_worker_is_survived_by_its_master(tmp_path, masters, w
     (3, 6, "0:die@3,3:die@6", [(0, 0), (1, 3)]),
     # Masters at 0 and 4: the first dies, rank 1 takes its place and dies in turn, then 2.
     (2, 6, "0:die@3,1:die@2=after-recovery", [(0, 0), (0, 1)]),
+    # The same, rank 1 dying inside its takeover, the dead root's leases adopted.
+    (2, 6, "0:die@3,1:die@1=recovery", [(0, 0), (0, 1)]),
 ], ids=["2-masters", "3-masters-2-die", "a-successor-dies-too", "the-first-master",
-        "the-first-then-another", "the-first-and-its-successor"])
+        "the-first-then-another", "the-first-and-its-successor", "a-death-in-a-takeover"])
 def test_under_ulfm_a_dead_master_is_replaced_by_one_of_its_workers(
         tmp_path, masters, workers, faults, dead_masters):
     out, process = completed_despite(tmp_path, faults, masters=masters, workers=workers)

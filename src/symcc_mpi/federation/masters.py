@@ -492,8 +492,11 @@ class Federation:
         return found
 
     def announce_root(self, news: Successor) -> None:
-        """The new root tells every other master that has not said farewell."""
+        """The new root tells every other master that has not said farewell, and keeps its
+        group's deaths as it keeps the others' (a successor before it may have died before
+        its figures said so)."""
         self.announcement = news
+        self.roster.replace(self.roster.world_of[0], news)
         for index in self.indices[1:]:
             if index not in self.roster.farewells:
                 self._send(index, Tag.SUCCESSOR, news)

@@ -15,6 +15,7 @@ from symcc_mpi.federation.masters import CONFLICT_EXIT, Federation
 from symcc_mpi.federation.ownership import new_epoch
 from symcc_mpi.job.assembly import open_or_refuse, refuse_workers
 from symcc_mpi.job.ending import end_job, flush
+from symcc_mpi.roles.faults import FaultKind, die
 from symcc_mpi.roles.host import MACHINE, Host
 from symcc_mpi.roles.worker import Worker, run_worker
 from symcc_mpi.ulfm.runtime import describe_process, revoke, shrink
@@ -231,6 +232,8 @@ def _succeed(group: Channel, federation_comm, config: CampaignConfig, *, index: 
     master.ranks.world_ranks = world_ranks
     federation.open()
     taken = federation.take_over(lambda digest: digest in master.frontier.done)
+    if master.faults.fire_at(FaultKind.DIE, "recovery", len(deaths)):
+        die(f"fault: SIGKILL of rank {world_ranks[0]} inside its takeover of master {index}")
     if inherited is not None:
         if inherited.start_time is not None:  # the reports' run time is the campaign's
             master.stats.start_time = inherited.start_time

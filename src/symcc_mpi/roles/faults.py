@@ -38,7 +38,9 @@ over as master fires the master's points:
   first recovery it went through, kept or taking over (a second failure that must come
   after the first, however fast each rank runs);
 - `die@N=recovery`: SIGKILL itself inside its N-th recovery, after the durable prepare and
-  before the shrink (a failure during the recovery itself);
+  before the shrink (a failure during the recovery itself); with several masters, a worker
+  taking a dead master's place, inside its takeover of the N-th dead master of its group,
+  once the leases are adopted;
 - `die@N=after-manifest`, `die@N=after-publish` (master): SIGKILL itself inside its N-th
   commit, after the manifest is written and before anything is published, or after the
   publication and before the done record;
