@@ -112,20 +112,26 @@ def test_two_masters_exchange_their_triage_and_pruning_maps(tmp_path):
 
 
 @pytest.mark.skipif(shutil.which("afl-showmap") is None, reason="AFL++ not installed")
-def test_a_dead_master_is_replaced_by_one_of_its_workers_in_a_real_campaign(tmp_path):
-    """Under ULFM, master 1 (world rank 3) is SIGKILLed after its 5th WORK send; rank 4, a
-    worker of its, takes its place (job/federated.py) and the campaign ends in the job."""
+@pytest.mark.parametrize(("dead", "index", "successor"), [(3, 1, 4), (0, 0, 1)],
+                         ids=["master-1", "the-first-master"])
+def test_a_dead_master_is_replaced_by_one_of_its_workers_in_a_real_campaign(tmp_path, dead,
+                                                                            index, successor):
+    """Under ULFM, a master (world rank 3, or 0: the first) is SIGKILLed after its 5th WORK
+    send; the next rank, a worker of its, takes its place (job/federated.py) and the campaign
+    ends in the job; the first master's successor names queue/ on from where it stopped."""
     out = tmp_path / "out"
     process = explore(out, "--executor", "symcc", "--target", f"{BUILD / 'json.symcc'} @@",
                       "--afl-target", f"{BUILD / 'json.afl'} @@", "--seeds", SEEDS / "json",
                       "--workers", 4, "--masters", 2, "--fault-tolerance", "on",
                       "--timeout", 20, timeout=200,
-                      env=dict(os.environ, SYMCC_MPI_FAULTS="3:die@5"))
+                      env=dict(os.environ, SYMCC_MPI_FAULTS=f"{dead}:die@5"))
     assert_oracles(out, process)
     done = done_digests(out)
     assert len(done) == len(set(done))  # over both masters' journals: each input once
     (failure,) = stats(out)["extra"]["failures"]
-    assert failure["master"] == "new" and failure["master_index"] == 1
-    assert failure["failed"][0].startswith("rank 3 ")
+    assert failure["master"] == "new" and failure["master_index"] == index
+    assert failure["failed"][0].startswith(f"rank {dead} ")
     assert failure["first_dispatch"] >= failure["detected"]
-    assert stats(out)["extra"]["per_master"]["1"]["world_rank"] == 4
+    assert stats(out)["extra"]["per_master"][str(index)]["world_rank"] == successor
+    ids = sorted(int(name[3:9]) for name in os.listdir(out / "queue"))
+    assert ids == list(range(len(ids)))
