@@ -1,0 +1,159 @@
+"""A dead master's place, with several masters (F320 under ULFM): the part of `Federation`
+(masters.py) that learns of deaths, waits for successors, and hands a successor what it needs.
+
+A worker of the dead master's group takes its place (job/federated.py). Root heeds the others'
+successors; the others heed root's. The first master's successor inherits what root kept on
+record (root_record.py), finds the others at their groups' lowest living ranks (roster.py) and
+tells them; each hands it again what the dead root may have lost: its own succession, the
+findings it has not seen named, its last figures, its STOP.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from symcc_mpi.federation.root_record import Inheritance
+from symcc_mpi.federation.roster import SUCCESSION_WAIT, Claim
+from symcc_mpi.wire.protocol import Stop, Successor, Tag
+
+if TYPE_CHECKING:
+    from symcc_mpi.federation.masters import OwnMaster
+
+log = logging.getLogger("symcc_mpi.federation")
+
+
+class Succession:
+    """Mixed into `Federation`, whose state it reads and changes (its roster, its quiescence
+    participant and coordinator, root's figures, the messages a new root is handed again)."""
+
+    def _masters_died(self) -> None:
+        """Ranks died (ULFM); a worker's death anywhere is reported here too, and passed
+        over. A worker of a dead master's group takes its place (roster.py): root waits for
+        every master's successor, the others for root's. Until one comes the campaign cannot
+        end, and if none does it stops, for `--resume` to continue. Another master's death
+        is root's business alone."""
+        awaited = self.indices if self.root else (0,)
+        for index in self.roster.died(self.channel.failed_ranks(), self.clock.monotonic(),
+                                      awaits=awaited):
+            log.error("master %d (world rank %d) died", index, self.roster.world_of[index])
+            if self.root:
+                self.coordinator.restart(index)
+            if index in awaited:
+                log.warning("waiting up to %g s for a worker of master %d to take its place",
+                            SUCCESSION_WAIT, index)
+
+    def _lose(self, reason: str) -> None:
+        """The campaign cannot end exhausted: it stops for `--resume` (exit status 1)."""
+        self.lost = True
+        self.stop_reason = self.stop_reason or reason
+
+    def _succession_overdue(self, now: float) -> None:
+        """A dead master no worker replaced in time ends the campaign unfinished."""
+        for index in self.roster.overdue(now):
+            log.error("no worker took master %d's place within %g s", index, SUCCESSION_WAIT)
+            self._lose(f"master {index} died and no worker took its place: continue with "
+                       "--resume")
+
+    def _take_successor(self, own: OwnMaster, world: int, news: Successor) -> None:
+        """World rank `world` says it took master `news.master`'s place (roster.vet): root
+        heeds the others' successors, the others root's. The news may come before this
+        master's own check of MPI's dead: then it checks first."""
+        claim = self.roster.vet(world, news, root=self.root)
+        if claim is Claim.LIVES:
+            self._masters_died()
+            claim = self.roster.vet(world, news, root=self.root)
+        index = news.master
+        if claim in (Claim.INVALID, Claim.LIVES):
+            own.count_malformed()
+            log.warning("rank %d claims the place of master %r, which %s", world, index,
+                        "lives" if claim is Claim.LIVES else "it cannot take")
+        elif claim is Claim.ALONE:
+            log.error("master %d died and its group has no worker left", index)
+            self._lose(f"master {index} died and no worker of its is left: continue with "
+                       "--resume")
+        elif claim is Claim.KNOWN:
+            self.roster.replace(world, news)  # its group's deaths on record
+        elif claim is Claim.TAKEN and not self.root:
+            self.roster.replace(world, news)
+            log.warning("the first master: rank %d took its place", world)
+            self._new_root(own, news.decided)
+        elif claim is Claim.TAKEN:
+            self.roster.replace(world, news)
+            if index in self.figures:  # what the dead one did still counts
+                self.departed.append(self.figures.pop(index))
+            self.final.discard(index)
+            self.coordinator.restart(index)
+            log.warning("master %d: rank %d took its place", index, world)
+            if self.done or self.stop_reason or self.ending:  # too late to work: it closes
+                self._send(index, Tag.STOP, Stop(self.stop_reason or self.ending
+                                                 or "frontier exhausted", self.lost))
+
+    def _new_root(self, own: OwnMaster, decided: str | None) -> None:
+        """A new root: what the dead one decided holds (quiescence.py), and what it may have
+        lost is handed again (it names a finding once, and takes the latest figures)."""
+        self.participant.new_root(decided)
+        if self.announcement is not None:
+            self._send(0, Tag.SUCCESSOR, self.announcement)
+        for finding in own.campaign.findings_to_forward():
+            self.forward(finding)
+        for tag, message in ((Tag.STOP, self.stop_sent), (Tag.FIGURES, self.last_figures)):
+            if message is not None:
+                self._send(0, tag, message)
+
+    def locate(self, failed: set[int]) -> None:
+        """This master is a worker that takes a dead one's place: where the masters it talks
+        to are (`failed`: MPI's dead), root's or (root) the others'. A group with no living
+        rank has no master left: the campaign stops, for `--resume`."""
+        talks_to = self.indices[1:] if self.root else (0,)
+        for index in self.roster.locate(failed, talks_to):
+            self._lose(f"master {index} died and no worker of its is left: continue with "
+                       "--resume")
+
+    def inherit_root(self) -> Inheritance:
+        """This master takes the first master's place: what the dead root left on record."""
+        found = self.record.inherit()
+        self.departed = found.departed
+        self.roster.successions = found.successions
+        self.findings = found.findings
+        self.ending = found.ending
+        for index, figures in found.farewells.items():
+            if 0 < index < self.masters:
+                self.roster.farewells.add(index)
+                self.final.add(index)
+                if figures:
+                    self.figures[index] = figures
+        if found.decided is not None:
+            self.participant.new_root(found.decided)
+            self.coordinator.inherit(found.decided)
+            self.decision_recorded = True
+        return found
+
+    def announce_root(self, news: Successor) -> None:
+        """The new root tells every other master that has not said farewell, and keeps its
+        group's deaths as it keeps the others' (a successor before it may have died before
+        its figures said so)."""
+        self.announcement = news
+        self.roster.replace(self.roster.world_of[0], news)
+        for index in self.indices[1:]:
+            if index not in self.roster.farewells:
+                self._send(index, Tag.SUCCESSOR, news)
+
+    def keep_root_figures(self, own: dict, budget_start: float) -> None:
+        """Root, with each report: what a successor needs to go on counting (root_record)."""
+        self.record.keep(own=own, departed=self.departed, successions=self.roster.successions,
+                         findings=self.findings, budget_start=budget_start,
+                         ending=self.ending)
+
+    def take_over(self, done: Callable[[str], bool]) -> int:
+        """This master is a worker that took a dead master's place: its leases become this
+        one's (`done`: what the journal it took over holds as done). Returns how many."""
+        self.held.update(self.leases.adopt(done))
+        return len(self.held)
+
+    def announce(self, news: Successor) -> None:
+        """This master took a dead master's place (`take_over`): root is told, and a new
+        root will be (`_new_root`)."""
+        self.announcement = news
+        self._send(0, Tag.SUCCESSOR, news)
