@@ -23,8 +23,8 @@ import itertools
 import logging
 import os
 import shutil
-from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass
+from collections.abc import Iterable
+from dataclasses import asdict
 from pathlib import Path
 
 from symcc_mpi.campaign.checkpoint import Checkpointer
@@ -39,6 +39,7 @@ from symcc_mpi.federation.lease_config import LeaseConfig
 from symcc_mpi.federation.leases import FencedWorkLeaseTable
 from symcc_mpi.federation.map_exchange import EXCHANGE_INTERVAL, PRUNING, TRIAGE, MapExchange
 from symcc_mpi.federation.master_leases import WorkLeases
+from symcc_mpi.federation.own_master import OwnMaster
 from symcc_mpi.federation.ownership import lease_directory, owner
 from symcc_mpi.federation.quiescence import (
     Coordinator,
@@ -49,7 +50,6 @@ from symcc_mpi.federation.root_record import RootRecord
 from symcc_mpi.federation.roster import Roster
 from symcc_mpi.federation.succession import Succession
 from symcc_mpi.federation.target_claims import TargetClaims
-from symcc_mpi.scheduling.frontier import Frontier
 from symcc_mpi.wire.control import Abort, Ack, Commit, Prepare, Status, Vote
 from symcc_mpi.wire.protocol import (
     SHA256_PATTERN,
@@ -76,18 +76,6 @@ RECOVERY_LIMIT = 16  # expired leases one scan takes over at most
 FINAL_FIGURES_WAIT = 60.0  # root waits this long for the others' final figures
 OWNER_CACHE = 1 << 16  # digests whose owner a master remembers
 AHEAD_SCAN = 256  # frontier inputs looked at for the next ones to claim
-
-
-@dataclass(frozen=True)
-class OwnMaster:
-    """The parts of its own master a federation reads and feeds, and nothing more."""
-
-    frontier: Frontier  # discovered and recovered inputs join it
-    campaign: CampaignDir  # corpus/ to rescan; root names the others' findings in it
-    count_malformed: Callable[[], object]  # a malformed message from another master
-    exhausted: Callable[[], bool]  # nothing of this master's left to dispatch
-    busy: Callable[[], bool]  # results in flight, or parts of a split input waiting
-    checkpoint: Checkpointer  # its triage and pruning maps, which gain the others' bits
 
 
 class Federation(Succession):

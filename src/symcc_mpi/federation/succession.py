@@ -12,14 +12,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
+from symcc_mpi.federation.own_master import OwnMaster
 from symcc_mpi.federation.root_record import Inheritance
 from symcc_mpi.federation.roster import SUCCESSION_WAIT, Claim
 from symcc_mpi.wire.protocol import Stop, Successor, Tag
-
-if TYPE_CHECKING:
-    from symcc_mpi.federation.masters import OwnMaster
 
 log = logging.getLogger("symcc_mpi.federation")
 

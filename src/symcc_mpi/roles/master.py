@@ -22,7 +22,8 @@ from symcc_mpi.coverage.pruning import PruningLedger
 from symcc_mpi.dispatch.coordinator import DispatchCoordinator
 from symcc_mpi.dispatch.watchdog import WatchdogConfig
 from symcc_mpi.durable.clock import SYSTEM_CLOCK
-from symcc_mpi.federation.masters import CONFLICT_EXIT, OwnMaster
+from symcc_mpi.federation.masters import CONFLICT_EXIT
+from symcc_mpi.federation.own_master import OwnMaster
 from symcc_mpi.roles.faults import FaultKind, Faults, die
 from symcc_mpi.roles.ranks import Ranks
 from symcc_mpi.roles.records import DispatchNotRecorded, WorkRecords
