@@ -19,8 +19,12 @@ from symcc_mpi.federation.figures import combine
 from symcc_mpi.federation.layout import groups
 from symcc_mpi.federation.masters import Federation
 from symcc_mpi.federation.ownership import new_epoch, owner
+from symcc_mpi.federation.roster import SUCCESSION_WAIT
 from symcc_mpi.roles.faults import Faults
 from symcc_mpi.scheduling.frontier import Frontier
+from symcc_mpi.wire.control import Prepare
+from symcc_mpi.wire.protocol import Death, Finding, FindingKind, Successor, Tag
+from symcc_mpi.wire.transport import Incoming
 
 DIGESTS = [sha256_bytes(b"input %d" % number) for number in range(40)]
 
@@ -210,3 +214,81 @@ def test_masters_end_up_with_the_union_of_their_maps(tmp_path):
     shipped = decode(states[0].pruning.plan(1).payload)  # to master 0's worker 1
     assert difference(bytes(MAP_SIZE), qsym_map({11: 0x04, 12: 0x08})) == shipped
     assert [m.maps.statistics().gained for m in masters] == [2, 2]
+
+
+class RecordingChannel:
+    """What a federation sends, by world rank; MPI's dead as the test says."""
+
+    def __init__(self, failed=()):
+        self.failed = set(failed)
+        self.sent: list[tuple[int, Tag, object]] = []
+
+    def send(self, world, tag, message):
+        self.sent.append((world, Tag(tag), message))
+
+    def failed_ranks(self):
+        return set(self.failed)
+
+    def poll(self):
+        return None
+
+
+def successor_of_master_1(tmp_path, channel):
+    """Master 1 of 2 (world ranks 0-2 and 3-5), itself a successor, that sent root a STOP
+    and its figures, and voted YES on a PREPARE of root's."""
+    federation = Federation(channel, index=1, masters=2, out=tmp_path, epoch=new_epoch(),
+                            world_ranks=groups(6, 2), execution_timeout=1.0)
+    federation.open(ManualClock())
+    federation.roster.world_of[1] = 4
+    federation.announce(Successor(1, [Death("rank 3 (pid 9 on vm)", 1.0, 0.1)]))
+    federation.stopping("OUT refused writes")
+    federation.report(CampaignSnapshot(start_time=1.0, now=2.0, executions=5), final=False)
+    federation.participant.status(True, 0.0)
+    federation.participant.on_prepare(0, Prepare("ab" * 16), still_idle=True)
+    assert federation.participant.frozen
+    return federation
+
+
+def own_master(findings=()):
+    return SimpleNamespace(campaign=SimpleNamespace(findings_to_forward=lambda: list(findings)),
+                           count_malformed=lambda: None)
+
+
+@pytest.mark.parametrize("decided", [None, "ab" * 16], ids=["undecided", "decided"])
+def test_a_new_first_master_is_handed_again_what_the_dead_one_may_have_lost(tmp_path,
+                                                                            decided):
+    channel = RecordingChannel(failed={0})
+    federation = successor_of_master_1(tmp_path, channel)
+    channel.sent.clear()
+    finding = Finding(FindingKind.QUEUE, DIGESTS[0], DIGESTS[1])
+    news = Successor(0, [Death("rank 0 (pid 7 on vm)", 5.0, 0.1)], decided=decided)
+    federation._on_message(own_master([finding]), Incoming(1, Tag.SUCCESSOR, news), 6.0)
+    assert federation.roster.world_of[0] == 1 and not federation.lost
+    assert [(world, tag) for world, tag, _ in channel.sent] == [
+        (1, Tag.SUCCESSOR), (1, Tag.FINDING), (1, Tag.STOP), (1, Tag.FIGURES)]
+    assert channel.sent[0][2] == federation.announcement and channel.sent[1][2] == finding
+    # Undecided: the dead root's PREPARE is void. Decided: the end holds.
+    assert federation.participant.done is (decided is not None)
+    assert not federation.participant.frozen or federation.participant.done
+
+
+def test_a_master_waits_for_the_first_masters_successor_then_stops_the_campaign(tmp_path):
+    clock = ManualClock()
+    channel = RecordingChannel(failed={0})
+    federation = successor_of_master_1(tmp_path, channel)
+    federation.clock = clock
+    federation._masters_died()
+    assert set(federation.roster.awaiting) == {0} and not federation.lost
+    federation._succession_overdue(clock.monotonic() + SUCCESSION_WAIT)
+    assert federation.lost
+    assert federation.stop_reason == ("master 0 died and no worker took its place: "
+                                      "continue with --resume")
+
+
+def test_the_first_masters_last_rank_alone_stops_the_campaign(tmp_path):
+    channel = RecordingChannel(failed={0, 1})
+    federation = successor_of_master_1(tmp_path, channel)
+    alone = Successor(0, [Death("rank 0 (pid 7 on vm)", 5.0, 0.1)], alone=True)
+    federation._on_message(own_master(), Incoming(2, Tag.SUCCESSOR, alone), 6.0)
+    assert federation.lost
+    assert "master 0 died and no worker of its is left" in federation.stop_reason

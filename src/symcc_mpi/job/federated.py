@@ -146,7 +146,7 @@ def _serve_or_succeed(group: Channel, federation_comm, config: CampaignConfig, *
     rank) takes the master's place: it opens the dead master's state as a master taking
     over does (its journal read back, the commits it left redone) and tells the first master
     (or, the first master's successor, all the others), which wait for it
-    (federation/masters.py). The others serve it. A death after STOP, when the campaign is
+    (federation/succession.py). The others serve it. A death after STOP, when the campaign is
     ending, has nothing left to take over."""
     from mpi4py import MPI
 
