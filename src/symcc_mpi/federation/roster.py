@@ -19,7 +19,7 @@ MAX_NAME = 200  # characters of a dead master's description kept
 
 
 class Claim(Enum):
-    """What root makes of a `Successor` message."""
+    """What a master makes of a `Successor` message (root of the others', the others of root's)."""
 
     INVALID = "invalid"  # no master's place the sender can take (or that the receiver heeds)
     LIVES = "lives"  # the master it names is alive
