@@ -292,3 +292,19 @@ def test_the_first_masters_last_rank_alone_stops_the_campaign(tmp_path):
     federation._on_message(own_master(), Incoming(2, Tag.SUCCESSOR, alone), 6.0)
     assert federation.lost
     assert "master 0 died and no worker of its is left" in federation.stop_reason
+
+
+def test_a_new_first_master_learns_from_the_record_of_the_masters_that_closed(tmp_path):
+    """Their farewell and their STOP went to the dead root: a master that stopped early
+    stops the campaign, as its STOP would have."""
+    root = Federation(RecordingChannel(failed={0}), index=0, masters=3, out=tmp_path,
+                      epoch=new_epoch(), world_ranks=groups(9, 3), execution_timeout=1.0)
+    root.open(ManualClock())
+    root.record.farewell(1, {"executions": 4}, None)
+    root.inherit_root()
+    assert root.roster.farewells == {1} and root.figures[1] == {"executions": 4}
+    assert not root.stop_reason
+    root.record.farewell(2, {"executions": 2}, ("OUT refused writes", False))
+    root.check_farewells(0.5)
+    assert root.stop_reason == "master 2 stopped: OUT refused writes" and not root.lost
+    assert root.roster.farewells == {1, 2} and root.final == {1, 2}

@@ -112,6 +112,8 @@ class Federation(Succession):
         self.participant = Participant(refresh=STATUS_REFRESH)
         self.record = RootRecord(self.directory)
         self.decision_recorded = False
+        self.inherited = False  # this root took a dead one's place (succession.py)
+        self.next_farewell_check = 0.0
         self.coordinator = Coordinator(masters, window=QUIESCENCE_WINDOW,
                                        stale_after=STATUS_STALE,
                                        answer_within=ANSWER_WITHIN) if index == 0 else None
@@ -279,6 +281,7 @@ class Federation(Succession):
                 self._masters_died()
         if self.roster.awaiting:
             self._succession_overdue(now)
+        self.check_farewells(now)
         for digest in self.leases.heartbeat(self.held):
             self.held.pop(digest, None)  # taken over after it expired: no longer ours
         self.targets.round(now)
@@ -381,8 +384,9 @@ class Federation(Succession):
         record too, with its final figures: root may die before it reads the message."""
         self.leases.close()
         if not self.root:
-            self.record.farewell(self.index, self.last_figures.snapshot
-                                 if self.last_figures is not None else {})
+            self.record.farewell(
+                self.index, self.last_figures.snapshot if self.last_figures is not None else {},
+                (self.stop_sent.reason, self.stop_sent.failure) if self.stop_sent else None)
             self._send(0, Tag.FAREWELL, Farewell())
 
     def await_farewells(self, own: OwnMaster, seconds: float) -> bool:
@@ -391,6 +395,7 @@ class Federation(Succession):
         deadline = self.clock.monotonic() + seconds
         while True:
             self._succession_overdue(self.clock.monotonic())
+            self.check_farewells(self.clock.monotonic())
             if not self.roster.not_done(self.indices[1:]):
                 return True
             if self.clock.monotonic() >= deadline:
@@ -494,8 +499,9 @@ class Federation(Succession):
         deadline = self.clock.monotonic() + FINAL_FIGURES_WAIT
         missing = set(self.indices[1:]) - self.final - self.roster.dead
         while missing and self.clock.monotonic() < deadline:
+            self.check_farewells(self.clock.monotonic())
             try:
-                incoming = self.channel.wait(deadline)
+                incoming = self.channel.wait(min(deadline, self.clock.monotonic() + 0.5))
             except RankFailure:
                 self._masters_died()
                 incoming = None

@@ -9,8 +9,9 @@ the campaign, and which masters said farewell.
   masters that died before it, the successions it heard of, when the budget began and why it
   stopped (if it did); rewritten
   with each report (once a second), so a successor's summary counts what the dead one did.
-- `farewell-K.json`: master K closed its part, with its final figures: its farewell message
-  may have gone to a dead root, and a master that said it is gone.
+- `farewell-K.json`: master K closed its part, with its final figures and, if it stopped
+  before the end, why (the STOP it sent root): its messages may have gone to a dead root, and
+  a master that said farewell is gone. A new root reads them as they come.
 """
 
 from __future__ import annotations
@@ -32,6 +33,15 @@ FAREWELL = re.compile(r"farewell-([0-9]+)\.json")
 _TOKEN = re.compile(f"[0-9a-f]{{{2 * TOKEN_BYTES}}}")
 
 
+@dataclass(frozen=True)
+class Departure:
+    """A master's farewell on record: its final figures, and why it stopped, if it did."""
+
+    figures: dict
+    stop: str | None = None  # the reason of the STOP it sent root
+    failure: bool = False  # that STOP was for a rank's death
+
+
 @dataclass
 class Inheritance:
     """What a successor of the first master finds of it."""
@@ -43,7 +53,7 @@ class Inheritance:
     start_time: float | None = None  # the campaign's, as its reports say (Unix time)
     budget_start: float | None = None  # Unix time
     ending: str = ""  # why root stopped the campaign, if it did
-    farewells: dict[int, dict] = field(default_factory=dict)  # master -> final figures
+    farewells: dict[int, Departure] = field(default_factory=dict)
 
 
 class RootRecord:
@@ -61,8 +71,24 @@ class RootRecord:
         write_durable(self.directory / ROOT_FIGURES, json.dumps(document).encode(),
                       fsync=False)
 
-    def farewell(self, index: int, figures: dict) -> None:
-        write_durable(self.directory / f"farewell-{index}.json", json.dumps(figures).encode())
+    def farewell(self, index: int, figures: dict, stop: tuple[str, bool] | None) -> None:
+        document = {"figures": figures, "stop": list(stop) if stop is not None else None}
+        write_durable(self.directory / f"farewell-{index}.json", json.dumps(document).encode())
+
+    def farewells(self) -> dict[int, Departure]:
+        found = {}
+        for path in self.directory.glob("farewell-*.json"):
+            if (match := FAREWELL.fullmatch(path.name)) is None:
+                continue
+            document = self._read(path)
+            document = document if isinstance(document, dict) else {}
+            figures = document.get("figures")
+            stop = document.get("stop")
+            stopped = isinstance(stop, list) and len(stop) == 2 and isinstance(stop[0], str)
+            found[int(match[1])] = Departure(figures if isinstance(figures, dict) else {},
+                                             stop[0] if stopped else None,
+                                             bool(stop[1]) if stopped else False)
+        return found
 
     def inherit(self) -> Inheritance:
         """What the dead root left; a file that is missing or damaged leaves its part empty
@@ -86,10 +112,7 @@ class RootRecord:
                 found.start_time = _number(found.departed[0].get("start_time"), float)
             found.ending = document.get("ending") if isinstance(document.get("ending"),
                                                                  str) else ""
-        for path in self.directory.glob("farewell-*.json"):
-            if (match := FAREWELL.fullmatch(path.name)) is not None:
-                figures = self._read(path)
-                found.farewells[int(match[1])] = figures if isinstance(figures, dict) else {}
+        found.farewells = self.farewells()
         return found
 
     @staticmethod

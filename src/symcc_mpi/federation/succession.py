@@ -14,11 +14,13 @@ import logging
 from collections.abc import Callable
 
 from symcc_mpi.federation.own_master import OwnMaster
-from symcc_mpi.federation.root_record import Inheritance
+from symcc_mpi.federation.root_record import Departure, Inheritance
 from symcc_mpi.federation.roster import SUCCESSION_WAIT, Claim
 from symcc_mpi.wire.protocol import Stop, Successor, Tag
 
 log = logging.getLogger("symcc_mpi.federation")
+
+FAREWELL_CHECK = 1.0  # seconds between a new root's looks for the masters that closed
 
 
 class Succession:
@@ -115,17 +117,34 @@ class Succession:
         self.roster.successions = found.successions
         self.findings = found.findings
         self.ending = found.ending
-        for index, figures in found.farewells.items():
-            if 0 < index < self.masters:
-                self.roster.farewells.add(index)
-                self.final.add(index)
-                if figures:
-                    self.figures[index] = figures
+        self.inherited = True
+        self._take_farewells(found.farewells)
         if found.decided is not None:
             self.participant.new_root(found.decided)
             self.coordinator.inherit(found.decided)
             self.decision_recorded = True
         return found
+
+    def check_farewells(self, now: float) -> None:
+        """A new root, now and then: the masters that closed since it took over. Their
+        farewell and their STOP may have gone to the dead root; a master that stopped
+        stops the campaign, as its STOP would have (a campaign missing a master cannot be
+        exhausted)."""
+        if self.inherited and now >= self.next_farewell_check:
+            self.next_farewell_check = now + FAREWELL_CHECK
+            self._take_farewells(self.record.farewells())
+
+    def _take_farewells(self, departures: dict[int, Departure]) -> None:
+        for index, departure in departures.items():
+            if not 0 < index < self.masters or index in self.roster.farewells:
+                continue
+            self.roster.farewells.add(index)
+            self.final.add(index)
+            if departure.figures:
+                self.figures[index] = departure.figures
+            if departure.stop is not None and not self.stop_reason:
+                self.lost |= departure.failure
+                self.stop_reason = f"master {index} stopped: {departure.stop}"
 
     def announce_root(self, news: Successor) -> None:
         """The new root tells every other master that has not said farewell, and keeps its
