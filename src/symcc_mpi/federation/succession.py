@@ -69,9 +69,7 @@ class Succession:
             log.warning("rank %d claims the place of master %r, which %s", world, index,
                         "lives" if claim is Claim.LIVES else "it cannot take")
         elif claim is Claim.ALONE:
-            log.error("master %d died and its group has no worker left", index)
-            self._lose(f"master {index} died and no worker of its is left: continue with "
-                       "--resume")
+            self._group_gone(index)
         elif claim is Claim.KNOWN:
             self.roster.replace(world, news)  # its group's deaths on record
         elif claim is Claim.TAKEN and not self.root:
@@ -107,8 +105,13 @@ class Succession:
         rank has no master left: the campaign stops, for `--resume`."""
         talks_to = self.indices[1:] if self.root else (0,)
         for index in self.roster.locate(failed, talks_to):
-            self._lose(f"master {index} died and no worker of its is left: continue with "
-                       "--resume")
+            self._group_gone(index)
+
+    def _group_gone(self, index: int) -> None:
+        """Master `index` died and its group has no rank left to take its place."""
+        log.error("master %d died and its group has no worker left", index)
+        self._lose(f"master {index} died and no worker of its is left: continue with "
+                   "--resume")
 
     def inherit_root(self) -> Inheritance:
         """This master takes the first master's place: what the dead root left on record."""
