@@ -232,13 +232,33 @@ def test_under_ulfm_a_dead_master_is_replaced_by_one_of_its_workers(
     assert stats(out)["start_time"] < failures[0]["detected"]
 
 
+@pytest.mark.parametrize(("faults", "withdrawn"), [
+    ("3:die@2", [1]),  # master 1's only worker
+    ("1:die@2", [0]),  # the first master's only worker: it stays the AFL face and root
+    ("2:die@3", [1]),  # master 1: rank 3 alone takes its place, then withdraws
+    ("0:die@3", [0]),  # the first master: rank 1 alone takes its place, then withdraws
+    ("3:die@2,2:die@1=withdrawn", [1]),  # master 1's group, worker then master, is gone
+], ids=["a-masters-last-worker", "the-first-masters-last-worker", "a-master-of-2-ranks",
+        "the-first-master-of-2-ranks", "a-withdrawn-master-dies"])
+def test_under_ulfm_a_master_left_with_no_worker_withdraws_and_the_others_finish(
+        tmp_path, faults, withdrawn):
+    # Ranks 0 and 2 are the masters, 1 and 3 their workers (MPI_COMM_WORLD).
+    out, process = completed_despite(tmp_path, faults, masters=2, workers=2, children=True)
+    output = process.stdout + process.stderr
+    for index in withdrawn:
+        assert f"master {index} has no worker left: it withdraws from the work" in output
+    ids = sorted(int(name[3:9]) for name in os.listdir(out / "queue"))
+    assert ids == list(range(len(ids)))
+
+
 @pytest.mark.parametrize(("faults", "reason"), [
-    ("3:die@2", r"master 1 stopped: a worker died \(rank 3 \(pid \d+ on \S+\)\) and no "
-                r"other is left: continue with --resume"),
-    ("2:die@3", r"master 1 died and no worker of its is left: continue with --resume"),
-    ("0:die@3", None),  # the first master, no worker to take its place: no final report
-], ids=["a-master's-last-worker", "a-master", "the-first-master"])
-def test_under_ulfm_a_dead_rank_ends_the_campaign_cleanly_and_resume_finishes_it(
+    # The first master withdrew, then died: nobody is left to decide the end.
+    ("1:die@2,0:die@1=withdrawn", None),
+    # Master 1's last rank dies inside its takeover: its journal is nobody's to redo.
+    ("2:die@3,3:die@1=recovery", r"master 1 died and no worker of its is left: continue "
+                                 r"with --resume"),
+], ids=["the-first-masters-group", "a-masters-group-in-its-takeover"])
+def test_under_ulfm_a_group_gone_ends_the_campaign_cleanly_and_resume_finishes_it(
         tmp_path, faults, reason):
     # Ranks 0 and 2 are the masters, 1 and 3 their workers (MPI_COMM_WORLD).
     out = tmp_path / "out"
@@ -252,9 +272,9 @@ def test_under_ulfm_a_dead_rank_ends_the_campaign_cleanly_and_resume_finishes_it
     output = first.stdout + first.stderr
     assert first.returncode != 0, output
     assert "continue with --resume" in output
-    if faults == "0:die@3":
+    if reason is None:
         assert "master 0 died and no worker of its is left" in output
-    if reason is not None:  # what the survivors committed is whole
+    else:  # what the survivors committed is whole
         assert re.fullmatch(reason, stats(out)["extra"]["stop_reason"])
         assert stats(out)["extra"]["phase"] == "done"
     done_before = done_digests(out)

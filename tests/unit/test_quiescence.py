@@ -400,3 +400,57 @@ def test_nothing_is_decided_while_the_votes_are_out():
     token = propose(root)
     root.on_vote(0, Vote(token, yes=True))
     assert root.decided is None
+
+
+def test_a_master_that_left_is_not_waited_for_and_gets_nothing():
+    root = coordinator(3)
+    root.leave(2)  # it withdrew from the work, then died
+    all_idle(root, 2, 0.0)  # masters 0 and 1: enough for a window
+    sent = root.tick(WINDOW)
+    assert [destination for destination, _ in sent] == [0, 1]
+    token = sent[0][1].token
+    for master in (0, 1):
+        root.on_vote(master, Vote(token, yes=True))
+    assert [(d, type(m)) for d, m in root.tick(WINDOW)] == [(0, Commit), (1, Commit)]
+    for master in (0, 1):
+        root.on_ack(master, Ack(token, committed=True))
+    assert root.outcome is Outcome.COMMITTED
+
+
+@pytest.mark.parametrize("phase", ["votes", "acks"])
+def test_a_master_that_leaves_while_awaited_lets_the_others_answers_decide(phase):
+    root = coordinator(3)
+    token = propose(root)
+    for master in (0, 1):
+        root.on_vote(master, Vote(token, yes=True))
+    if phase == "acks":
+        root.on_vote(2, Vote(token, yes=True))
+        root.tick(WINDOW)
+        for master in (0, 1):
+            root.on_ack(master, Ack(token, committed=True))
+    assert root.outcome is Outcome.RUNNING and root.decided == (token if phase == "acks"
+                                                                else None)
+    root.leave(2)
+    if phase == "votes":  # decided without its vote: the COMMIT goes to those who voted
+        assert root.decided == token
+        assert [(d, type(m)) for d, m in root.tick(WINDOW)] == [(0, Commit), (1, Commit)]
+    else:
+        assert root.outcome is Outcome.COMMITTED
+
+
+def test_a_busy_vote_is_not_overruled_by_a_master_that_leaves():
+    root = coordinator(3)
+    token = propose(root)
+    root.on_vote(0, Vote(token, yes=True))
+    root.on_vote(1, Vote(token, yes=False))
+    root.leave(2)
+    assert root.decided is None and root.tick(WINDOW) == [(0, Abort(token))]
+
+
+def test_root_never_leaves():
+    root = coordinator(2)
+    root.leave(0)  # the coordinator itself
+    all_idle(root, 1, 0.0)
+    assert root.tick(WINDOW) == []  # master 1 is still awaited
+    all_idle(root, 2, 0.0)
+    assert [destination for destination, _ in root.tick(WINDOW)] == [0, 1]

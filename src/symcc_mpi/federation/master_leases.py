@@ -110,7 +110,8 @@ class WorkLeases:
         return self._table.complete(digest, token)
 
     def abandon(self, digest: str, token: str) -> bool:
-        """Give up a lease before commit (its corpus file is missing); False if already lost."""
+        """Give up a lease before commit (its corpus file is missing, or its master withdraws
+        from the work); False if already lost."""
         self._last_beat.pop(token, None)
         return self._table.abandon(digest, token)
 
@@ -133,6 +134,10 @@ class WorkLeases:
         full = len(won) >= limit
         self._next_recovery = float("-inf") if full else now + self.heartbeat_interval
         return self._held({lease.digest: lease.token for lease in won})
+
+    def flush(self) -> None:
+        """Write the completions kept for their shards' next writes."""
+        self._table.flush()
 
     def close(self) -> None:
         self._table.close()

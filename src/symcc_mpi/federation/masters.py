@@ -13,12 +13,12 @@ communicator; it alone names queue/, crashes/, hangs/ entries (AFL's sync skips 
 appears after a higher one) and writes stats.json, fuzzer_stats and plot_data.
 
 A dead master's place is taken by a worker of its group, the first master's too
-(succession.py).
+(succession.py); a master left with no worker withdraws from the work, which the others
+share (withdrawal.py).
 """
 
 from __future__ import annotations
 
-import functools
 import itertools
 import logging
 import os
@@ -40,7 +40,7 @@ from symcc_mpi.federation.leases import FencedWorkLeaseTable
 from symcc_mpi.federation.map_exchange import EXCHANGE_INTERVAL, PRUNING, TRIAGE, MapExchange
 from symcc_mpi.federation.master_leases import WorkLeases
 from symcc_mpi.federation.own_master import OwnMaster
-from symcc_mpi.federation.ownership import lease_directory, owner
+from symcc_mpi.federation.ownership import lease_directory, owner_among
 from symcc_mpi.federation.quiescence import (
     Coordinator,
     Outcome,
@@ -50,6 +50,7 @@ from symcc_mpi.federation.root_record import RootRecord
 from symcc_mpi.federation.roster import Roster
 from symcc_mpi.federation.succession import Succession
 from symcc_mpi.federation.target_claims import TargetClaims
+from symcc_mpi.federation.withdrawal import Withdrawal
 from symcc_mpi.wire.control import Abort, Ack, Commit, Prepare, Status, Vote
 from symcc_mpi.wire.protocol import (
     SHA256_PATTERN,
@@ -74,11 +75,10 @@ DISCOVERY_INTERVAL = 0.1  # seconds between two reads of the others' publication
 MASTERS_POLL = 0.01  # seconds between two looks for the other masters' messages
 RECOVERY_LIMIT = 16  # expired leases one scan takes over at most
 FINAL_FIGURES_WAIT = 60.0  # root waits this long for the others' final figures
-OWNER_CACHE = 1 << 16  # digests whose owner a master remembers
 AHEAD_SCAN = 256  # frontier inputs looked at for the next ones to claim
 
 
-class Federation(Succession):
+class Federation(Succession, Withdrawal):
     """One master's side of a campaign of several: admission, discovery, the end, the AFL face.
 
     `channel` is a transport.Channel over a communicator of every rank of the job, on which
@@ -93,9 +93,11 @@ class Federation(Succession):
         self.index = index
         self.masters = masters
         self.indices = tuple(range(masters))
-        # Asked several times per task (admission, claims ahead, the lease table's shard).
-        self.owner_of = functools.lru_cache(maxsize=OWNER_CACHE)(
-            functools.partial(owner, masters=self.indices))
+        self.owner_of = owner_among(self.indices)  # a digest's lease shard
+        self.working = self.indices  # the masters that have workers (withdrawal.py)
+        self.withdrawn: set[int] = set()
+        self.work_owner_of = self.owner_of  # who analyses a digest: its owner among `working`
+        self.next_withdrawal_check = 0.0
         self.world_ranks = world_ranks  # per master index, its group's ranks in COMM_WORLD
         self.roster = Roster(world_ranks)  # where each master is reached, which are gone
         self.directory = lease_directory(out, epoch)
@@ -169,7 +171,7 @@ class Federation(Succession):
                                           or self.coordinator.outcome is Outcome.COMMITTED)
 
     def owns(self, digest: str) -> bool:
-        return self.owner_of(digest) == self.index
+        return self.work_owner_of(digest) == self.index
 
     # -- admission (dispatch/coordinator.py) ------------------------------------------------
 
@@ -255,7 +257,8 @@ class Federation(Succession):
         self.active_since_status = True
 
     def abandon(self, digest: str) -> None:
-        """Its corpus file is missing: give the lease up at once (F320 §2.3)."""
+        """Its corpus file is missing (F320 §2.3), or this master withdraws: give the lease
+        up at once."""
         token = self.held.pop(digest, None)
         if token is not None:
             self.leases.abandon(digest, token)
@@ -282,10 +285,11 @@ class Federation(Succession):
         if self.roster.awaiting:
             self._succession_overdue(now)
         self.check_farewells(now)
+        self.check_withdrawals(own, now)
         for digest in self.leases.heartbeat(self.held):
             self.held.pop(digest, None)  # taken over after it expired: no longer ours
         self.targets.round(now)
-        if not self.participant.frozen and now >= self.next_discovery:
+        if self.at_work and not self.participant.frozen and now >= self.next_discovery:
             self.next_discovery = now + DISCOVERY_INTERVAL
             self.discover(own)
         if now >= self.next_exchange:
@@ -334,6 +338,8 @@ class Federation(Succession):
     def rescan(self, own: OwnMaster) -> bool:
         """F320 §2.5 step 3, before a vote: everything published or expired is looked at once
         more, the whole corpus listed. True if the master is still idle."""
+        if not self.at_work:
+            return not own.busy()
         for digest in self.hints.poll():
             own.frontier.add(digest)
         with os.scandir(own.campaign.corpus) as entries:  # misnamed files: root's to move

@@ -9,16 +9,18 @@ owner is only the *preferred* master: admission also needs the shared claim
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 import secrets
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from symcc_mpi.campaign.layout import LEASE_DIRECTORY_PREFIX
 
 OWNER_DOMAIN = b"symcc-work-owner-v1"
 EPOCH_BYTES = 32
+OWNER_CACHE = 1 << 16  # digests whose owner a master remembers
 
 _DIGEST = re.compile(r"[0-9a-f]{64}")
 
@@ -38,6 +40,12 @@ def owner(digest: str, masters: Sequence[int]) -> int:
     if not masters:
         raise ValueError("owner() needs at least one master")
     return max(masters, key=lambda master: (_score(digest, master), -master))
+
+
+def owner_among(masters: tuple[int, ...]) -> Callable[[str], int]:
+    """`owner` over `masters`, remembered: a master asks it several times per task
+    (admission, claims ahead, the lease table's shard)."""
+    return functools.lru_cache(maxsize=OWNER_CACHE)(functools.partial(owner, masters=masters))
 
 
 def new_epoch() -> bytes:

@@ -120,6 +120,7 @@ class Coordinator:
         if not answer_within > 0:
             raise ValueError(f"answer_within must be > 0 seconds, not {answer_within}")
         self._masters = masters
+        self._members = set(range(masters))  # those whose status, vote and ACK count
         self._window = window
         self._answer_within = answer_within
         self._round_began = -math.inf  # root's clock: when the open PREPARE or COMMIT went
@@ -179,7 +180,7 @@ class Coordinator:
             self._counts["duplicate"] += 1
         else:
             self._votes[source] = message.yes
-            if len(self._votes) == self._masters:
+            if self._members <= self._votes.keys():
                 self._decide()
 
     def on_ack(self, source: int, message: Ack) -> None:
@@ -196,7 +197,7 @@ class Coordinator:
             self._counts["duplicate"] += 1
         else:
             self._acks.add(source)
-            if len(self._acks) == self._masters:
+            if self._members <= self._acks:
                 self._phase = _Phase.COMMITTED
 
     def tick(self, now: float) -> list[tuple[int, ControlMessage]]:
@@ -210,11 +211,11 @@ class Coordinator:
             self._counts["unanswered"] += 1
             self._counts["aborts"] += 1
             self._phase = _Phase.RUNNING
-            self._outbox.extend((master, Abort(self._token)) for master in range(self._masters))
+            self._outbox.extend((master, Abort(self._token)) for master in sorted(self._members))
             for seen in self._seen:
                 seen.idle_since = None
         elif self._phase is _Phase.COMMITTING and late:
-            missing = sorted(set(range(self._masters)) - self._acks)
+            missing = sorted(self._members - self._acks)
             self._fail(f"master(s) {', '.join(map(str, missing))} did not acknowledge COMMIT "
                        f"{self._token} within {self._answer_within:g} s")
         if self._phase is _Phase.RUNNING and self._stably_idle(now):
@@ -228,7 +229,7 @@ class Coordinator:
             self._doomed = False
             self._counts["proposals"] += 1
             self._round_began = now
-            self._outbox.extend((master, Prepare(token)) for master in range(self._masters))
+            self._outbox.extend((master, Prepare(token)) for master in sorted(self._members))
         outbox, self._outbox = self._outbox, []
         return outbox
 
@@ -263,10 +264,23 @@ class Coordinator:
             self._counts["aborts"] += 1
             self._phase = _Phase.RUNNING
             # To whoever voted YES or may still: not to a busy voter, nor to the successor.
-            self._outbox.extend((m, Abort(self._token)) for m in range(self._masters)
+            self._outbox.extend((m, Abort(self._token)) for m in sorted(self._members)
                                 if m != master and self._votes.get(m, True))
             for seen in self._seen:
                 seen.idle_since = None
+
+    def leave(self, master: int) -> None:
+        """`master` left the campaign holding no work (it withdrew from the work, then died:
+        federation/withdrawal.py): it can publish nothing, and nothing of it is awaited any
+        more, its vote, its ACK, nor its status; what it would have answered is what the
+        others' answers decide."""
+        if master == 0 or master not in self._members:  # root: this coordinator itself
+            return
+        self._members.discard(master)
+        if self._phase is _Phase.PREPARING and self._members <= self._votes.keys():
+            self._decide()
+        elif self._phase is _Phase.COMMITTING and self._members <= self._acks:
+            self._phase = _Phase.COMMITTED
 
     def statistics(self) -> CoordinatorStatistics:
         return CoordinatorStatistics(outcome=self.outcome,
@@ -285,16 +299,16 @@ class Coordinator:
         return all(seen.idle_since is not None
                    and now - seen.received_at <= self._stale_after
                    and now - seen.idle_since >= self._window
-                   for seen in self._seen)
+                   for master, seen in enumerate(self._seen) if master in self._members)
 
     def _decide(self) -> None:
         token = self._token
         yes_voters = [master for master, yes in sorted(self._votes.items()) if yes]
-        if len(yes_voters) == self._masters and not self._doomed:
+        if self._members <= set(yes_voters) and not self._doomed:
             self._phase = _Phase.COMMITTING
             self._commit_unstamped = True
             self._acks = set()
-            self._outbox.extend((master, Commit(token)) for master in range(self._masters))
+            self._outbox.extend((master, Commit(token)) for master in sorted(self._members))
             return
         self._phase = _Phase.RUNNING
         self._counts["aborts"] += 1

@@ -23,8 +23,6 @@ class Claim(Enum):
 
     INVALID = "invalid"  # no master's place the sender can take (or that the receiver heeds)
     LIVES = "lives"  # the master it names is alive
-    ALONE = "alone"  # the group's last rank: no successor will come
-    LATE = "late"  # alone, after root gave up waiting already
     TAKEN = "taken"  # the sender is that master now
     KNOWN = "known"  # told again, to a new root that had found it already (`locate`)
 
@@ -86,11 +84,9 @@ class Roster:
                 or world not in self.world_ranks[index]:
             return Claim.INVALID
         if world == self.world_of[index]:  # the dead one itself, or one located already
-            return Claim.INVALID if index in self.dead or news.alone else Claim.KNOWN
+            return Claim.INVALID if index in self.dead else Claim.KNOWN
         if index not in self.dead:
             return Claim.LIVES
-        if news.alone:
-            return Claim.ALONE if self.awaiting.pop(index, None) is not None else Claim.LATE
         return Claim.TAKEN
 
     def replace(self, world: int, news: Successor) -> None:

@@ -34,14 +34,18 @@ class Succession:
         end, and if none does it stops, for `--resume` to continue. Another master's death
         is root's business alone."""
         awaited = self.indices if self.root else (0,)
-        for index in self.roster.died(self.channel.failed_ranks(), self.clock.monotonic(),
-                                      awaits=awaited):
+        failed = self.channel.failed_ranks()
+        for index in self.roster.died(failed, self.clock.monotonic(), awaits=awaited):
             log.error("master %d (world rank %d) died", index, self.roster.world_of[index])
             if self.root:
                 self.coordinator.restart(index)
             if index in awaited:
                 log.warning("waiting up to %g s for a worker of master %d to take its place",
                             SUCCESSION_WAIT, index)
+        for index in list(self.roster.awaiting):
+            if failed.issuperset(self.world_ranks[index]):  # nobody left to take its place
+                del self.roster.awaiting[index]
+                self._group_gone(index)
 
     def _lose(self, reason: str) -> None:
         """The campaign cannot end exhausted: it stops for `--resume` (exit status 1)."""
@@ -51,6 +55,8 @@ class Succession:
     def _succession_overdue(self, now: float) -> None:
         """A dead master no worker replaced in time ends the campaign unfinished."""
         for index in self.roster.overdue(now):
+            if self._withdrawn_died(index):
+                continue
             log.error("no worker took master %d's place within %g s", index, SUCCESSION_WAIT)
             self._lose(f"master {index} died and no worker took its place: continue with "
                        "--resume")
@@ -68,8 +74,6 @@ class Succession:
             own.count_malformed()
             log.warning("rank %d claims the place of master %r, which %s", world, index,
                         "lives" if claim is Claim.LIVES else "it cannot take")
-        elif claim is Claim.ALONE:
-            self._group_gone(index)
         elif claim is Claim.KNOWN:
             self.roster.replace(world, news)  # its group's deaths on record
         elif claim is Claim.TAKEN and not self.root:
@@ -108,7 +112,10 @@ class Succession:
             self._group_gone(index)
 
     def _group_gone(self, index: int) -> None:
-        """Master `index` died and its group has no rank left to take its place."""
+        """Master `index` died and its group has no rank left to take its place: the
+        campaign stops, unless it had withdrawn from the work (withdrawal.py)."""
+        if self._withdrawn_died(index):
+            return
         log.error("master %d died and its group has no worker left", index)
         self._lose(f"master {index} died and no worker of its is left: continue with "
                    "--resume")

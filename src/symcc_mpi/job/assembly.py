@@ -40,7 +40,7 @@ def open_or_refuse(channel, config: CampaignConfig, *, fault_tolerant: bool = Fa
                     federation=None, taking_over: bool = False, host: Host = MACHINE):
     """(None, the master), or (exit status, None) once every worker was told why not."""
     try:
-        if channel.size < 2:
+        if channel.size < 2 and not taking_over:  # a lone successor withdraws from the work
             raise UsageError("a campaign needs at least 2 MPI ranks (1 master + 1 worker)")
         return None, open_master(channel, config, fault_tolerant=fault_tolerant,
                                  federation=federation, taking_over=taking_over, host=host)

@@ -19,7 +19,7 @@ from symcc_mpi.roles.faults import FaultKind, die
 from symcc_mpi.roles.host import MACHINE, Host
 from symcc_mpi.roles.worker import Worker, run_worker
 from symcc_mpi.ulfm.runtime import describe_process, revoke, shrink
-from symcc_mpi.wire.protocol import Death, Successor, Tag
+from symcc_mpi.wire.protocol import Death, Successor
 from symcc_mpi.wire.transport import Channel, RankFailure
 
 log = logging.getLogger(__name__)
@@ -146,8 +146,10 @@ def _serve_or_succeed(group: Channel, federation_comm, config: CampaignConfig, *
     rank) takes the master's place: it opens the dead master's state as a master taking
     over does (its journal read back, the commits it left redone) and tells the first master
     (or, the first master's successor, all the others), which wait for it
-    (federation/succession.py). The others serve it. A death after STOP, when the campaign is
-    ending, has nothing left to take over."""
+    (federation/succession.py). The others serve it; a master made of the group's last rank
+    has nobody to run its inputs, and withdraws from the work once it has taken over
+    (federation/withdrawal.py). A death after STOP, when the campaign is ending, has nothing
+    left to take over."""
     from mpi4py import MPI
 
     worker = Worker(group.rank, config, fault_rank=world_rank, host=host)
@@ -174,11 +176,6 @@ def _serve_or_succeed(group: Channel, federation_comm, config: CampaignConfig, *
                 deaths.append(Death(dead_master, detected, SYSTEM_CLOCK.monotonic() - began))
                 if group.rank != 0:
                     continue
-                if group.size == 1:  # nobody to work for a master made of it
-                    log.error("rank %d: the last of master %d's group, with no worker: "
-                              "exiting", world_rank, index)
-                    _tell_alone(Channel(federation_comm), index, layout, deaths, world_rank)
-                    return 1
                 worker.close()
                 worker = None
                 return _succeed(group, federation_comm, config, index=index, layout=layout,
@@ -187,20 +184,6 @@ def _serve_or_succeed(group: Channel, federation_comm, config: CampaignConfig, *
         if worker is not None:
             worker.close()
         flush(group, world_rank)
-
-
-def _tell_alone(masters: Channel, index: int, layout: list[range], deaths: list[Death],
-                world_rank: int) -> None:
-    """Master `index` died and its group has nobody left to take its place: root is told
-    (the first master's last rank tells the others), for the campaign to stop."""
-    try:
-        failed = masters.failed_ranks()
-        for other in (range(1, len(layout)) if index == 0 else (0,)):
-            if living := [world for world in layout[other] if world not in failed]:
-                masters.send(living[0], Tag.SUCCESSOR, Successor(index, deaths, alone=True))
-    except RankFailure:
-        pass  # a master it tells is dead too: its own successor hears of the end from root
-    flush(masters, world_rank)
 
 
 def _succeed(group: Channel, federation_comm, config: CampaignConfig, *, index: int,

@@ -45,7 +45,9 @@ over as master fires the master's points:
   commit, after the manifest is written and before anything is published, or after the
   publication and before the done record;
 - `die@1=closing` (master): SIGKILL itself when it closes the campaign, after every worker
-  acknowledged STOP and before the last group commit and the RELEASE.
+  acknowledged STOP and before the last group commit and the RELEASE;
+- `die@1=withdrawn` (master, --masters): SIGKILL itself once it withdrew from the work, left
+  with no worker (federation/withdrawal.py), its withdrawal on record.
 
 Master kinds, counting WORK sends (rank 0, and with --masters the first rank of each group):
 
@@ -121,7 +123,8 @@ class FaultKind(enum.Enum):
 K = FaultKind
 WORKER_KINDS = frozenset({K.FOREIGN_RESULT, K.STALE_RESULT, K.MALFORMED_RESULT, K.PAUSE,
                           K.HOSTILE, K.DIE})
-DIE_POINTS = ("", "recovery", "after-recovery", "after-manifest", "after-publish", "closing")
+DIE_POINTS = ("", "recovery", "after-recovery", "after-manifest", "after-publish", "closing",
+              "withdrawn")
 # What `malformed-result` already covers (garbage bytes) is not a hostile field.
 HOSTILE_FIELDS = tuple(f.value for f in ResultField if f is not ResultField.UNDECODABLE)
 HOSTILE_MARK = b"hostile result: must never reach the corpus "

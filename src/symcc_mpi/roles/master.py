@@ -110,7 +110,8 @@ class Master:
                                    checkpoint=self.checkpoint, shared_corpus=shared, pool=pool)
         self.stopping = Stopping(config, campaign, ranks, dispatch, stats, self.checkpoint,
                                  self.guard, federation=federation, importer=importer,
-                                 report=self.report)
+                                 report=self.report,
+                                 withdraw=self._withdraw if shared else None)
         self.times = TaskTimes()
         self.sender = WorkSender(ranks, dispatch, self.records, self.faults, stats, self.times,
                                  frontier=frontier, lower=lower, report_now=self._report_now)
@@ -282,6 +283,20 @@ class Master:
             for handler in logging.getLogger().handlers:
                 handler.flush()
             self.channel.comm.Abort(CONFLICT_EXIT)  # MPI_Abort ends every rank of the job
+
+    def _withdraw(self) -> bool:
+        """No worker is left (Stopping.if_no_worker_left): withdraw from the work, if the
+        other masters can take it (federation/withdrawal.py)."""
+        federation = self.federation
+        if not federation.at_work:
+            return True
+        with self.guard:  # its journal whole first: nobody redoes it once it has withdrawn
+            self.checkpoint.after_round(final=True)
+        if not federation.withdraw(self.own):
+            return False
+        if self.faults.fire_at(FaultKind.DIE, "withdrawn", 1):
+            die(f"fault: SIGKILL of master {federation.index} once it withdrew from the work")
+        return True
 
     # -- routing -------------------------------------------------------------------------
 

@@ -90,7 +90,8 @@ class Recovery:
         communicator is not repaired: its survivors still talk point to point, and a worker
         talks to its master alone. So what the dead held goes back to the frontier, nothing
         more is sent to them, and the campaign goes on with the other workers; a master left
-        with none stops the campaign (`--resume` continues it)."""
+        with none withdraws from the work, or if it cannot, stops the campaign (`--resume`
+        continues it)."""
         ranks = self.ranks
         detected = SYSTEM_CLOCK.time()
         dead = sorted(ranks.channel.failed_ranks() - ranks.failed)
@@ -114,8 +115,9 @@ class Recovery:
         if self.stopping.phase is not Phase.RUNNING:
             return
         if not alive:
-            self.stopping.begin(f"a worker died ({', '.join(gone)}) and no other is left: "
-                                "continue with --resume", failure=True)
-            return
-        self.count(f"{len(alive)} worker{'s' if len(alive) > 1 else ''} left", gone,
+            self.stopping.if_no_worker_left(f"a worker died ({', '.join(gone)}) and no other "
+                                            "is left: continue with --resume", failure=True)
+            if self.stopping.phase is not Phase.RUNNING:
+                return
+        self.count(f"{len(alive)} worker{'' if len(alive) == 1 else 's'} left", gone,
                    len(requeued), 0.0, detected=detected, shrinks=0)

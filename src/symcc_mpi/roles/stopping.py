@@ -62,7 +62,8 @@ class Stopping:
     def __init__(self, config: CampaignConfig, campaign: CampaignDir, ranks: Ranks,
                  dispatch: DispatchCoordinator, stats: MasterStats, checkpoint: Checkpointer,
                  guard: StorageGuard, *, federation, importer,
-                 report: Callable[[bool], object]):
+                 report: Callable[[bool], object],
+                 withdraw: Callable[[], bool] | None = None):
         self.config = config
         self.campaign = campaign
         self.ranks = ranks
@@ -72,6 +73,7 @@ class Stopping:
         self.federation = federation
         self.importer = importer
         self.report = report  # report(final)
+        self.withdraw = withdraw  # withdraw() from the work, with several masters: True if done
         self.guard = guard  # whose refusals come to `for_resources`
         self.phase = Phase.RUNNING
         self.requested_by_signal = False
@@ -185,9 +187,12 @@ class Stopping:
             self.federation.stopping(reason, failure=failure)  # all stop
         self._drain(reason)
 
-    def if_no_worker_left(self, reason: str) -> None:
-        if self.phase is Phase.RUNNING and self.dispatch.retired.issuperset(self.ranks.workers):
-            self.begin(f"no usable worker: {reason}")
+    def if_no_worker_left(self, reason: str, *, failure: bool = False) -> None:
+        """With several masters this one withdraws from the work, which the others share
+        (federation/withdrawal.py); alone, or if it cannot, the campaign stops."""
+        if self.phase is Phase.RUNNING and self.dispatch.retired.issuperset(self.ranks.workers) \
+                and not (self.withdraw is not None and self.withdraw()):
+            self.begin(f"no usable worker: {reason}", failure=failure)
 
     def _drain(self, reason: str) -> None:
         self.stats.stop_reason = reason

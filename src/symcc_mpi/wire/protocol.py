@@ -241,7 +241,6 @@ class Successor(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
 
     master: int
     deaths: list[Death] = []
-    alone: bool = False  # the sender is its group's last rank: no master can be made of it
     # The first master's successor, to the others: the token of the end the dead one had
     # decided (its COMMIT, made durable before it went out), or None (any PREPARE is void).
     decided: Token | None = None
