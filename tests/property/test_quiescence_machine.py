@@ -12,7 +12,10 @@ clock advances in steps; garbage bytes, replayed statuses, foreign ranks and for
 are faults. A master other than root may die and a worker take its place (a succession): a
 fresh participant with the dead one's work, root told. Root may die too: a worker of its takes
 its place with a fresh coordinator, which inherits the end the dead one decided (its record
-of the COMMIT token, written before any COMMIT went out), and every master is told.
+of the COMMIT token, written before any COMMIT went out), and every master is told. A master
+left with no worker withdraws: what it held, and what is addressed to it from then on, goes
+to a master still working (its share of the corpus, taken as discovered work is); it stays a
+member that holds nothing, and may die, which root's coordinator is told (`leave`).
 
 The master honours the contract of `Participant`: `idle` and `still_idle` are False when it
 held work at any time since its previous status() call.
@@ -82,6 +85,8 @@ class QuiescenceMachine(RuleBasedStateMachine):
         self.aborted: set[str] = set()  # tokens of rounds root aborted
         self.late_votes = 0  # votes of a round a succession aborted, arriving after it
         self.early_aborts = [0] * masters  # such rounds' ABORTs to a master that voted busy
+        self.withdrawn: set[int] = set()  # members that hold no work
+        self.left: set[int] = set()  # withdrawn, then dead
         for receiver in seeds:
             self.external_seed(receiver)
 
@@ -102,7 +107,10 @@ class QuiescenceMachine(RuleBasedStateMachine):
         self.busy[m] = self.held_since_status[m] = True
 
     def _address(self, target, *, by_a_master):
-        """Work for `target`: visible to its next scan, or set aside while it is frozen."""
+        """Work for `target`: visible to its next scan, or set aside while it is frozen. A
+        withdrawn master's goes to one still working."""
+        if target in self.withdrawn:
+            target = min(set(range(self.masters)) - self.withdrawn)
         if self.participants[target].frozen:
             self.deferred[target] += 1
             self.deferred_by_masters[target] += by_a_master
@@ -150,6 +158,8 @@ class QuiescenceMachine(RuleBasedStateMachine):
     def round(self, m):
         """The master's loop round: its status to root, if one is due."""
         m = self._master(m)
+        if m in self.left:
+            return
         status = self.participants[m].status(not self.held_since_status[m], self.now)
         self.held_since_status[m] = self.busy[m]
         if status is not None:
@@ -203,6 +213,8 @@ class QuiescenceMachine(RuleBasedStateMachine):
 
     def _deliver(self, source, destination):
         raw = self.channels[source, destination].popleft()
+        if destination in self.left:
+            return
         try:
             message = decode(raw)
         except MalformedControl:
@@ -249,7 +261,7 @@ class QuiescenceMachine(RuleBasedStateMachine):
         participant with the dead one's work (its journal), nothing of what was on the way
         to or from it, and root told (federation/masters.py)."""
         m = self._master(m)
-        if m == ROOT:
+        if m == ROOT or m in self.withdrawn:  # a withdrawn master's group is itself alone
             return
         for pair in self.channels:
             if m in pair:
@@ -264,7 +276,8 @@ class QuiescenceMachine(RuleBasedStateMachine):
         self.root.restart(m)
         self.root_tick()  # the ABORT goes out in the same round
 
-    @precondition(lambda self: self.root.outcome is not Outcome.CONFLICT)
+    @precondition(lambda self: self.root.outcome is not Outcome.CONFLICT
+                  and ROOT not in self.withdrawn)
     @rule()
     def root_succession(self):
         """Root dies and one of its workers takes its place: a fresh coordinator that
@@ -279,16 +292,55 @@ class QuiescenceMachine(RuleBasedStateMachine):
         self.late_votes = 0  # the new coordinator's statistics begin at zero
         if decided is not None:
             self.root.inherit(decided)
+        for m in self.left:  # their groups are gone, the withdrawn on record (roster.locate)
+            self.root.leave(m)
         self.participants[ROOT] = Participant(refresh=REFRESH, root=ROOT)
         self.foreign_aborts[ROOT] = self.peer_prepares[ROOT] = self.early_aborts[ROOT] = 0
         self.last_status[ROOT] = None
         self.held_since_status[ROOT] = self.busy[ROOT]
         for m, participant in enumerate(self.participants):
+            if m in self.left:
+                continue
             participant.new_root(decided)
             if not participant.frozen and not participant.done:
                 self.prepared[m] = None
                 self.pending[m] += self.deferred[m]  # what it set aside is its work again
                 self.deferred[m] = self.deferred_by_masters[m] = 0
+
+    @rule(m=MASTER)
+    def withdraw(self, m):
+        """Master `m` has no worker left (federation/withdrawal.py): what it holds and what it
+        has yet to discover goes to a master still working, at once or, if that one is
+        frozen, once it is not; `m` holds nothing from then on."""
+        m = self._master(m)
+        if m in self.withdrawn or len(self.withdrawn) + 1 == self.masters:
+            return  # the last master that works stops the campaign instead
+        self.withdrawn.add(m)
+        handed = self.pending[m] + self.busy[m]
+        self.pending[m] = 0
+        self.busy[m] = False  # held_since_status stays: its next status says it was busy
+        for _ in range(handed):
+            self._address(m, by_a_master=True)
+        heir = min(set(range(self.masters)) - self.withdrawn)
+        self.deferred[heir] += self.deferred[m]
+        self.deferred_by_masters[heir] += self.deferred_by_masters[m]
+        self.deferred[m] = self.deferred_by_masters[m] = 0
+
+    @precondition(lambda self: self.root.outcome is not Outcome.CONFLICT)
+    @rule(m=MASTER)
+    def withdrawn_master_dies(self, m):
+        """A withdrawn master other than root dies: its group is gone, root's coordinator
+        restarts its view of it and lets it leave."""
+        m = self._master(m)
+        if m == ROOT or m not in self.withdrawn or m in self.left:
+            return
+        self.left.add(m)
+        for pair in self.channels:
+            if m in pair:
+                self.channels[pair].clear()
+        self.root.restart(m)
+        self.root.leave(m)
+        self.root_tick()
 
     # -- faults --------------------------------------------------------------------------------
 
@@ -321,14 +373,16 @@ class QuiescenceMachine(RuleBasedStateMachine):
 
     @invariant()
     def nobody_leaves_while_another_can_publish(self):
-        committed = {self.prepared[m] for m in range(self.masters) if self.participants[m].done}
+        members = [m for m in range(self.masters) if m not in self.left]
+        committed = {self.prepared[m] for m in members if self.participants[m].done}
         if not committed:
             return
         # Only an external producer's file may stay for the next campaign, never a child.
         assert not any(self.deferred_by_masters), "a child published after a freeze is lost"
         assert len(committed) == 1
         (token,) = committed
-        for m, participant in enumerate(self.participants):
+        for m in members:
+            participant = self.participants[m]
             if participant.done:
                 continue
             assert participant.frozen and self.prepared[m] == token
@@ -337,7 +391,8 @@ class QuiescenceMachine(RuleBasedStateMachine):
     @invariant()
     def committed_means_every_master_done(self):
         if self.root.outcome is Outcome.COMMITTED:
-            assert all(participant.done for participant in self.participants)
+            assert all(self.participants[m].done for m in range(self.masters)
+                       if m not in self.left)
 
     @invariant()
     def the_control_plane_never_contradicts_itself(self):
@@ -358,14 +413,14 @@ class QuiescenceMachine(RuleBasedStateMachine):
         self.fall_quiet_and_commit()
         self.root_succession()  # after the end: the decided end holds for the successor
         assert self.root.outcome is Outcome.COMMITTED
-        assert all(participant.done for participant in self.participants)
+        self.committed_means_every_master_done()
 
     def fall_quiet_and_commit(self):
         """Liveness: the environment falls quiet; rounds, deliveries and ticks commit."""
         for _ in range(LIVENESS_PERIODS):
             if self.root.outcome is Outcome.COMMITTED:
                 break
-            for m in range(self.masters):
+            for m in set(range(self.masters)) - self.left:
                 if self.pending[m] and self._can_discover(m):
                     self._discover(m, self.pending[m])
                 self.busy[m] = False
@@ -376,7 +431,7 @@ class QuiescenceMachine(RuleBasedStateMachine):
             self.nobody_leaves_while_another_can_publish()
             self.the_control_plane_never_contradicts_itself()
         assert self.root.outcome is Outcome.COMMITTED, self.root.statistics()
-        assert all(participant.done for participant in self.participants)
+        self.committed_means_every_master_done()
 
     def _settle(self):
         """Tick and deliver until nothing is in flight."""

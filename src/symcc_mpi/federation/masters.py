@@ -338,6 +338,7 @@ class Federation(Succession, Withdrawal):
     def rescan(self, own: OwnMaster) -> bool:
         """F320 §2.5 step 3, before a vote: everything published or expired is looked at once
         more, the whole corpus listed. True if the master is still idle."""
+        self.check_withdrawals(own, self.clock.monotonic(), rescan=True)
         if not self.at_work:
             return not own.busy()
         for digest in self.hints.poll():

@@ -10,16 +10,20 @@ its owner among all the job's masters, `owner_of`), so an input's lease lives in
 whoever claims it, and of two claims of it one loses.
 
 The withdrawing master, in this order:
-1. gives up every lease it holds (with no worker none is committing) and writes the
+1. makes its journal durable (roles/master.py): once it has withdrawn, nobody redoes it, and
+   its completed leases tell the others its inputs are done;
+2. gives up every lease it holds (with no worker none is committing) and writes the
    completions it had kept for its shard's next write;
-2. puts `withdrawn-K` in the job's lease directory, durably;
-3. empties its frontier and stays in the federation holding no work: it votes idle, sends its
+3. puts `withdrawn-K` in the job's lease directory, durably;
+4. empties its frontier and stays in the federation holding no work: it votes idle, sends its
    figures and, if it is root, remains the campaign's AFL face and the quiescence coordinator.
-The others read the record within WITHDRAWAL_CHECK seconds: a message could go to a dead
-master's place before its successor took it, and a successor reads the record as it opens.
-Each marks done what the other masters' journals hold, and takes from corpus/ the withdrawn
-master's inputs that are now its own. A withdrawn master that dies later held nothing: its
-group is gone, and nobody waits for it (`Coordinator.leave`).
+The others read the record as they discover work, every WITHDRAWAL_CHECK seconds while not
+frozen, and at each rescan before a vote, so that a share not yet taken makes the vote BUSY
+(a message could go to a dead master's place before its successor took it; a successor reads
+the record at its first look). Each marks done what the other masters' journals hold, and
+takes from corpus/ the withdrawn master's inputs that are now its own. A withdrawn master
+that dies later held nothing: its group is gone, and nobody waits for it
+(`Coordinator.leave`).
 
 It does not withdraw, and the campaign stops for `--resume` as before, if it is the last
 master that works, or if parts of a split input of its are still to run (their commits are in
@@ -49,8 +53,7 @@ class Withdrawal:
     def withdraw(self, own: OwnMaster) -> bool:
         """This master has no worker left: True if it withdrew from the work, False if it
         cannot and the campaign must stop."""
-        self._take_withdrawals(own, self._withdrawals_on_record())
-        if self.working == (self.index,) or own.busy():
+        if not set(self.working) - self._withdrawals_on_record() - {self.index} or own.busy():
             return False
         for digest in list(self.held):
             self.abandon(digest)
@@ -68,9 +71,11 @@ class Withdrawal:
     def at_work(self) -> bool:
         return self.index not in self.withdrawn
 
-    def check_withdrawals(self, own: OwnMaster, now: float) -> None:
-        """Now and then: the masters that withdrew since the last look."""
-        if now >= self.next_withdrawal_check:
+    def check_withdrawals(self, own: OwnMaster, now: float, *, rescan: bool = False) -> None:
+        """Now and then, as discovery does (not while frozen), and at each rescan (F320 §2.5
+        step 3: a share not yet taken is work, and the vote says so): the masters that
+        withdrew since the last look."""
+        if rescan or now >= self.next_withdrawal_check and not self.participant.frozen:
             self.next_withdrawal_check = now + WITHDRAWAL_CHECK
             self._take_withdrawals(own, self._withdrawals_on_record())
 
