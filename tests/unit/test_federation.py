@@ -17,12 +17,13 @@ from symcc_mpi.coverage.triage import CoverageMap
 from symcc_mpi.durable.clock import ManualClock
 from symcc_mpi.federation.figures import combine
 from symcc_mpi.federation.layout import groups
-from symcc_mpi.federation.masters import Federation
+from symcc_mpi.federation.masters import QUIESCENCE_WINDOW, Federation
 from symcc_mpi.federation.ownership import new_epoch, owner
 from symcc_mpi.federation.roster import SUCCESSION_WAIT
 from symcc_mpi.roles.faults import Faults
 from symcc_mpi.scheduling.frontier import Frontier
 from symcc_mpi.wire.control import Prepare
+from symcc_mpi.wire.control import Status as ControlStatus
 from symcc_mpi.wire.protocol import Death, Finding, FindingKind, Successor, Tag
 from symcc_mpi.wire.transport import Incoming
 
@@ -285,11 +286,37 @@ def test_a_master_waits_for_the_first_masters_successor_then_stops_the_campaign(
                                       "continue with --resume")
 
 
-def test_the_first_masters_last_rank_alone_stops_the_campaign(tmp_path):
-    channel = RecordingChannel(failed={0, 1})
+def root_of_2(tmp_path, channel):
+    """Root of 2 masters (world ranks 0-2 and 3-5)."""
+    root = Federation(channel, index=0, masters=2, out=tmp_path, epoch=new_epoch(),
+                      world_ranks=groups(6, 2), execution_timeout=1.0)
+    root.open(ManualClock())
+    return root
+
+
+def test_a_master_whose_group_has_no_rank_left_stops_the_campaign_at_once(tmp_path):
+    root = root_of_2(tmp_path, RecordingChannel(failed={3, 4, 5}))
+    root._masters_died()
+    assert root.lost and not root.roster.awaiting  # no successor is waited for
+    assert root.stop_reason == "master 1 died and no worker of its is left: continue with " \
+                               "--resume"
+
+
+def test_a_withdrawn_master_that_dies_is_no_loss_and_root_stops_waiting_for_it(tmp_path):
+    root = root_of_2(tmp_path, RecordingChannel(failed={3, 4, 5}))
+    (root.directory / "withdrawn-1").touch()  # on record before root read it
+    root._masters_died()
+    assert not root.lost and not root.stop_reason and not root.roster.awaiting
+    root.coordinator.on_status(0, ControlStatus(1, idle=True), 0.0)  # master 1 is not waited for
+    assert [type(message) for _, message in root.coordinator.tick(QUIESCENCE_WINDOW)] \
+        == [Prepare]
+
+
+def test_the_first_masters_group_gone_stops_the_campaign_withdrawn_or_not(tmp_path):
+    channel = RecordingChannel(failed={0, 1, 2})
     federation = successor_of_master_1(tmp_path, channel)
-    alone = Successor(0, [Death("rank 0 (pid 7 on vm)", 5.0, 0.1)], alone=True)
-    federation._on_message(own_master(), Incoming(2, Tag.SUCCESSOR, alone), 6.0)
+    (federation.directory / "withdrawn-0").touch()
+    federation._masters_died()
     assert federation.lost
     assert "master 0 died and no worker of its is left" in federation.stop_reason
 

@@ -35,15 +35,6 @@ def test_only_a_rank_of_the_dead_masters_group_takes_its_place():
     assert [s["failed"] for s in roster.successions] == [["rank 3 (pid 9 on vm)"]]
 
 
-def test_the_last_rank_of_a_group_ends_the_wait_once():
-    roster = Roster(GROUPS)
-    roster.died({3}, now=5.0, awaits=(1, 2))
-    alone = Successor(1, [Death("rank 3 (pid 9 on vm)", 5.0, 0.1)], alone=True)
-    assert roster.vet(5, alone, root=True) is Claim.ALONE
-    assert roster.vet(5, alone, root=True) is Claim.LATE
-    assert roster.not_done((1, 2)) == {2}
-
-
 def test_a_master_other_than_root_awaits_only_the_first_masters_successor():
     roster = Roster(GROUPS)
     assert roster.died({0, 6}, now=5.0, awaits=(0,)) == [0, 2]
