@@ -232,21 +232,28 @@ def test_under_ulfm_a_dead_master_is_replaced_by_one_of_its_workers(
     assert stats(out)["start_time"] < failures[0]["detected"]
 
 
-@pytest.mark.parametrize(("faults", "withdrawn"), [
-    ("3:die@2", [1]),  # master 1's only worker
-    ("1:die@2", [0]),  # the first master's only worker: it stays the AFL face and root
-    ("2:die@3", [1]),  # master 1: rank 3 alone takes its place, then withdraws
-    ("0:die@3", [0]),  # the first master: rank 1 alone takes its place, then withdraws
-    ("3:die@2,2:die@1=withdrawn", [1]),  # master 1's group, worker then master, is gone
+@pytest.mark.parametrize(("faults", "withdrawn", "failures"), [
+    # Master 1's only worker: master 1 withdraws.
+    ("3:die@2", [1], [(1, 3, "withdrawn")]),
+    # The first master's only worker: it withdraws, and stays the AFL face and root.
+    ("1:die@2", [0], [(0, 1, "withdrawn")]),
+    # Master 1: rank 3 alone takes its place, then withdraws.
+    ("2:die@3", [1], [(1, 2, "new")]),
+    # The first master: rank 1 alone takes its place, then withdraws.
+    ("0:die@3", [0], [(0, 0, "new")]),
+    # Master 1's group, worker then master, is gone: no loss.
+    ("3:die@2,2:die@1=withdrawn", [1], [(1, 2, "withdrawn"), (1, 3, "withdrawn")]),
 ], ids=["a-masters-last-worker", "the-first-masters-last-worker", "a-master-of-2-ranks",
         "the-first-master-of-2-ranks", "a-withdrawn-master-dies"])
 def test_under_ulfm_a_master_left_with_no_worker_withdraws_and_the_others_finish(
-        tmp_path, faults, withdrawn):
+        tmp_path, faults, withdrawn, failures):
     # Ranks 0 and 2 are the masters, 1 and 3 their workers (MPI_COMM_WORLD).
     out, process = completed_despite(tmp_path, faults, masters=2, workers=2, children=True)
     output = process.stdout + process.stderr
     for index in withdrawn:
         assert f"master {index} has no worker left: it withdraws from the work" in output
+    assert sorted((f["master_index"], int(f["failed"][0].split()[1]), f["master"])
+                  for f in stats(out)["extra"]["failures"]) == failures
     ids = sorted(int(name[3:9]) for name in os.listdir(out / "queue"))
     assert ids == list(range(len(ids)))
 

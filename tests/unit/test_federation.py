@@ -307,6 +307,8 @@ def test_a_withdrawn_master_that_dies_is_no_loss_and_root_stops_waiting_for_it(t
     (root.directory / "withdrawn-1").touch()  # on record before root read it
     root._masters_died()
     assert not root.lost and not root.stop_reason and not root.roster.awaiting
+    assert [(f["master_index"], f["failed"], f["master"]) for f in root.roster.successions] \
+        == [(1, ["rank 3"], "withdrawn")]  # in the summary's failures
     root.coordinator.on_status(0, ControlStatus(1, idle=True), 0.0)  # master 1 is not waited for
     assert [type(message) for _, message in root.coordinator.tick(QUIESCENCE_WINDOW)] \
         == [Prepare]

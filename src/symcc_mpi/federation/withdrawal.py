@@ -128,4 +128,9 @@ class Withdrawal:
         self.roster.awaiting.pop(index, None)
         if self.coordinator is not None:
             self.coordinator.leave(index)
+            self.roster.successions.append({
+                "generation": None, "failed": [f"rank {self.roster.world_of[index]}"],
+                "requeued": 0, "master": "withdrawn", "shrinks": 0, "recovery_seconds": 0.0,
+                "detected": self.clock.time(), "first_dispatch": None,
+                "master_index": index})
         return True

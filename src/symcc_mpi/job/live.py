@@ -207,6 +207,10 @@ def _per_master(per_master: Mapping[str, Mapping[str, Any]]) -> list[tuple[str, 
     return rows
 
 
+# What became of the master of a failure (stats.json's extra.failures "master").
+MASTER_AFTER = {"kept": "master kept", "new": "new master",
+                "withdrawn": "master withdrawn, its work to the others"}
+
 def _failures(failures: list[dict], redone: int) -> list[tuple[str, str]]:
     """One row per rank failure the campaign survived (ulfm/): who died, in which generation,
     what went back to the frontier, how long until work went out again."""
@@ -215,7 +219,7 @@ def _failures(failures: list[dict], redone: int) -> list[tuple[str, str]]:
         back = "-"
         if failure.get("first_dispatch") and failure.get("detected"):
             back = f"{failure['first_dispatch'] - failure['detected']:.2f} s"
-        master = "new master" if failure.get("master") == "new" else "master kept"
+        master = MASTER_AFTER.get(failure.get("master"), "master kept")
         where = f"generation {failure['generation']}" if failure["generation"] is not None \
             else f"master {failure.get('master_index', 0)}"  # several masters (recovery.py)
         rows.append((f"failure → {where}",

@@ -46,8 +46,9 @@ over as master fires the master's points:
   publication and before the done record;
 - `die@1=closing` (master): SIGKILL itself when it closes the campaign, after every worker
   acknowledged STOP and before the last group commit and the RELEASE;
-- `die@1=withdrawn` (master, --masters): SIGKILL itself once it withdrew from the work, left
-  with no worker (federation/withdrawal.py), its withdrawal on record.
+- `die@1=withdrawn` (master, --masters): SIGKILL itself two seconds after it withdrew from
+  the work, left with no worker (federation/withdrawal.py): its withdrawal on record, and
+  its figures, which say why, with the first master.
 
 Master kinds, counting WORK sends (rank 0, and with --masters the first rank of each group):
 

@@ -73,6 +73,7 @@ class Master:
         # group, whose communicator is not repaired (recovery.retire_dead).
         self.outlives_ranks = False
         self.in_flight_at_takeover: list[str] = []  # set by open_master (job/assembly.py)
+        self.withdrew_at: float | None = None  # when it withdrew from the work (monotonic)
         # The campaign's verdict, in the final stats.json: the launcher's exit status even
         # when mpiexec reports the ranks that died on the way (launch.py).
         self.exit_status: int | None = None
@@ -275,6 +276,9 @@ class Master:
 
     def _federation_round(self, now: float) -> None:
         federation = self.federation
+        if self.withdrew_at is not None and now >= self.withdrew_at + 2 * REPORT_INTERVAL \
+                and self.faults.fire_at(FaultKind.DIE, "withdrawn", 1):
+            die(f"fault: SIGKILL of master {federation.index}, which withdrew from the work")
         with self.guard:
             federation.round(self.own, now)
         if federation.conflict:
@@ -294,8 +298,7 @@ class Master:
             self.checkpoint.after_round(final=True)
         if not federation.withdraw(self.own):
             return False
-        if self.faults.fire_at(FaultKind.DIE, "withdrawn", 1):
-            die(f"fault: SIGKILL of master {federation.index} once it withdrew from the work")
+        self.withdrew_at = SYSTEM_CLOCK.monotonic()
         return True
 
     # -- routing -------------------------------------------------------------------------

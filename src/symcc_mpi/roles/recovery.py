@@ -120,4 +120,5 @@ class Recovery:
             if self.stopping.phase is not Phase.RUNNING:
                 return
         self.count(f"{len(alive)} worker{'' if len(alive) == 1 else 's'} left", gone,
-                   len(requeued), 0.0, detected=detected, shrinks=0)
+                   len(requeued), 0.0, detected=detected, shrinks=0,
+                   master="kept" if alive else "withdrawn")
