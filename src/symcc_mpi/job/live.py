@@ -211,6 +211,7 @@ def _per_master(per_master: Mapping[str, Mapping[str, Any]]) -> list[tuple[str, 
 MASTER_AFTER = {"kept": "master kept", "new": "new master",
                 "withdrawn": "master withdrawn, its work to the others"}
 
+
 def _failures(failures: list[dict], redone: int) -> list[tuple[str, str]]:
     """One row per rank failure the campaign survived (ulfm/): who died, in which generation,
     what went back to the frontier, how long until work went out again."""
