@@ -34,6 +34,16 @@ def test_add_done_is_known_but_not_pending():
     assert d(1) in f.known and d(1) in f.done and d(2) not in f.done
 
 
+def test_another_masters_input_is_known_not_queued_until_requeued():
+    f = Frontier()
+    f.mine = lambda digest: digest != d(2)
+    assert f.add(d(1)) and f.add(d(2)) and f.add(d(3))
+    assert list(f.pending) == [d(1), d(3)] and d(2) in f.known
+    assert not f.add(d(2))  # known: its owner changed or not, add does not queue it
+    f.requeue(d(2))  # this master owns it now, or took its lease over
+    assert list(f.pending) == [d(2), d(1), d(3)]
+
+
 def test_put_back_and_requeue_go_first():
     f = Frontier()
     for i in range(4):

@@ -18,8 +18,8 @@ DIGESTS = [sha256_bytes(b"input %d" % number) for number in range(60)]
 
 
 def masters_sharing(tmp_path, count=3):
-    """`count` masters of one job over one corpus of DIGESTS, each with every input in its
-    frontier, as discovery leaves them."""
+    """`count` masters of one job over one corpus of DIGESTS, each knowing every input and
+    its own share queued, as discovery leaves them."""
     corpus = tmp_path / "corpus"
     corpus.mkdir()
     for digest in DIGESTS:
@@ -30,6 +30,7 @@ def masters_sharing(tmp_path, count=3):
                                 world_ranks=groups(2 * count, count), execution_timeout=1.0)
         federation.open(clock)
         frontier = Frontier()
+        frontier.mine = federation.mine  # as the master sets it: the others' known, not queued
         for digest in DIGESTS:
             frontier.add(digest)
         done: set[str] = set()

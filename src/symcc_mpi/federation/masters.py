@@ -311,7 +311,7 @@ class Federation(Succession, Withdrawal):
 
     def discover(self, own: OwnMaster) -> int:
         """New work: the others' publications and the expired leases this master took over.
-        Returns how many inputs joined the frontier."""
+        Returns how many inputs became known."""
         found = 0
         for digest in self.hints.poll():
             found += own.frontier.add(digest)

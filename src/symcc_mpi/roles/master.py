@@ -64,6 +64,8 @@ class Master:
         self.triage = triage  # triage.CoverageMap, or None: novelty by content hash alone
         self.reporter = reporter
         self.frontier = frontier = campaign.inputs
+        if federation is not None:
+            frontier.mine = federation.mine  # the others' inputs are known, not queued
         self.pruning = pruning
         self.federation = federation  # the other masters (federation/), if any
         self.importer = importer  # a hybrid campaign's afl_sync.Importer: the fuzzers' finds

@@ -90,6 +90,10 @@ class Frontier:
         self.pending = PendingView(self)
         self.known = FlagView(self._table, KNOWN)
         self.done = FlagView(self._table, DONE)
+        # With several masters: whether an input is this master's to analyse. Another's is
+        # known, not queued: dispatch would only drop it (federation/masters.py), and a
+        # master that comes to own it (withdrawal.py) or takes its lease over requeues it.
+        self.mine: Callable[[str], bool] | None = None
 
     # -- the frontier -------------------------------------------------------------------------
 
@@ -107,13 +111,16 @@ class Frontier:
                                           next(self._arrivals), entry))
 
     def add(self, digest: str, *, done: bool = False) -> bool:
-        """Make an input known; it joins the frontier unless already known or done."""
+        """Make an input known; it joins the frontier unless already known or done, or
+        another master's (`mine`). True if it was not known."""
         table = self._table
         entry, _ = table.add(_key(digest))
         if not table.set_flag(entry, KNOWN):
             return False
         if done:
             table.set_flag(entry, DONE)
+        elif self.mine is not None and not self.mine(digest):
+            pass
         elif self._rank is not None:
             heapq.heappush(self._ranked, (self._rank(digest), next(self._arrivals), entry))
         else:
