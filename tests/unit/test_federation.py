@@ -164,9 +164,6 @@ def test_a_master_plan_is_addressed_by_index_whatever_its_rank():
         Faults(0, "mx:pause@1")
 
 
-
-
-
 def test_an_expired_lease_whose_file_is_missing_is_abandoned_at_once(tmp_path, monkeypatch):
     monkeypatch.setenv("SYMCC_STANDALONE_WORK_LEASE_TTL", "0.2")
     clock = ManualClock()
@@ -179,6 +176,29 @@ def test_an_expired_lease_whose_file_is_missing_is_abandoned_at_once(tmp_path, m
                                   tmp_path) == 0
     assert digest not in second.held and not frontier.pending
     assert second.leases.statistics().abandoned == 1
+
+
+def test_a_successor_queues_an_adopted_lease_of_another_masters_input(tmp_path, monkeypatch):
+    monkeypatch.setenv("SYMCC_STANDALONE_WORK_LEASE_TTL", "0.2")
+    clock, epoch = ManualClock(), new_epoch()
+    first, second, successor = (
+        Federation(None, index=index, masters=2, out=tmp_path, epoch=epoch,
+                   world_ranks=groups(6, 2), execution_timeout=1.0) for index in (0, 1, 1))
+    for federation in (first, second):
+        federation.open(clock)
+    digest = next(d for d in DIGESTS if owner(d, (0, 1)) == 0)
+    (tmp_path / digest).write_bytes(b"")
+    assert first.admit(digest)
+    clock.advance(0.3)  # past the TTL: master 1 takes the lease over, then dies
+    second._take_recovered(Frontier(), second.leases.recover_expired(4, rescan=True), tmp_path)
+    assert digest in second.held
+    successor.open(clock)
+    frontier = Frontier()
+    frontier.mine = successor.mine
+    frontier.add(digest)  # its journal read back: master 0's input, known and not queued
+    assert not frontier.pending
+    assert successor.take_over(frontier) == 1
+    assert list(frontier.pending) == [digest] and successor.admit(digest)
 
 
 def normal(*edges: int) -> FileCoverage:

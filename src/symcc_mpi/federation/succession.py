@@ -11,11 +11,11 @@ findings it has not seen named, its last figures, its STOP.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 
 from symcc_mpi.federation.own_master import OwnMaster
 from symcc_mpi.federation.root_record import Departure, Inheritance
 from symcc_mpi.federation.roster import SUCCESSION_WAIT, Claim
+from symcc_mpi.scheduling.frontier import Frontier
 from symcc_mpi.wire.protocol import Stop, Successor, Tag
 
 log = logging.getLogger("symcc_mpi.federation")
@@ -172,11 +172,17 @@ class Succession:
                          findings=self.findings, budget_start=budget_start,
                          ending=self.ending)
 
-    def take_over(self, done: Callable[[str], bool]) -> int:
+    def take_over(self, frontier: Frontier) -> int:
         """This master is a worker that took a dead master's place: its leases become this
-        one's (`done`: what the journal it took over holds as done). Returns how many."""
-        self.held.update(self.leases.adopt(done))
-        return len(self.held)
+        one's (but those of what the journal it took over holds as done). Returns how many.
+        A lease of another master's input (an expired one the dead master had taken over)
+        was known, not queued, when the journal was read: it is queued now."""
+        adopted = self.leases.adopt(frontier.done.__contains__)
+        self.held.update(adopted)
+        for digest in adopted:
+            if not self.owns(digest):
+                frontier.requeue(digest)
+        return len(adopted)
 
     def announce(self, news: Successor) -> None:
         """This master took a dead master's place (`take_over`): root is told, and a new

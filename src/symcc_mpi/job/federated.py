@@ -214,7 +214,7 @@ def _succeed(group: Channel, federation_comm, config: CampaignConfig, *, index: 
     master.members = tuple(endpoint for _, endpoint in gathered)
     master.ranks.world_ranks = world_ranks
     federation.open()
-    taken = federation.take_over(lambda digest: digest in master.frontier.done)
+    taken = federation.take_over(master.frontier)
     if master.faults.fire_at(FaultKind.DIE, "recovery", len(deaths)):
         die(f"fault: SIGKILL of rank {world_ranks[0]} inside its takeover of master {index}")
     if inherited is not None:
