@@ -39,12 +39,12 @@ import re
 from symcc_mpi.durable.atomic import write_durable
 from symcc_mpi.federation.own_master import OwnMaster
 from symcc_mpi.federation.ownership import owner_among
+from symcc_mpi.wire.protocol import SHA256_PATTERN
 
 log = logging.getLogger("symcc_mpi.federation")
 
 WITHDRAWAL_CHECK = 1.0  # seconds between two looks for the masters that withdrew
 WITHDRAWN = re.compile(r"withdrawn-([0-9]+)")
-_DIGEST = re.compile(r"[0-9a-f]{64}")
 
 
 class Withdrawal:
@@ -62,9 +62,8 @@ class Withdrawal:
         self._stop_working(self.index)
         while own.frontier:
             own.frontier.take()
-        log.warning("master %d has no worker left: it withdraws from the work, which master%s "
-                    "%s share%s", self.index, "s" if len(self.working) > 1 else "",
-                    ", ".join(map(str, self.working)), "" if len(self.working) > 1 else "s")
+        log.warning("master %d has no worker left: it withdraws from the work, which %s",
+                    self.index, self._who_shares())
         return True
 
     @property
@@ -95,9 +94,7 @@ class Withdrawal:
         owned_before = self.work_owner_of
         for index in sorted(news):
             self._stop_working(index)
-            log.warning("master %d withdrew from the work: master%s %s share%s it", index,
-                        "s" if len(self.working) > 1 else "", ", ".join(map(str, self.working)),
-                        "" if len(self.working) > 1 else "s")
+            log.warning("master %d withdrew from the work: %s it", index, self._who_shares())
         if not self.at_work:
             return
         done = own.campaign.done_elsewhere()
@@ -105,13 +102,18 @@ class Withdrawal:
         with os.scandir(own.campaign.corpus) as entries:
             for entry in entries:
                 digest = entry.name
-                if _DIGEST.fullmatch(digest) and digest not in done \
+                if SHA256_PATTERN.match(digest) and digest not in done \
                         and owned_before(digest) in news and self.owns(digest) \
                         and digest not in own.frontier.done:
                     if not own.frontier.add(digest):
-                        own.frontier.requeue(digest)  # known, and dropped as another's
+                        own.frontier.requeue(digest)  # known, not queued: another's till now
                     taken += 1
         log.warning("master %d takes %d inputs of the withdrawn", self.index, taken)
+
+    def _who_shares(self) -> str:
+        many = len(self.working) > 1
+        return f"master{'s' if many else ''} {', '.join(map(str, self.working))} " \
+               f"share{'' if many else 's'}"
 
     def _stop_working(self, index: int) -> None:
         self.withdrawn.add(index)
