@@ -14,7 +14,7 @@ appears after a higher one) and writes stats.json, fuzzer_stats and plot_data.
 
 A dead master's place is taken by a worker of its group, the first master's too
 (succession.py); a master left with no worker withdraws from the work, which the others
-share (withdrawal.py).
+share (withdrawal.py); the masters' last meeting is closing.py's.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from symcc_mpi.campaign.layout import LEASE_DIRECTORY_PREFIX
 from symcc_mpi.coverage.edges import MAX_MAP_SIZE
 from symcc_mpi.coverage.pruning import MAP_SIZE as PRUNING_MAP_SIZE
 from symcc_mpi.durable.clock import SYSTEM_CLOCK, Clock
+from symcc_mpi.federation.closing import Closing
 from symcc_mpi.federation.figures import FederationStatistics, plain
 from symcc_mpi.federation.hints import HintReader, PublicationLog
 from symcc_mpi.federation.lease_config import LeaseConfig
@@ -55,7 +56,6 @@ from symcc_mpi.wire.control import Abort, Ack, Commit, Prepare, Status, Vote
 from symcc_mpi.wire.protocol import (
     SHA256_PATTERN,
     SHUTDOWN_GRACE,
-    Farewell,
     Figures,
     Finding,
     Stop,
@@ -74,11 +74,10 @@ ANSWER_WITHIN = 120.0  # root waits this long for votes (then aborts) and ACKs (
 DISCOVERY_INTERVAL = 0.1  # seconds between two reads of the others' publication logs
 MASTERS_POLL = 0.01  # seconds between two looks for the other masters' messages
 RECOVERY_LIMIT = 16  # expired leases one scan takes over at most
-FINAL_FIGURES_WAIT = 60.0  # root waits this long for the others' final figures
 AHEAD_SCAN = 256  # frontier inputs looked at for the next ones to claim
 
 
-class Federation(Succession, Withdrawal):
+class Federation(Succession, Withdrawal, Closing):
     """One master's side of a campaign of several: admission, discovery, the end, the AFL face.
 
     `channel` is a transport.Channel over a communicator of every rank of the job, on which
@@ -386,37 +385,6 @@ class Federation(Succession, Withdrawal):
         except RankFailure:
             self._masters_died()
 
-    def farewell(self) -> None:
-        """This master closed its part: root may remove the lease table once all have. On
-        record too, with its final figures: root may die before it reads the message."""
-        self.leases.close()
-        if not self.root:
-            self.record.farewell(
-                self.index, self.last_figures.snapshot if self.last_figures is not None else {},
-                (self.stop_sent.reason, self.stop_sent.failure) if self.stop_sent else None)
-            self._send(0, Tag.FAREWELL, Farewell())
-
-    def await_farewells(self, own: OwnMaster, seconds: float) -> bool:
-        """Root, after its close: every other master's farewell, bounded; True if each one
-        said it or died and was not replaced (the lease table is nobody's any more)."""
-        deadline = self.clock.monotonic() + seconds
-        while True:
-            self._succession_overdue(self.clock.monotonic())
-            self.check_farewells(self.clock.monotonic())
-            if not self.roster.not_done(self.indices[1:]):
-                return True
-            if self.clock.monotonic() >= deadline:
-                log.warning("the other masters did not finish within %g s: the job's lease "
-                            "table stays (the next run removes it)", seconds)
-                return False
-            try:
-                incoming = self.channel.wait(min(deadline, self.clock.monotonic() + 0.5))
-            except RankFailure:
-                self._masters_died()
-                incoming = None
-            if incoming is not None:
-                self._on_message(own, incoming, self.clock.monotonic())
-
     def _on_message(self, own: OwnMaster, incoming, now: float) -> None:
         source, tag = self.roster.index_of(incoming.source), incoming.tag
         if tag == Tag.SUCCESSOR and incoming.message is not None:
@@ -501,25 +469,6 @@ class Federation(Succession, Withdrawal):
         self.last_figures = Figures(self.index, plain(asdict(snapshot)), final)
         self._send(0, Tag.FIGURES, self.last_figures)
 
-    def wait_for_final_figures(self, own: OwnMaster) -> None:
-        """Root, before its final report: every other master's final figures, bounded."""
-        deadline = self.clock.monotonic() + FINAL_FIGURES_WAIT
-        missing = set(self.indices[1:]) - self.final - self.roster.dead
-        while missing and self.clock.monotonic() < deadline:
-            self.check_farewells(self.clock.monotonic())
-            try:
-                incoming = self.channel.wait(min(deadline, self.clock.monotonic() + 0.5))
-            except RankFailure:
-                self._masters_died()
-                incoming = None
-            if incoming is not None:
-                self._on_message(own, incoming, self.clock.monotonic())
-            missing = set(self.indices[1:]) - self.final - self.roster.dead
-        if missing:
-            log.warning("no final figures from master(s) %s within %g s: the summary counts "
-                        "their last report", ", ".join(map(str, sorted(missing))),
-                        FINAL_FIGURES_WAIT)
-
     def statistics(self) -> FederationStatistics:
         root = self.coordinator
         return FederationStatistics(
@@ -531,7 +480,3 @@ class Federation(Succession, Withdrawal):
             quiescence_root=root.statistics() if root is not None else None,
             root_outcome=root.outcome.value if root is not None else None,
             findings_named=self.findings if root is not None else None)
-
-    def remove_lease_directory(self) -> None:
-        """Root, after the final barrier: the job's table is nobody's any more."""
-        shutil.rmtree(self.directory, ignore_errors=True)
