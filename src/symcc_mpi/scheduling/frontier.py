@@ -120,7 +120,7 @@ class Frontier:
         if done:
             table.set_flag(entry, DONE)
         elif self.mine is not None and not self.mine(digest):
-            pass
+            pass  # another master's: known, not queued
         elif self._rank is not None:
             heapq.heappush(self._ranked, (self._rank(digest), next(self._arrivals), entry))
         else:
