@@ -509,6 +509,37 @@ class WorkLeaseMachine(RuleBasedStateMachine):
         self._after(m, rounded=owned, read=range(SHARDS))
         return next(iter(self.model.values())).token if self.model else "none"
 
+    @precondition(lambda self: any(map(self._may_be_adopted, range(len(TTLS)))))
+    @rule(data=st.data(), finished=st.sets(st.sampled_from(IDS)))
+    def root_releases(self, data, finished):
+        """Owner m's whole group dies, so nobody takes its place: another table (root's)
+        releases its records. Those a journal holds as done (`finished`) are completed; every
+        other one is removed, whatever its status, and any table may claim its input afresh.
+        Nobody else's record changes. The dead table's unwritten completions die with it."""
+        m = data.draw(st.sampled_from([m for m in range(len(TTLS)) if self._may_be_adopted(m)]))
+        k = data.draw(st.sampled_from([k for k in range(len(TTLS)) if k != m]))
+        self._reopen(m)
+        owned = {self.shard[i] for i, rec in self.model.items() if rec.owner == f"m{m}"}
+        released = {lease.digest for lease in
+                    self.tables[k].release(f"m{m}", finished.__contains__)}
+        for i, rec in list(self.model.items()):
+            if rec.owner != f"m{m}":
+                assert i not in released
+            elif i in finished:
+                assert i not in released
+                self.model[i] = replace(rec, status="done")
+                self.written.add(i)
+                self.done[i] = rec.token
+            else:
+                released.remove(i)
+                event(f"release removed a {rec.status} record")
+                self.revoked.add(rec.token)
+                del self.model[i]
+                self.written.discard(i)
+                self.done.pop(i, None)  # its done line never reached a journal
+        assert not released
+        self._after(k, rounded=owned, read=range(SHARDS))
+
     # -- faults
 
     @rule(m=st.integers(0, 2), i=st.sampled_from(IDS),

@@ -314,12 +314,12 @@ def root_of_2(tmp_path, channel):
     return root
 
 
-def test_a_master_whose_group_has_no_rank_left_stops_the_campaign_at_once(tmp_path):
+def test_root_withdraws_at_once_a_master_whose_group_has_no_rank_left(tmp_path):
+    """(test_withdrawal.py follows what root does then.)"""
     root = root_of_2(tmp_path, RecordingChannel(failed={3, 4, 5}))
     root._masters_died()
-    assert root.lost and not root.roster.awaiting  # no successor is waited for
-    assert root.stop_reason == "master 1 died and no worker of its is left: continue with " \
-                               "--resume"
+    assert not root.roster.awaiting  # no successor is waited for
+    assert set(root.reclaiming) == {1} and not root.lost
 
 
 def test_a_withdrawn_master_that_dies_is_no_loss_and_root_stops_waiting_for_it(tmp_path):

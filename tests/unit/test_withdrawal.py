@@ -6,13 +6,17 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+from symcc_mpi.campaign import wal
+from symcc_mpi.campaign.corpus import CampaignDir
 from symcc_mpi.campaign.layout import sha256_bytes
 from symcc_mpi.durable.clock import ManualClock
 from symcc_mpi.federation.layout import groups
-from symcc_mpi.federation.masters import Federation
+from symcc_mpi.federation.masters import QUIESCENCE_WINDOW, Federation
 from symcc_mpi.federation.ownership import new_epoch, owner
 from symcc_mpi.scheduling.frontier import Frontier
+from symcc_mpi.federation.withdrawal import RECLAIM_LOCK_WAIT
 from symcc_mpi.wire.control import Prepare
+from symcc_mpi.wire.control import Status as ControlStatus
 
 DIGESTS = [sha256_bytes(b"input %d" % number) for number in range(60)]
 
@@ -98,3 +102,113 @@ def test_the_last_master_that_works_or_one_with_work_in_hand_does_not_withdraw(t
     assert second.withdraw(second_own)
     assert not first.withdraw(first_own)  # nobody would run the campaign's inputs
     assert first.at_work
+
+
+class DeadRanks:
+    """A masters' channel on which nothing arrives; MPI's dead as the test says."""
+
+    def __init__(self, failed):
+        self.failed = set(failed)
+
+    def failed_ranks(self):
+        return set(self.failed)
+
+    def poll(self):
+        return None
+
+
+def dead_group_of_master_1(tmp_path):
+    """Root and master 1 of 2 (world ranks 0-2 and 3-5) over one campaign. Master 1 took
+    three inputs, all its own: it analysed `done` (publishing `child`, which root never
+    named), began the commit of `committing` and had `out` in flight; then its whole group
+    died."""
+    epoch, clock = new_epoch(), ManualClock()
+    root_frontier = Frontier()
+    campaign = CampaignDir(tmp_path, root_frontier)
+    campaign.create({})
+    campaign.lock()
+    campaign.open_journal()
+    root = Federation(DeadRanks({3, 4, 5}), index=0, masters=2, out=tmp_path,
+                      epoch=epoch, world_ranks=groups(6, 2), execution_timeout=1.0)
+    root.open(clock)
+    root_frontier.mine = root.mine
+    dead = Federation(None, index=1, masters=2, out=tmp_path, epoch=epoch,
+                      world_ranks=groups(6, 2), execution_timeout=1.0)
+    dead.open(clock)
+    done, committing, out = [d for d in DIGESTS if owner(d, (0, 1)) == 1][:3]
+    child = sha256_bytes(b"a child")
+    for digest in (done, committing, out, child):
+        campaign.promote(digest, b"")  # whoever published them: they are in corpus/
+        root_frontier.add(digest)
+    assert all(dead.admit(digest) for digest in (done, committing, out))
+    journal = CampaignDir(tmp_path, master=1)
+    journal.lock()
+    journal.open_journal()
+    for digest in (done, committing, out):
+        journal.record_work(wal.Dispatch(digest=digest, token=digest[:32],
+                                         generation=0))
+        (tmp_path / ".staging" / (digest[:32])).write_bytes(b"a pack")
+    assert dead.begin_commit(done) and dead.begin_commit(committing)
+    journal.record_done(done, done[:32], "ok", published=[child])
+    dead.complete(done)
+    journal.close()  # its lock goes with the dead process
+    own = SimpleNamespace(frontier=root_frontier, campaign=campaign, busy=lambda: False)
+    return root, own, clock, (done, committing, out, child)
+
+
+def test_root_withdraws_a_master_whose_whole_group_died_and_takes_its_work(tmp_path):
+    root, own, clock, (done, committing, out, child) = dead_group_of_master_1(tmp_path)
+    root._masters_died()
+    assert not root.lost and set(root.reclaiming) == {1}
+    root.reclaim(own, clock.monotonic())
+    assert not root.lost and not root.reclaiming
+    assert (root.directory / "withdrawn-1").exists() and root.working == (0,)
+    # What it had out, a commit it began included, is taken back on record and goes to
+    # root; what it analysed does not.
+    records, _ = CampaignDir(tmp_path, master=1).inspect_journal()
+    taken_back = [r for r in records if wal.kind_of(r) is wal.Kind.RECOVERED]
+    assert [(r["requeued"], r["master"], r["failed"]) for r in taken_back] == [
+        (sorted([committing, out]), "reclaimed", ["rank 3", "rank 4", "rank 5"])]
+    assert wal.outstanding(records) == set()
+    assert sorted(own.frontier.pending) == sorted([committing, out, child])  # all root's now
+    # Its leases: the done one completed, the others given up, for root to claim.
+    assert root.leases._table.read(done).status == "done"
+    assert root.leases.claim([committing, out]).keys() == {committing, out}
+    # Its unnamed find is named, and its workers' packs are gone.
+    assert own.campaign.inputs.queue_id(child) is not None
+    assert not list((tmp_path / ".staging").iterdir())
+    assert [(f["master_index"], f["requeued"], f["master"]) for f in root.roster.successions] \
+        == [(1, 2, "reclaimed")]
+    root.coordinator.on_status(0, ControlStatus(1, idle=True), 0.0)  # master 1 not waited for
+    assert [type(message) for _, message in root.coordinator.tick(QUIESCENCE_WINDOW)] \
+        == [Prepare]
+
+
+def test_a_dead_groups_lock_still_held_is_tried_again_then_the_campaign_stops(tmp_path):
+    root, own, clock, _ = dead_group_of_master_1(tmp_path)
+    held = CampaignDir(tmp_path, master=1)
+    held.lock()  # as NFS keeps a dead client's lock for a while
+    root._masters_died()
+    root.reclaim(own, clock.monotonic())
+    assert set(root.reclaiming) == {1} and not root.lost
+    held.close()
+    root.reclaim(own, clock.monotonic())  # released in time
+    assert not root.reclaiming and not root.lost and root.working == (0,)
+
+    root, own, clock, _ = dead_group_of_master_1(tmp_path / "again")
+    held = CampaignDir(tmp_path / "again", master=1)
+    held.lock()
+    root._masters_died()
+    root.reclaim(own, clock.monotonic() + RECLAIM_LOCK_WAIT)
+    assert root.lost and root.working == (0, 1)
+    assert root.stop_reason == "master 1 died and no worker of its is left: continue with " \
+                               "--resume"
+    held.close()
+
+
+def test_a_dead_group_is_not_withdrawn_when_no_other_master_works(tmp_path):
+    root, own, clock, _ = dead_group_of_master_1(tmp_path)
+    (root.directory / "withdrawn-0").touch()  # root had no worker left
+    root._masters_died()
+    root.reclaim(own, clock.monotonic())
+    assert root.lost and not (root.directory / "withdrawn-1").exists()

@@ -230,31 +230,46 @@ class FencedWorkLeaseTable:
         for the input to be analysed again. (A `committing` record's commit never reached
         the journal; nor may a `done` one's: a commit completes its lease before the group
         commit that makes its done line durable.) Returns the leases taken."""
-        adopted: list[WorkLease] = []
+        def anew(old: WorkLease, now: float) -> WorkLease:
+            self._add("adopted")
+            return msgspec.structs.replace(old, status="leased", token=_new_token(), updated=now,
+                                           expires=now + self.ttl, attempts=old.attempts + 1)
+        return self._take_records(self.owner, done, anew)
+
+    def release(self, owner: str, done: Callable[[str], bool]) -> list[WorkLease]:
+        """The records of `owner`, a master whose group ULFM saw die whole (no successor, no
+        token of its presented again: federation/withdrawal.py), as `adopt` takes them, but
+        given up: each input a journal holds as `done` is completed, any other record is
+        removed whatever its status, for the input's new owner to claim it afresh. Returns
+        the records removed."""
+        def given_up(old: WorkLease, now: float) -> WorkLease:
+            self._add("abandoned")
+            return msgspec.structs.replace(old, status="abandoned", updated=now)
+        return self._take_records(owner, done, given_up)
+
+    def _take_records(self, owner: str, done: Callable[[str], bool],
+                      replace: Callable[[WorkLease, float], WorkLease]) -> list[WorkLease]:
+        taken: list[WorkLease] = []
         for shard, shard_log in enumerate(self._logs):
             shard_log.refresh()
-            if not any(r.owner == self.owner for r in shard_log.records.values()):
+            if not any(r.owner == owner for r in shard_log.records.values()):
                 continue
 
             def decide(records: dict[str, WorkLease], now: float):
                 changes = []
                 for old in list(records.values()):
-                    if old.owner != self.owner:
+                    if old.owner != owner:
                         continue
                     if done(old.digest):
                         if old.status != "done":
                             changes.append(msgspec.structs.replace(old, status="done",
                                                                    updated=now))
                         continue
-                    self._add("adopted")
-                    lease = msgspec.structs.replace(
-                        old, status="leased", token=_new_token(), updated=now,
-                        expires=now + self.ttl, attempts=old.attempts + 1)
-                    changes.append(lease)
-                    adopted.append(lease)
+                    changes.append(replace(old, now))
+                    taken.append(changes[-1])
                 return changes
             self._round(shard, decide)
-        return adopted
+        return taken
 
     def heartbeat(self, digest: str, token: str) -> bool:
         """Extend the lease of the exact current `leased` token; False if stale or committing

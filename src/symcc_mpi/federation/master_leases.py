@@ -120,6 +120,11 @@ class WorkLeases:
         {digest: token} taken."""
         return self._held({lease.digest: lease.token for lease in self._table.adopt(done)})
 
+    def release(self, owner: str, done: Callable[[str], bool]) -> int:
+        """Give up the leases of `owner`, a master whose group died whole
+        (FencedWorkLeaseTable.release); how many."""
+        return len(self._table.release(owner, done))
+
     def recover_expired(self, limit: int, *, rescan: bool = False) -> dict[str, str]:
         """Take over up to `limit` expired leases of any master; {digest: token} won.
 

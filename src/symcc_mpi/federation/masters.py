@@ -14,7 +14,8 @@ appears after a higher one) and writes stats.json, fuzzer_stats and plot_data.
 
 A dead master's place is taken by a worker of its group, the first master's too
 (succession.py); a master left with no worker withdraws from the work, which the others
-share (withdrawal.py); the masters' last meeting is closing.py's.
+share, and root withdraws in its place a master whose group died whole (withdrawal.py); the
+masters' last meeting is closing.py's.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from symcc_mpi.federation.leases import FencedWorkLeaseTable
 from symcc_mpi.federation.map_exchange import EXCHANGE_INTERVAL, PRUNING, TRIAGE, MapExchange
 from symcc_mpi.federation.master_leases import WorkLeases
 from symcc_mpi.federation.own_master import OwnMaster
-from symcc_mpi.federation.ownership import lease_directory, owner_among
+from symcc_mpi.federation.ownership import lease_directory, owner_among, owner_name
 from symcc_mpi.federation.quiescence import (
     Coordinator,
     Outcome,
@@ -95,12 +96,14 @@ class Federation(Succession, Withdrawal, Closing):
         self.owner_of = owner_among(self.indices)  # a digest's lease shard
         self.working = self.indices  # the masters that have workers (withdrawal.py)
         self.withdrawn: set[int] = set()
+        self.reclaiming: dict[int, float] = {}  # root: groups gone whole, till when it tries
         self.work_owner_of = self.owner_of  # who analyses a digest: its owner among `working`
         self.next_withdrawal_check = 0.0
         self.world_ranks = world_ranks  # per master index, its group's ranks in COMM_WORLD
         self.roster = Roster(world_ranks)  # where each master is reached, which are gone
         self.directory = lease_directory(out, epoch)
-        self.owner_name = f"{epoch.hex()[:16]}-master-{index}"
+        self.epoch = epoch
+        self.owner_name = owner_name(epoch, index)
         self.execution_timeout = execution_timeout
         self.leases: WorkLeases | None = None  # once OUT is open (`open`)
         self.targets: TargetClaims | None = None  # F311's shared target groups, likewise
@@ -283,6 +286,8 @@ class Federation(Succession, Withdrawal, Closing):
                 self._masters_died()
         if self.roster.awaiting:
             self._succession_overdue(now)
+        if self.reclaiming:
+            self.reclaim(own, now)
         self.check_farewells(now)
         self.check_withdrawals(own, now)
         for digest in self.leases.heartbeat(self.held):

@@ -58,3 +58,9 @@ def lease_directory(out: Path, epoch: bytes) -> Path:
     if not isinstance(epoch, bytes) or len(epoch) != EPOCH_BYTES:
         raise ValueError(f"an epoch is {EPOCH_BYTES} bytes (got {epoch!r})")
     return Path(out) / f"{LEASE_DIRECTORY_PREFIX}{epoch.hex()}"
+
+
+def owner_name(epoch: bytes, master: int) -> str:
+    """Master `master`'s name in the job's lease table: one index of one job epoch, which
+    its successors take on."""
+    return f"{epoch.hex()[:16]}-master-{master}"

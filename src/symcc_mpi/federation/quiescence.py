@@ -270,10 +270,10 @@ class Coordinator:
                 seen.idle_since = None
 
     def leave(self, master: int) -> None:
-        """`master` left the campaign holding no work (it withdrew from the work, then died:
-        federation/withdrawal.py): it can publish nothing, and nothing of it is awaited any
-        more, its vote, its ACK, nor its status; what it would have answered is what the
-        others' answers decide."""
+        """`master` left the campaign holding no work (it withdrew from the work, then died;
+        or its whole group died and root withdrew it: federation/withdrawal.py): it can
+        publish nothing, and nothing of it is awaited any more, its vote, its ACK, nor its
+        status; what it would have answered is what the others' answers decide."""
         if master == 0 or master not in self._members:  # root: this coordinator itself
             return
         self._members.discard(master)

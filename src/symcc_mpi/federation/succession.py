@@ -5,7 +5,8 @@ A worker of the dead master's group takes its place (job/federated.py). Root hee
 successors; the others heed root's. The first master's successor inherits what root kept on
 record (root_record.py), finds the others at their groups' lowest living ranks (roster.py) and
 tells them; each hands it again what the dead root may have lost: its own succession, the
-findings it has not seen named, its last figures, its STOP.
+findings it has not seen named, its last figures, its STOP. A group with no rank left has no
+successor: root withdraws its master from the work in its place (withdrawal.py).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import logging
 from symcc_mpi.federation.own_master import OwnMaster
 from symcc_mpi.federation.root_record import Departure, Inheritance
 from symcc_mpi.federation.roster import SUCCESSION_WAIT, Claim
+from symcc_mpi.federation.withdrawal import RECLAIM_LOCK_WAIT
 from symcc_mpi.scheduling.frontier import Frontier
 from symcc_mpi.wire.protocol import Stop, Successor, Tag
 
@@ -31,8 +33,8 @@ class Succession:
         """Ranks died (ULFM); a worker's death anywhere is reported here too, and passed
         over. A worker of a dead master's group takes its place (roster.py): root waits for
         every master's successor, the others for root's. Until one comes the campaign cannot
-        end, and if none does it stops, for `--resume` to continue. Another master's death
-        is root's business alone."""
+        end; if none does in time it stops, for `--resume` to continue, and a group with no
+        rank left goes to `_group_gone`. Another master's death is root's business alone."""
         awaited = self.indices if self.root else (0,)
         failed = self.channel.failed_ranks()
         for index in self.roster.died(failed, self.clock.monotonic(), awaits=awaited):
@@ -112,9 +114,13 @@ class Succession:
             self._group_gone(index)
 
     def _group_gone(self, index: int) -> None:
-        """Master `index` died and its group has no rank left to take its place: the
-        campaign stops, unless it had withdrawn from the work (withdrawal.py)."""
+        """Master `index` died and its group has no rank left to take its place. No loss if
+        it had withdrawn from the work; if it had not, root withdraws it in its place
+        (withdrawal.py). The first master's group gone, the campaign stops."""
         if self._withdrawn_died(index):
+            return
+        if self.root and index != 0:
+            self.reclaiming.setdefault(index, self.clock.monotonic() + RECLAIM_LOCK_WAIT)
             return
         log.error("master %d died and its group has no worker left", index)
         self._lose(f"master {index} died and no worker of its is left: continue with "

@@ -28,6 +28,14 @@ that dies later held nothing: its group is gone, and nobody waits for it
 It does not withdraw, and the campaign stops for `--resume` as before, if it is the last
 master that works, or if parts of a split input of its are still to run (their commits are in
 its journal alone).
+
+A master that died with every rank of its group before it withdrew (a node lost whole) has no
+successor: root withdraws it in its place (`reclaim`). It closes the dead master's journal
+(campaign/dead_group.py: what was out is taken back on record, its finds are named), gives up
+its leases in the table (`release`: ULFM saw its whole group die, so no token of its can be
+presented again; a `committing` one too, its commit being taken back), then writes
+`withdrawn-K`, and the share goes out as above. The first master's group gone whole still
+stops the campaign: nobody would decide its end.
 """
 
 from __future__ import annotations
@@ -36,14 +44,18 @@ import logging
 import os
 import re
 
+from symcc_mpi.campaign.dead_group import settle_journal
+from symcc_mpi.campaign.layout import CampaignError
+from symcc_mpi.campaign.wal import CorruptJournal
 from symcc_mpi.durable.atomic import write_durable
 from symcc_mpi.federation.own_master import OwnMaster
-from symcc_mpi.federation.ownership import owner_among
+from symcc_mpi.federation.ownership import owner_among, owner_name
 from symcc_mpi.wire.protocol import SHA256_PATTERN
 
 log = logging.getLogger("symcc_mpi.federation")
 
 WITHDRAWAL_CHECK = 1.0  # seconds between two looks for the masters that withdrew
+RECLAIM_LOCK_WAIT = 120.0  # NFS keeps a dead client's locks until its lease expires (~90 s)
 WITHDRAWN = re.compile(r"withdrawn-([0-9]+)")
 
 
@@ -127,12 +139,57 @@ class Withdrawal:
         if index == 0 or index not in self.withdrawn | self._withdrawals_on_record():
             return False  # root's group gone: nobody decides the end
         log.warning("master %d died: it had withdrawn from the work, and held none", index)
+        self._leave(index, [f"rank {self.roster.world_of[index]}"], 0, "withdrawn")
+        return True
+
+    def reclaim(self, own: OwnMaster, now: float) -> None:
+        """Root: withdraw in their place the masters whose group died whole before they
+        withdrew (`Succession._group_gone`), as the module says. A dead master's lock still
+        held (NFS) is tried again each round, up to RECLAIM_LOCK_WAIT; a campaign with no
+        other master at work, or a journal that cannot be read, stops for `--resume`."""
+        for index, deadline in sorted(self.reclaiming.items()):
+            failed = [f"rank {rank}" for rank in self.world_ranks[index]]
+            if not set(self.working) - self._withdrawals_on_record() - {index}:
+                settled, problem = None, "no other master works"
+            else:
+                try:
+                    settled, problem = settle_journal(own.campaign.out, index, failed), ""
+                except CorruptJournal as error:
+                    settled, problem = None, str(error)
+                except CampaignError as error:  # its lock, still held
+                    if now < deadline:
+                        continue
+                    settled, problem = None, str(error)
+            del self.reclaiming[index]
+            if settled is None:
+                log.error("master %d died with every rank of its group: %s", index, problem)
+                self._lose(f"master {index} died and no worker of its is left: continue "
+                           "with --resume")
+                continue
+            for finding in settled.findings:
+                self._name_finding(own.campaign, finding)
+            released = self.leases.release(owner_name(self.epoch, index),
+                                           _done_anywhere(own))
+            write_durable(self.directory / f"withdrawn-{index}", b"")
+            log.warning("master %d died with every rank of its group: its %d dispatches out "
+                        "taken back, %d leases given up; it is withdrawn from the work",
+                        index, len(settled.taken_back), released)
+            self._leave(index, failed, len(settled.taken_back), "reclaimed")
+            self._take_withdrawals(own, {index})
+
+    def _leave(self, index: int, failed: list[str], requeued: int, how: str) -> None:
+        """Master `index` is gone and holds no work: nobody waits for it, and root's failure
+        lines say how it went (job/live.py)."""
         self.roster.awaiting.pop(index, None)
         if self.coordinator is not None:
             self.coordinator.leave(index)
             self.roster.successions.append({
-                "generation": None, "failed": [f"rank {self.roster.world_of[index]}"],
-                "requeued": 0, "master": "withdrawn", "shrinks": 0, "recovery_seconds": 0.0,
-                "detected": self.clock.time(), "first_dispatch": None,
-                "master_index": index})
-        return True
+                "generation": None, "failed": failed, "requeued": requeued, "master": how,
+                "shrinks": 0, "recovery_seconds": 0.0, "detected": self.clock.time(),
+                "first_dispatch": None, "master_index": index})
+
+
+def _done_anywhere(own: OwnMaster):
+    """Whether a journal, the dead master's included, holds an input as done."""
+    elsewhere = own.campaign.done_elsewhere()
+    return lambda digest: digest in elsewhere or digest in own.frontier.done

@@ -209,7 +209,8 @@ def _per_master(per_master: Mapping[str, Mapping[str, Any]]) -> list[tuple[str, 
 
 # What became of the master of a failure (stats.json's extra.failures "master").
 MASTER_AFTER = {"kept": "master kept", "new": "new master",
-                "withdrawn": "master withdrawn, its work to the others"}
+                "withdrawn": "master withdrawn, its work to the others",
+                "reclaimed": "its group gone, its work to the others"}
 
 
 def _failures(failures: list[dict], redone: int) -> list[tuple[str, str]]:
