@@ -13,8 +13,8 @@ from symcc_mpi.durable.clock import ManualClock
 from symcc_mpi.federation.layout import groups
 from symcc_mpi.federation.masters import QUIESCENCE_WINDOW, Federation
 from symcc_mpi.federation.ownership import new_epoch, owner
-from symcc_mpi.scheduling.frontier import Frontier
 from symcc_mpi.federation.withdrawal import RECLAIM_LOCK_WAIT
+from symcc_mpi.scheduling.frontier import Frontier
 from symcc_mpi.wire.control import Prepare
 from symcc_mpi.wire.control import Status as ControlStatus
 
