@@ -342,6 +342,19 @@ class QuiescenceMachine(RuleBasedStateMachine):
         self.root.leave(m)
         self.root_tick()
 
+    @precondition(lambda self: self.root.outcome is not Outcome.CONFLICT)
+    @rule(m=MASTER)
+    def group_gone(self, m):
+        """Master `m` (not root) dies with every rank of its group before it withdrew: root,
+        in the round that sees it, withdraws it in its place (withdrawal.py `reclaim`): what
+        it held or had yet to discover goes to a master still working, as in `withdraw`, and
+        it leaves as a withdrawn master that died does."""
+        m = self._master(m)
+        if m == ROOT or m in self.withdrawn or len(self.withdrawn) + 1 == self.masters:
+            return  # with no other master at work the campaign stops instead
+        self.withdraw(m)
+        self.withdrawn_master_dies(m)
+
     # -- faults --------------------------------------------------------------------------------
 
     @rule(kind=st.sampled_from(["garbage", "replay", "stranger", "abort", "peer"]),

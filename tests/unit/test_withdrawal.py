@@ -173,7 +173,9 @@ def test_root_withdraws_a_master_whose_whole_group_died_and_takes_its_work(tmp_p
     assert sorted(own.frontier.pending) == sorted([committing, out, child])  # all root's now
     # Its leases: the done one completed, the others given up, for root to claim.
     assert root.leases._table.read(done).status == "done"
-    assert root.leases.claim([committing, out]).keys() == {committing, out}
+    assert root.roster.successions[-1]["first_dispatch"] is None
+    assert root.admit(committing) and root.admit(out)
+    assert root.roster.successions[-1]["first_dispatch"] is not None  # work again, timed
     # Its unnamed find is named, and its workers' packs are gone.
     assert own.campaign.inputs.queue_id(child) is not None
     assert not list((tmp_path / ".staging").iterdir())

@@ -96,7 +96,10 @@ class Federation(Succession, Withdrawal, Closing):
         self.owner_of = owner_among(self.indices)  # a digest's lease shard
         self.working = self.indices  # the masters that have workers (withdrawal.py)
         self.withdrawn: set[int] = set()
-        self.reclaiming: dict[int, float] = {}  # root: groups gone whole, till when it tries
+        # Root: groups gone whole (withdrawal.py), each (till when it tries, when it was seen),
+        # and the failure lines that wait for its next dispatch.
+        self.reclaiming: dict[int, tuple[float, float]] = {}
+        self.awaiting_dispatch: list[dict] = []
         self.work_owner_of = self.owner_of  # who analyses a digest: its owner among `working`
         self.next_withdrawal_check = 0.0
         self.world_ranks = world_ranks  # per master index, its group's ranks in COMM_WORLD
@@ -197,6 +200,9 @@ class Federation(Succession, Withdrawal, Closing):
             self.held.update(self.leases.claim([digest]))
         if digest in self.held:
             self.active_since_status = True
+            for failure in self.awaiting_dispatch:  # work goes out again after a reclaim
+                failure["first_dispatch"] = self.clock.time()
+            self.awaiting_dispatch.clear()
             return True
         return False
 

@@ -41,7 +41,7 @@ class Succession:
             log.error("master %d (world rank %d) died", index, self.roster.world_of[index])
             if self.root:
                 self.coordinator.restart(index)
-            if index in awaited:
+            if index in awaited and not failed.issuperset(self.world_ranks[index]):
                 log.warning("waiting up to %g s for a worker of master %d to take its place",
                             SUCCESSION_WAIT, index)
         for index in list(self.roster.awaiting):
@@ -120,7 +120,8 @@ class Succession:
         if self._withdrawn_died(index):
             return
         if self.root and index != 0:
-            self.reclaiming.setdefault(index, self.clock.monotonic() + RECLAIM_LOCK_WAIT)
+            self.reclaiming.setdefault(index, (self.clock.monotonic() + RECLAIM_LOCK_WAIT,
+                                               self.clock.time()))
             return
         log.error("master %d died and its group has no worker left", index)
         self._lose(f"master {index} died and no worker of its is left: continue with "

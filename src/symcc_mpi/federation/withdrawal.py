@@ -139,7 +139,8 @@ class Withdrawal:
         if index == 0 or index not in self.withdrawn | self._withdrawals_on_record():
             return False  # root's group gone: nobody decides the end
         log.warning("master %d died: it had withdrawn from the work, and held none", index)
-        self._leave(index, [f"rank {self.roster.world_of[index]}"], 0, "withdrawn")
+        self._leave(index, [f"rank {self.roster.world_of[index]}"], 0, "withdrawn",
+                    self.clock.time())
         return True
 
     def reclaim(self, own: OwnMaster, now: float) -> None:
@@ -147,7 +148,7 @@ class Withdrawal:
         withdrew (`Succession._group_gone`), as the module says. A dead master's lock still
         held (NFS) is tried again each round, up to RECLAIM_LOCK_WAIT; a campaign with no
         other master at work, or a journal that cannot be read, stops for `--resume`."""
-        for index, deadline in sorted(self.reclaiming.items()):
+        for index, (deadline, detected) in sorted(self.reclaiming.items()):
             failed = [f"rank {rank}" for rank in self.world_ranks[index]]
             if not set(self.working) - self._withdrawals_on_record() - {index}:
                 settled, problem = None, "no other master works"
@@ -174,10 +175,12 @@ class Withdrawal:
             log.warning("master %d died with every rank of its group: its %d dispatches out "
                         "taken back, %d leases given up; it is withdrawn from the work",
                         index, len(settled.taken_back), released)
-            self._leave(index, failed, len(settled.taken_back), "reclaimed")
+            self._leave(index, failed, len(settled.taken_back), "reclaimed", detected)
+            self.awaiting_dispatch.append(self.roster.successions[-1])
             self._take_withdrawals(own, {index})
 
-    def _leave(self, index: int, failed: list[str], requeued: int, how: str) -> None:
+    def _leave(self, index: int, failed: list[str], requeued: int, how: str,
+               detected: float) -> None:
         """Master `index` is gone and holds no work: nobody waits for it, and root's failure
         lines say how it went (job/live.py)."""
         self.roster.awaiting.pop(index, None)
@@ -185,7 +188,7 @@ class Withdrawal:
             self.coordinator.leave(index)
             self.roster.successions.append({
                 "generation": None, "failed": failed, "requeued": requeued, "master": how,
-                "shrinks": 0, "recovery_seconds": 0.0, "detected": self.clock.time(),
+                "shrinks": 0, "recovery_seconds": 0.0, "detected": detected,
                 "first_dispatch": None, "master_index": index})
 
 
