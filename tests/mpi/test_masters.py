@@ -261,6 +261,21 @@ def test_under_ulfm_a_master_left_with_no_worker_withdraws_and_the_others_finish
     assert ids == list(range(len(ids)))
 
 
+def test_under_ulfm_a_group_that_dies_whole_is_withdrawn_by_the_first_master(tmp_path):
+    """Masters at world ranks 0, 2 and 4, a worker each. Master 1 dies right after a WORK
+    send, its worker as that WORK's run begins: nobody of the group is left to take its
+    place, or to withdraw it. (If the WORK dies with its sender, the worker takes over and
+    withdraws, having nobody to run its inputs: the campaign ends alike.)"""
+    out, process = completed_despite(tmp_path, "2:die@3,3:die@3", masters=3, workers=3,
+                                     children=True)
+    failures = [(f["master_index"], f["master"]) for f in stats(out)["extra"]["failures"]]
+    assert failures in ([(1, "reclaimed")], [(1, "new"), (1, "withdrawn")]), failures
+    if failures == [(1, "reclaimed")]:
+        assert "master 1 died with every rank of its group" in process.stderr + process.stdout
+    ids = sorted(int(name[3:9]) for name in os.listdir(out / "queue"))
+    assert ids == list(range(len(ids)))
+
+
 @pytest.mark.parametrize(("faults", "reason"), [
     # The first master withdrew, then died: nobody is left to decide the end.
     ("1:die@2,0:die@1=withdrawn", None),

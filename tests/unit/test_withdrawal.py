@@ -120,8 +120,8 @@ class DeadRanks:
 def dead_group_of_master_1(tmp_path):
     """Root and master 1 of 2 (world ranks 0-2 and 3-5) over one campaign. Master 1 took
     three inputs, all its own: it analysed `done` (publishing `child`, which root never
-    named), began the commit of `committing` and had `out` in flight; then its whole group
-    died."""
+    named), began the commit of `committing` (its manifest written, `half` published) and
+    had `out` in flight; then its whole group died."""
     epoch, clock = new_epoch(), ManualClock()
     root_frontier = Frontier()
     campaign = CampaignDir(tmp_path, root_frontier)
@@ -136,8 +136,8 @@ def dead_group_of_master_1(tmp_path):
                       world_ranks=groups(6, 2), execution_timeout=1.0)
     dead.open(clock)
     done, committing, out = [d for d in DIGESTS if owner(d, (0, 1)) == 1][:3]
-    child = sha256_bytes(b"a child")
-    for digest in (done, committing, out, child):
+    child, half = sha256_bytes(b"a child"), sha256_bytes(b"half a commit")
+    for digest in (done, committing, out, child, half):
         campaign.promote(digest, b"")  # whoever published them: they are in corpus/
         root_frontier.add(digest)
     assert all(dead.admit(digest) for digest in (done, committing, out))
@@ -151,13 +151,15 @@ def dead_group_of_master_1(tmp_path):
     assert dead.begin_commit(done) and dead.begin_commit(committing)
     journal.record_done(done, done[:32], "ok", published=[child])
     dead.complete(done)
+    journal.record_work(wal.Commit(digest=committing, token=committing[:32], generation=0,
+                                   outcome="ok", publish=[[half, 0, "ok"]]))
     journal.close()  # its lock goes with the dead process
     own = SimpleNamespace(frontier=root_frontier, campaign=campaign, busy=lambda: False)
-    return root, own, clock, (done, committing, out, child)
+    return root, own, clock, (done, committing, out, child, half)
 
 
 def test_root_withdraws_a_master_whose_whole_group_died_and_takes_its_work(tmp_path):
-    root, own, clock, (done, committing, out, child) = dead_group_of_master_1(tmp_path)
+    root, own, clock, (done, committing, out, child, half) = dead_group_of_master_1(tmp_path)
     root._masters_died()
     assert not root.lost and set(root.reclaiming) == {1}
     root.reclaim(own, clock.monotonic())
@@ -170,14 +172,15 @@ def test_root_withdraws_a_master_whose_whole_group_died_and_takes_its_work(tmp_p
     assert [(r["requeued"], r["master"], r["failed"]) for r in taken_back] == [
         (sorted([committing, out]), "reclaimed", ["rank 3", "rank 4", "rank 5"])]
     assert wal.outstanding(records) == set()
-    assert sorted(own.frontier.pending) == sorted([committing, out, child])  # all root's now
+    assert sorted(own.frontier.pending) == sorted([committing, out, child, half])  # root's
     # Its leases: the done one completed, the others given up, for root to claim.
     assert root.leases._table.read(done).status == "done"
     assert root.roster.successions[-1]["first_dispatch"] is None
     assert root.admit(committing) and root.admit(out)
     assert root.roster.successions[-1]["first_dispatch"] is not None  # work again, timed
-    # Its unnamed find is named, and its workers' packs are gone.
+    # Its unnamed finds are named, and its workers' packs are gone.
     assert own.campaign.inputs.queue_id(child) is not None
+    assert own.campaign.inputs.queue_id(half) is not None
     assert not list((tmp_path / ".staging").iterdir())
     assert [(f["master_index"], f["requeued"], f["master"]) for f in root.roster.successions] \
         == [(1, 2, "reclaimed")]
