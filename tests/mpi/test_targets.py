@@ -192,3 +192,27 @@ def test_a_split_cut_short_without_fault_tolerance_is_split_anew_on_resume(tmp_p
     second = explore(out, *arguments, "--resume")
     assert_oracles(out, second)
     assert stats(out)["extra"]["stop_reason"] == "frontier exhausted"
+
+
+def test_a_master_that_loses_its_workers_while_it_splits_hands_the_input_over_whole(tmp_path):
+    # Masters at world ranks 0 and 3, two workers each; each splits a gate seed of its own.
+    # Both of master 1's workers die at their second dispatch (a group of the split, or the
+    # one taken back from the other): master 1 withdraws with parts still to run, and master
+    # 0 analyses that seed anew, whole, then split.
+    out = tmp_path / "out"
+    seeds = seeds_owned(tmp_path, [b"GT0000abc", b"GT0000abe", b"GT0000abd", b"GT0001abc"])
+    env = dict(os.environ, SYMCC_MPI_FAULTS="4:die@2,5:die@2")
+    process = explore(out, "--target", f"{BUILD / 'gate'} @@", "--seeds", seeds,
+                      "--split", "--workers", 4, "--masters", 2, "--timeout", 20,
+                      "--fault-tolerance", "on",
+                      "--afl-target", f"{BUILD / 'gate.afl'} @@", env=env)
+    assert_oracles(out, process)
+    output = process.stdout + process.stderr
+    assert "master 1 has no worker left: it withdraws from the work" in output
+    assert "inputs it was splitting go whole" in output
+    extra = stats(out)["extra"]
+    assert extra["stop_reason"] == "frontier exhausted"
+    done = [r["digest"] for path in (out / "state").glob("**/done.jsonl")
+            for r in CampaignDir(out).inspect_journal(path)[0] if "kind" not in r]
+    assert sorted(done) == sorted(set(done))  # each input once, the one handed over too
+    assert {hashlib.sha256(p.read_bytes()).hexdigest() for p in seeds.iterdir()} <= set(done)

@@ -138,6 +138,20 @@ def test_set_aside_drops_the_input_s_other_parts():
     assert A not in source.frontier.done  # deferred, not analysed
 
 
+def test_a_master_that_withdraws_gives_up_its_split_inputs_and_their_claims():
+    released = []
+    source = source_with(A, B, shared_admission=lambda w, t, r: True,
+                         on_release=released.append)
+    groups = split(source, A, [1, 2, 3], free=3)
+    assert source.peek(free=3) == groups[0]  # admitted: its claim held
+    assert source.give_up_splits() == [A]
+    assert released == [groups[0]]
+    assert not source.waiting and not source.open and not source.groups
+    assert not source.reserved and source.peeked is None
+    assert A not in source.frontier.done  # its new owner analyses it whole
+    assert source.give_up_splits() == []
+
+
 def test_a_trace_taken_back_after_its_send_lets_the_input_be_split_anew():
     source = source_with(A)
     trace = source.peek(free=2)

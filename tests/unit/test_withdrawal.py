@@ -39,6 +39,7 @@ def masters_sharing(tmp_path, count=3):
             frontier.add(digest)
         done: set[str] = set()
         own = SimpleNamespace(frontier=frontier, busy=lambda: False, done=done,
+                              give_up_splits=list,
                               campaign=SimpleNamespace(corpus=corpus,
                                                        done_elsewhere=lambda done=done: done))
         made.append((federation, own))
@@ -95,13 +96,42 @@ def test_a_frozen_master_takes_a_withdrawn_share_only_at_its_rescan(tmp_path):
     assert first.working == (0,) and first_own.frontier
 
 
-def test_the_last_master_that_works_or_one_with_work_in_hand_does_not_withdraw(tmp_path):
+def test_the_last_master_that_works_does_not_withdraw(tmp_path):
     (first, first_own), (second, second_own) = masters_sharing(tmp_path, count=2)
-    busy = SimpleNamespace(**{**vars(second_own), "busy": lambda: True})
-    assert not second.withdraw(busy)  # parts of a split input still to run
     assert second.withdraw(second_own)
     assert not first.withdraw(first_own)  # nobody would run the campaign's inputs
     assert first.at_work
+
+
+def test_an_input_a_master_was_splitting_goes_whole_to_its_new_owner(tmp_path):
+    (first, first_own), (second, second_own) = masters_sharing(tmp_path, count=2)
+    dispatched_or_dropped(first, first_own)
+    dispatched_or_dropped(second, second_own)  # its share claimed: one input it splits
+    splitting = next(d for d in DIGESTS if owner(d, (0, 1)) == 1)
+    second_own.give_up_splits = lambda: [splitting]
+    second_own.done.update(d for d in second.held if d != splitting)  # the rest analysed
+    first_own.done.update(second_own.done)
+    assert second.withdraw(second_own) and not second.held
+    first.check_withdrawals(first_own, 0.0)
+    assert list(first_own.frontier.pending) == [splitting]
+    assert first.admit(splitting)  # its lease given up: the new owner wins it
+
+
+def test_an_input_whose_lease_a_withdrawn_master_had_taken_over_goes_back_to_its_owner(
+        tmp_path):
+    (first, first_own), (second, second_own) = masters_sharing(tmp_path, count=2)
+    clock = first.clock
+    dispatched_or_dropped(first, first_own)  # its share out; then it pauses past the TTL
+    clock.advance(1000.0)
+    lost, = second.leases.recover_expired(limit=1, rescan=True)
+    second.held[lost] = second.leases.read(lost).token
+    first.heartbeat()  # finds the lease taken
+    assert lost not in first.held and lost in first.lost_leases
+    assert second.withdraw(second_own)  # and gives it up, unanalysed
+    assert not first_own.frontier
+    first.check_withdrawals(first_own, clock.monotonic() + 10)
+    assert lost in set(first_own.frontier.pending) and not first.lost_leases
+    assert first.admit(lost)
 
 
 class DeadRanks:

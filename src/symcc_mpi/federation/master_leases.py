@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from symcc_mpi.federation.leases import FencedWorkLeaseTable
-from symcc_mpi.federation.work_leases import Origin
+from symcc_mpi.federation.work_leases import Origin, WorkLease
 
 LONGEST_HEARTBEAT_INTERVAL = 30.0
 
@@ -119,6 +119,10 @@ class WorkLeases:
         """A successor takes its dead predecessor's leases (FencedWorkLeaseTable.adopt);
         {digest: token} taken."""
         return self._held({lease.digest: lease.token for lease in self._table.adopt(done)})
+
+    def read(self, digest: str) -> WorkLease | None:
+        """The digest's record as the table says now."""
+        return self._table.read(digest)
 
     def release(self, owner: str, done: Callable[[str], bool]) -> int:
         """Give up the leases of `owner`, a master whose group died whole

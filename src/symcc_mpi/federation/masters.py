@@ -112,6 +112,9 @@ class Federation(Succession, Withdrawal, Closing):
         self.targets: TargetClaims | None = None  # F311's shared target groups, likewise
         self.publications: PublicationLog | None = None
         self.held: dict[str, str] = {}  # digest -> token of the lease this master holds
+        # Inputs of this master's whose lease another master took over after it expired:
+        # if that one gives it up (withdrawal.py), this one analyses them after all.
+        self.lost_leases: set[str] = set()
         peers = [m for m in self.indices if m != index]
         self.hints = HintReader(self.directory, peers)
         self.maps = MapExchange(self.directory, index, peers)
@@ -213,6 +216,7 @@ class Federation(Succession, Withdrawal, Closing):
         if digest in self.fence([digest], pending, count):
             return True
         self.stale_results += 1  # its lease lost at a heartbeat already, or now
+        self.lost_leases.add(digest)
         return False
 
     def fence(self, digests: Iterable[str], pending: Iterable[str] = (),
@@ -296,8 +300,7 @@ class Federation(Succession, Withdrawal, Closing):
             self.reclaim(own, now)
         self.check_farewells(now)
         self.check_withdrawals(own, now)
-        for digest in self.leases.heartbeat(self.held):
-            self.held.pop(digest, None)  # taken over after it expired: no longer ours
+        self.heartbeat()
         self.targets.round(now)
         if self.at_work and not self.participant.frozen and now >= self.next_discovery:
             self.next_discovery = now + DISCOVERY_INTERVAL
@@ -318,6 +321,13 @@ class Federation(Succession, Withdrawal, Closing):
                 self._send_control(destination, message, own, now)
             if self.coordinator.outcome is Outcome.CONFLICT:
                 self.conflict = self.coordinator.conflict or "quiescence conflict"
+
+    def heartbeat(self) -> None:
+        """The leases held, extended (when due); one another master took over after it
+        expired is this master's no more."""
+        for digest in self.leases.heartbeat(self.held):
+            self.held.pop(digest, None)
+            self.lost_leases.add(digest)
 
     def discover(self, own: OwnMaster) -> int:
         """New work: the others' publications and the expired leases this master took over.

@@ -19,4 +19,5 @@ class OwnMaster:
     count_malformed: Callable[[], object]  # a malformed message from another master
     exhausted: Callable[[], bool]  # nothing of this master's left to dispatch
     busy: Callable[[], bool]  # results in flight, or parts of a split input waiting
+    give_up_splits: Callable[[], list[str]]  # its split inputs go whole to their new owner
     checkpoint: Checkpointer  # its triage and pruning maps, which gain the others' bits

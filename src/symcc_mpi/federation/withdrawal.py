@@ -12,10 +12,13 @@ whoever claims it, and of two claims of it one loses.
 The withdrawing master, in this order:
 1. makes its journal durable (roles/master.py): once it has withdrawn, nobody redoes it, and
    its completed leases tell the others its inputs are done;
-2. gives up every lease it holds (with no worker none is committing) and writes the
+2. forgets the inputs it was splitting (`--split`): their parts committed stand (children
+   published, `part` records), and each input goes whole to its new owner, to be split anew
+   there, as `--resume` splits anew an input a run left half done;
+3. gives up every lease it holds (with no worker none is committing) and writes the
    completions it had kept for its shard's next write;
-3. puts `withdrawn-K` in the job's lease directory, durably;
-4. empties its frontier and stays in the federation holding no work: it votes idle, sends its
+4. puts `withdrawn-K` in the job's lease directory, durably;
+5. empties its frontier and stays in the federation holding no work: it votes idle, sends its
    figures and, if it is root, remains the campaign's AFL face and the quiescence coordinator.
 The others read the record as they discover work, every WITHDRAWAL_CHECK seconds while not
 frozen, and at each rescan before a vote, so that a share not yet taken makes the vote BUSY
@@ -26,8 +29,7 @@ that dies later held nothing: its group is gone, and nobody waits for it
 (`Coordinator.leave`).
 
 It does not withdraw, and the campaign stops for `--resume` as before, if it is the last
-master that works, or if parts of a split input of its are still to run (their commits are in
-its journal alone).
+master that works.
 
 A master that died with every rank of its group before it withdrew (a node lost whole) has no
 successor: root withdraws it in its place (`reclaim`). It closes the dead master's journal
@@ -63,10 +65,12 @@ class Withdrawal:
     """Mixed into `Federation`, whose ownership, leases and frontier it changes."""
 
     def withdraw(self, own: OwnMaster) -> bool:
-        """This master has no worker left: True if it withdrew from the work, False if it
-        cannot and the campaign must stop."""
-        if not set(self.working) - self._withdrawals_on_record() - {self.index} or own.busy():
+        """This master has no worker left, so nothing in flight (its recovery, or its
+        takeover, took that back): True if it withdrew from the work, False if it cannot (it
+        is the last master that works) and the campaign must stop."""
+        if not set(self.working) - self._withdrawals_on_record() - {self.index}:
             return False
+        split = own.give_up_splits()
         for digest in list(self.held):
             self.abandon(digest)
         self.leases.flush()
@@ -74,8 +78,10 @@ class Withdrawal:
         self._stop_working(self.index)
         while own.frontier:
             own.frontier.take()
-        log.warning("master %d has no worker left: it withdraws from the work, which %s",
-                    self.index, self._who_shares())
+        log.warning("master %d has no worker left: it withdraws from the work, which %s%s",
+                    self.index, self._who_shares(),
+                    f" ({len(split)} inputs it was splitting go whole, split anew)"
+                    if split else "")
         return True
 
     @property
@@ -110,7 +116,7 @@ class Withdrawal:
         if not self.at_work:
             return
         done = own.campaign.done_elsewhere()
-        taken = 0
+        taken = self._take_back_lost(own, done)
         with os.scandir(own.campaign.corpus) as entries:
             for entry in entries:
                 digest = entry.name
@@ -121,6 +127,20 @@ class Withdrawal:
                         own.frontier.requeue(digest)  # known, not queued: another's till now
                     taken += 1
         log.warning("master %d takes %d inputs of the withdrawn", self.index, taken)
+
+    def _take_back_lost(self, own: OwnMaster, done: set[str]) -> int:
+        """This master's inputs whose lease another took over (`lost_leases`) and gave up
+        when it left the work (its leases abandoned or released, none left on record):
+        analysed here after all. How many."""
+        back = 0
+        for digest in sorted(self.lost_leases):
+            if digest in done or digest in own.frontier.done:
+                self.lost_leases.discard(digest)
+            elif self.owns(digest) and self.leases.read(digest) is None:
+                self.lost_leases.discard(digest)
+                own.frontier.requeue(digest)
+                back += 1
+        return back
 
     def _who_shares(self) -> str:
         many = len(self.working) > 1

@@ -129,6 +129,7 @@ class Master:
             frontier, campaign, count_malformed=self._count_malformed,
             exhausted=lambda: dispatch.exhausted,
             busy=lambda: bool(self.split.waiting or dispatch.in_flight),
+            give_up_splits=self.split.give_up_splits,
             checkpoint=self.checkpoint)
         self.naps = Naps()
         self.doorbell = doorbell if doorbell is not None else Doorbell()

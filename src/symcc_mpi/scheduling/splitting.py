@@ -238,15 +238,30 @@ class WorkSource:
         other parts are dropped (those in flight still commit their children). Returns the
         digest deferred."""
         digest, part = parse_work_id(work_id)
-        if part is None:
-            return digest
+        if part is not None:
+            self._drop_parts(digest)
+        return digest
+
+    def give_up_splits(self) -> list[str]:
+        """Forget the split inputs still open (their master withdraws from the work,
+        federation/withdrawal.py): their parts not committed yet are dropped, and each input
+        goes whole to its new owner, to be split anew there (as `--resume` splits anew an
+        input a run left half done). Returns those inputs."""
+        if self.peeked is not None:
+            self._unreserve(self.peeked)
+            self.peeked = None
+        given_up = list(self.open)
+        for digest in given_up:
+            self._drop_parts(digest)
+        return given_up
+
+    def _drop_parts(self, digest: str) -> None:
         for other in self.open.pop(digest, set()):
             other_id = part_id(digest, other)
             self._unreserve(other_id)
             if other_id in self.waiting:
                 self.waiting.remove(other_id)
             self.groups.pop(other_id, None)
-        return digest
 
     def discard(self, work_id: str) -> None:
         """Take `work_id` out for good without a dispatch (its bytes cannot be read)."""
