@@ -12,9 +12,9 @@ whoever claims it, and of two claims of it one loses.
 The withdrawing master, in this order:
 1. makes its journal durable (roles/master.py): once it has withdrawn, nobody redoes it, and
    its completed leases tell the others its inputs are done;
-2. forgets the inputs it was splitting (`--split`): their parts committed stand (children
-   published, `part` records), and each input goes whole to its new owner, to be split anew
-   there, as `--resume` splits anew an input a run left half done;
+2. forgets the inputs it was splitting (`--split`): each goes whole to its new owner, to be
+   split anew there, as `--resume` splits anew an input a run left half done (what its
+   committed parts published stays; their branches are solved again);
 3. gives up every lease it holds (with no worker none is committing) and writes the
    completions it had kept for its shard's next write;
 4. puts `withdrawn-K` in the job's lease directory, durably;
