@@ -240,8 +240,7 @@ class Master:
             self.channel.check_peers(known=ranks.failed)
         if self.federation is not None:
             self._federation_round(now)
-        # Withdrawn from the work, a master leaves the fuzzers' finds to those still working.
-        if self.importer is not None and self.phase is Phase.RUNNING and self.withdrew_at is None:
+        if self.importer is not None and self.phase is Phase.RUNNING:
             with self.guard:
                 if self.importer.round(now):
                     self.stats.last_find = SYSTEM_CLOCK.time()  # afl-fuzz counts imports as finds
