@@ -276,6 +276,30 @@ def test_under_ulfm_a_group_that_dies_whole_is_withdrawn_by_the_first_master(tmp
     assert ids == list(range(len(ids)))
 
 
+@pytest.mark.parametrize(("masters", "workers", "faults"), [
+    # Masters at world ranks 0 and 2, a worker each: master 1's group takes the place.
+    (2, 2, "0:die@3,1:die@3"),
+    # Masters at 0, 2 and 4: master 1's group takes the place, master 2 goes on as it was.
+    (3, 3, "0:die@3,1:die@3"),
+], ids=["2-masters", "3-masters"])
+def test_under_ulfm_the_first_masters_whole_group_lost_the_next_group_takes_its_place(
+        tmp_path, masters, workers, faults):
+    """The first master dies right after a WORK send, its worker as that run begins:
+    nobody of its group is left. The next master hands its own work over (withdrawn, its
+    share to the masters still working) and takes the first master's place with its
+    workers: the AFL face moves without a gap or an id twice, and the campaign ends in the
+    job."""
+    out, process = completed_despite(tmp_path, faults, masters=masters, workers=workers,
+                                     children=True)
+    output = process.stdout + process.stderr
+    assert "master 1 takes the first master's place" in output
+    failures = stats(out)["extra"]["failures"]
+    assert [(f["master_index"], f["master"]) for f in failures] == [(0, "new")], failures
+    assert "the first master's whole group" in failures[0]["failed"][0]
+    ids = sorted(int(name[3:9]) for name in os.listdir(out / "queue"))
+    assert ids == list(range(len(ids)))
+
+
 @pytest.mark.parametrize(("faults", "reason"), [
     # The first master withdrew, then died: nobody is left to decide the end.
     ("1:die@2,0:die@1=withdrawn", None),

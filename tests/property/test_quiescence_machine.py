@@ -307,6 +307,23 @@ class QuiescenceMachine(RuleBasedStateMachine):
                 self.pending[m] += self.deferred[m]  # what it set aside is its work again
                 self.deferred[m] = self.deferred_by_masters[m] = 0
 
+    @precondition(lambda self: self.root.outcome is not Outcome.CONFLICT
+                  and ROOT not in self.withdrawn)
+    @rule(m=MASTER)
+    def root_group_gone(self, m):
+        """Root dies with every rank of its group: master `m` (the heir, federation/
+        succession.py) hands its own work over as a withdrawing master does, says farewell
+        and takes root's place with its workers (`root_succession`), its own index left."""
+        m = self._master(m)
+        if m == ROOT or m in self.withdrawn or len(self.withdrawn) + 1 == self.masters:
+            return
+        self.withdraw(m)
+        self.left.add(m)
+        for pair in self.channels:
+            if m in pair:
+                self.channels[pair].clear()
+        self.root_succession()
+
     @rule(m=MASTER)
     def withdraw(self, m):
         """Master `m` has no worker left (federation/withdrawal.py): what it holds and what it

@@ -19,7 +19,7 @@ from symcc_mpi.federation.figures import combine
 from symcc_mpi.federation.layout import groups
 from symcc_mpi.federation.masters import QUIESCENCE_WINDOW, Federation
 from symcc_mpi.federation.ownership import new_epoch, owner
-from symcc_mpi.federation.roster import SUCCESSION_WAIT
+from symcc_mpi.federation.roster import SUCCESSION_WAIT, Claim, Roster
 from symcc_mpi.roles.faults import Faults
 from symcc_mpi.scheduling.frontier import Frontier
 from symcc_mpi.wire.control import Prepare
@@ -334,13 +334,51 @@ def test_a_withdrawn_master_that_dies_is_no_loss_and_root_stops_waiting_for_it(t
         == [Prepare]
 
 
-def test_the_first_masters_group_gone_stops_the_campaign_withdrawn_or_not(tmp_path):
+def test_the_first_masters_group_gone_after_it_withdrew_stops_the_campaign(tmp_path):
     channel = RecordingChannel(failed={0, 1, 2})
     federation = successor_of_master_1(tmp_path, channel)
     (federation.directory / "withdrawn-0").touch()
     federation._masters_died()
-    assert federation.lost
+    assert federation.lost and not federation.heir
     assert "master 0 died and no worker of its is left" in federation.stop_reason
+
+
+def masters_of_3(tmp_path, failed):
+    """Masters 1 and 2 of 3 (world ranks 0-1, 2-3 and 4-5), MPI's dead as given."""
+    epoch = new_epoch()
+    made = []
+    for index in (1, 2):
+        federation = Federation(RecordingChannel(failed=failed), index=index, masters=3,
+                                out=tmp_path, epoch=epoch, world_ranks=groups(6, 3),
+                                execution_timeout=1.0)
+        federation.open(ManualClock())
+        made.append(federation)
+    return made
+
+
+def test_the_first_masters_whole_group_gone_the_next_group_with_a_living_rank_is_heir(
+        tmp_path):
+    first, second = masters_of_3(tmp_path, failed={0, 1})
+    for federation in (first, second):
+        federation._masters_died()
+        assert not federation.lost
+    assert first.heir and not second.heir
+    assert 0 in second.roster.awaiting  # it waits for the heir as for a successor
+    # Master 1's group dies too before it took the place: master 2 is the heir then.
+    _, second = masters_of_3(tmp_path / "again", failed={0, 1, 2, 3})
+    second._masters_died()
+    assert second.heir and not second.lost
+
+
+def test_a_master_of_another_group_may_take_the_first_masters_place_once_its_group_is_gone():
+    roster = Roster(groups(6, 3))
+    roster.dead.add(0)
+    heir = Successor(0, [Death("ranks 0-1 (the first master's whole group)", 1.0, 0.1)])
+    assert roster.vet(2, heir, root=False, failed={0}) is Claim.INVALID  # rank 1 lives
+    assert roster.vet(1, heir, root=False, failed={0}) is Claim.TAKEN  # a worker of it
+    assert roster.vet(2, heir, root=False, failed={0, 1}) is Claim.TAKEN
+    assert roster.vet(5, heir, root=False, failed={0, 1}) is Claim.TAKEN  # a successor of 2
+    assert roster.vet(2, Successor(1, []), root=False, failed={0, 1}) is Claim.INVALID
 
 
 def test_a_new_first_master_learns_from_the_record_of_the_masters_that_closed(tmp_path):

@@ -99,6 +99,10 @@ class Federation(Succession, Withdrawal, Closing):
         # Root: groups gone whole (withdrawal.py), each (till when it tries, when it was seen),
         # and the failure lines that wait for its next dispatch.
         self.reclaiming: dict[int, tuple[float, float]] = {}
+        # The first master's group died whole (succession.py): when, and whether this
+        # master's group takes its place.
+        self.root_gone_at: float | None = None
+        self.heir = False
         self.awaiting_dispatch: list[dict] = []
         self.work_owner_of = self.owner_of  # who analyses a digest: its owner among `working`
         self.next_withdrawal_check = 0.0
@@ -419,7 +423,7 @@ class Federation(Succession, Withdrawal, Closing):
         elif tag == Tag.QUIESCENCE:
             self._on_control(own, source, incoming.message, now)
         elif tag == Tag.FINDING and self.root:
-            self._name_finding(own.campaign, incoming.message)
+            self.name_finding(own.campaign, incoming.message)
         elif tag == Tag.FIGURES and self.root:
             self.figures[incoming.message.master] = incoming.message.snapshot
             if incoming.message.final:
@@ -457,7 +461,7 @@ class Federation(Succession, Withdrawal, Closing):
 
     # -- root: the AFL face and the figures -------------------------------------------------
 
-    def _name_finding(self, campaign: CampaignDir, finding: Finding) -> None:
+    def name_finding(self, campaign: CampaignDir, finding: Finding) -> None:
         if finding.kind == "queue":
             named = campaign.queue_finding(finding.digest, finding.parent)
         else:

@@ -74,14 +74,21 @@ class Roster:
             del self.awaiting[index]
         return late
 
-    def vet(self, world: int, news: Successor, *, root: bool) -> Claim:
+    def vet(self, world: int, news: Successor, *, root: bool,
+            failed: Container[int] = frozenset()) -> Claim:
         """Whether world rank `world` may take master `news.master`'s place, as told to
         root (another master's) or to another master (root's): a rank of that master's
-        group, other than the dead one, the master known dead."""
+        group, other than the dead one, the master known dead; or, for the first master's
+        place once every rank of its group is in MPI's dead (`failed`), another master
+        (federation/succession.py: the heir)."""
         index = news.master
         heeded = range(1, len(self.world_ranks)) if root else (0,)
-        if not (isinstance(index, int) and index in heeded) \
-                or world not in self.world_ranks[index]:
+        if not (isinstance(index, int) and index in heeded):
+            return Claim.INVALID
+        group = self.world_ranks[index]
+        if index == 0 and all(rank in failed for rank in group):
+            group = [rank for ranks in self.world_ranks[1:] for rank in ranks]
+        if world not in group:
             return Claim.INVALID
         if world == self.world_of[index]:  # the dead one itself, or one located already
             return Claim.INVALID if index in self.dead else Claim.KNOWN

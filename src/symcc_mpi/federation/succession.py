@@ -25,6 +25,11 @@ log = logging.getLogger("symcc_mpi.federation")
 FAREWELL_CHECK = 1.0  # seconds between a new root's looks for the masters that closed
 
 
+class FirstMastersPlace(Exception):
+    """Raised by the master loop of the heir (`Succession._heir`): the first master's group
+    died whole, and this master's group takes its place (job/federated.py)."""
+
+
 class Succession:
     """Mixed into `Federation`, whose state it reads and changes (its roster, its quiescence
     participant and coordinator, root's figures, the messages a new root is handed again)."""
@@ -47,7 +52,7 @@ class Succession:
         for index in list(self.roster.awaiting):
             if failed.issuperset(self.world_ranks[index]):  # nobody left to take its place
                 del self.roster.awaiting[index]
-                self._group_gone(index)
+                self._group_gone(index, failed)
 
     def _lose(self, reason: str) -> None:
         """The campaign cannot end exhausted: it stops for `--resume` (exit status 1)."""
@@ -67,10 +72,12 @@ class Succession:
         """World rank `world` says it took master `news.master`'s place (roster.vet): root
         heeds the others' successors, the others root's. The news may come before this
         master's own check of MPI's dead: then it checks first."""
-        claim = self.roster.vet(world, news, root=self.root)
+        claim = self.roster.vet(world, news, root=self.root,
+                                failed=self.channel.failed_ranks())
         if claim is Claim.LIVES:
             self._masters_died()
-            claim = self.roster.vet(world, news, root=self.root)
+            claim = self.roster.vet(world, news, root=self.root,
+                                    failed=self.channel.failed_ranks())
         index = news.master
         if claim in (Claim.INVALID, Claim.LIVES):
             own.count_malformed()
@@ -111,21 +118,43 @@ class Succession:
         rank has no master left: the campaign stops, for `--resume`."""
         talks_to = self.indices[1:] if self.root else (0,)
         for index in self.roster.locate(failed, talks_to):
-            self._group_gone(index)
+            self._group_gone(index, failed)
 
-    def _group_gone(self, index: int) -> None:
+    def _group_gone(self, index: int, failed: set[int]) -> None:
         """Master `index` died and its group has no rank left to take its place. No loss if
         it had withdrawn from the work; if it had not, root withdraws it in its place
-        (withdrawal.py). The first master's group gone, the campaign stops."""
+        (withdrawal.py). The first master's group gone, the heir's group takes its place
+        (`_heir`), and the others wait for it as for any successor of root's; unless the
+        first master had withdrawn (its share is the others' already, and its place would
+        come back with workers nobody gives work): then the campaign stops."""
         if self._withdrawn_died(index):
             return
         if self.root and index != 0:
             self.reclaiming.setdefault(index, (self.clock.monotonic() + RECLAIM_LOCK_WAIT,
                                                self.clock.time()))
             return
+        if index == 0 and not self.root and not (self.done or self.stop_reason) \
+                and 0 not in self.withdrawn | self._withdrawals_on_record():
+            log.error("the first master died with every rank of its group")
+            self.root_gone_at = self.clock.time()
+            self.heir = self._heir(failed)
+            if not self.heir:
+                self.roster.awaiting[0] = self.clock.monotonic() + SUCCESSION_WAIT
+            return
         log.error("master %d died and its group has no worker left", index)
         self._lose(f"master {index} died and no worker of its is left: continue with "
                    "--resume")
+
+    def _heir(self, failed: set[int]) -> bool:
+        """Whether this master's group takes the first master's place, its group gone whole:
+        the first group after it with a living rank. Every master decides alike from MPI's
+        dead (a group seen dead is dead; one seen alive by mistake only delays the choice),
+        and a group with a living rank has a master, or will once a worker took its place."""
+        heir = next((k for k in self.indices[1:]
+                     if not failed.issuperset(self.world_ranks[k])), None)
+        if heir == self.index:
+            log.warning("master %d takes the first master's place", self.index)
+        return heir == self.index
 
     def inherit_root(self) -> Inheritance:
         """This master takes the first master's place: what the dead root left on record."""

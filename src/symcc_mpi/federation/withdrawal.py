@@ -70,6 +70,15 @@ class Withdrawal:
         is the last master that works) and the campaign must stop."""
         if not set(self.working) - self._withdrawals_on_record() - {self.index}:
             return False
+        split = self.leave_the_work(own)
+        log.warning("master %d has no worker left: it withdraws from the work, which %s%s",
+                    self.index, self._who_shares(),
+                    f" ({len(split)} inputs it was splitting go whole, split anew)"
+                    if split else "")
+        return True
+
+    def leave_the_work(self, own: OwnMaster) -> list[str]:
+        """Steps 2-5 above (its journal durable already); the inputs it was splitting."""
         split = own.give_up_splits()
         for digest in list(self.held):
             self.abandon(digest)
@@ -78,11 +87,7 @@ class Withdrawal:
         self._stop_working(self.index)
         while own.frontier:
             own.frontier.take()
-        log.warning("master %d has no worker left: it withdraws from the work, which %s%s",
-                    self.index, self._who_shares(),
-                    f" ({len(split)} inputs it was splitting go whole, split anew)"
-                    if split else "")
-        return True
+        return split
 
     @property
     def at_work(self) -> bool:
@@ -188,7 +193,7 @@ class Withdrawal:
                            "with --resume")
                 continue
             for finding in settled.findings:
-                self._name_finding(own.campaign, finding)
+                self.name_finding(own.campaign, finding)
             released = self.leases.release(owner_name(self.epoch, index),
                                            _done_anywhere(own))
             write_durable(self.directory / f"withdrawn-{index}", b"")

@@ -4,15 +4,19 @@ master waits for."""
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import replace
 
+from symcc_mpi.campaign.corpus import CampaignDir
+from symcc_mpi.campaign.wal import Kind, kind_of
 from symcc_mpi.config import CampaignConfig, UsageError
 from symcc_mpi.durable.clock import SYSTEM_CLOCK
 from symcc_mpi.durable.storage import STORAGE_EXIT
 from symcc_mpi.federation.layout import groups
 from symcc_mpi.federation.masters import CONFLICT_EXIT, Federation
 from symcc_mpi.federation.ownership import new_epoch
+from symcc_mpi.federation.succession import FirstMastersPlace
 from symcc_mpi.job.assembly import open_or_refuse, refuse_workers
 from symcc_mpi.job.ending import end_job, flush
 from symcc_mpi.roles.faults import FaultKind, die
@@ -66,8 +70,12 @@ def run_federated(world, config: CampaignConfig, *, outlive_ranks: bool,
             federation = Federation(Channel(federation_comm), index=index,
                                     masters=config.masters, out=config.out, epoch=epoch,
                                     world_ranks=layout, execution_timeout=config.timeout)
+            heir = functools.partial(_take_the_first_masters_place, federation_comm, config,
+                                     layout=layout, epoch=epoch, world_rank=world.rank,
+                                     host=host) if outlive_ranks else None
             status = _run_federated_master(group, masters_comm, federation, config,
-                                           members, outlive_ranks=outlive_ranks, host=host)
+                                           members, outlive_ranks=outlive_ranks, host=host,
+                                           heir=heir)
             flush(federation.channel, world.rank)
         if outlive_ranks:  # after a death, MPI_Finalize may wait for ever (DESIGN §8)
             flush(group, world.rank)
@@ -88,10 +96,10 @@ def run_federated(world, config: CampaignConfig, *, outlive_ranks: bool,
 
 def _run_federated_master(group, masters_comm, federation, config: CampaignConfig,
                           members: tuple[str, ...], *, outlive_ranks: bool,
-                          host: Host = MACHINE) -> int:
+                          host: Host = MACHINE, heir=None) -> int:
     """Root opens OUT (checks, creates, adds the seeds), then the others open their state;
     any master's refusal refuses the whole job. After the campaign, the masters meet once
-    more and root removes the job's lease table."""
+    more and root removes the job's lease table. `heir`: see `_run_to_the_end`."""
     problem = ""
     master = None
     if federation.root:
@@ -120,17 +128,30 @@ def _run_federated_master(group, masters_comm, federation, config: CampaignConfi
     master.members = members
     master.ranks.world_ranks = tuple(federation.world_ranks[federation.index])
     federation.open()
-    return _run_to_the_end(master, federation)
+    return _run_to_the_end(master, federation, heir)
 
 
-def _run_to_the_end(master, federation) -> int:
+def _run_to_the_end(master, federation, heir=None) -> int:
     """The master's campaign, its close, and the last word between masters: root removes
     the job's lease table once every other master is done with it (a master stuck past the
-    deadline keeps it there, for the next run's root to remove)."""
+    deadline keeps it there, for the next run's root to remove). `heir` (under ULFM): if the
+    first master's group dies whole and this master is its heir (FirstMastersPlace), it
+    hands its work over and `heir(group, index, detected)` runs the rest of the job as the
+    first master."""
+    handing_over = False
     try:
         status = master.run()
+    except FirstMastersPlace:
+        if heir is None:
+            raise
+        handing_over = True
+        master.hand_over()
     finally:
         master.close()
+    if handing_over:
+        federation.farewell()  # on record, with its final figures, for the new root
+        flush(federation.channel, master.ranks.world_ranks[0])
+        return heir(master.channel, federation.index, federation.root_gone_at)
     master.release_workers()
     federation.farewell()
     if federation.root and federation.await_farewells(master.own, FINAL_BARRIER_DEADLINE):
@@ -165,15 +186,21 @@ def _serve_or_succeed(group: Channel, federation_comm, config: CampaignConfig, *
                     log.warning("rank %d: its master is gone (%s) after STOP: exiting",
                                 world_rank, failure)
                     return 1
-                dead_master = describe_process(gathered[0][1], gathered[0][0])
-                log.warning("rank %d: master %d (%s) is gone (%s): its group shrinks",
-                            world_rank, index, dead_master, failure)
+                index = worker.serves  # the first master's, if its group took that place
+                master_was = gathered[0]
+                log.warning("rank %d: master %d's group failed (%s): it shrinks",
+                            world_rank, index, failure)
                 began = SYSTEM_CLOCK.monotonic()
                 revoke(group.comm)
                 comm, gathered, _ = shrink(group.comm, (world_rank, host.endpoint()),
                                            errhandler=MPI.ERRORS_RETURN)
                 group = Channel(comm)
-                deaths.append(Death(dead_master, detected, SYSTEM_CLOCK.monotonic() - began))
+                if gathered[0][0] == master_was[0]:  # it lives: it took the first one's place
+                    log.warning("rank %d: master %d (rank %d) serves as the first master now",
+                                world_rank, index, master_was[0])
+                    continue
+                deaths.append(Death(describe_process(master_was[1], master_was[0]), detected,
+                                    SYSTEM_CLOCK.monotonic() - began))
                 if group.rank != 0:
                     continue
                 worker.close()
@@ -186,10 +213,35 @@ def _serve_or_succeed(group: Channel, federation_comm, config: CampaignConfig, *
         flush(group, world_rank)
 
 
+def _take_the_first_masters_place(federation_comm, config: CampaignConfig, group: Channel,
+                                  index: int, detected: float, *, layout: list[range],
+                                  epoch: bytes, world_rank: int, host: Host = MACHINE) -> int:
+    """Master `index`, the heir of the first master whose group died whole, has handed its
+    work over (Master.hand_over): its group's communicator is revoked and shrunk, so that
+    its workers serve it in a new generation (their packs of its dispatches are removed, as
+    a successor removes a dead master's), and it takes the first master's place as a worker
+    taking a dead master's place does (`_succeed`), its own index left."""
+    from mpi4py import MPI
+
+    began = SYSTEM_CLOCK.monotonic()
+    revoke(group.comm)
+    comm, gathered, _ = shrink(group.comm, (world_rank, host.endpoint()),
+                               errhandler=MPI.ERRORS_RETURN)
+    left = CampaignDir(config.out, master=index)
+    records, _ = left.inspect_journal()
+    left.clear_staging({r["token"] for r in records if kind_of(r) is Kind.DISPATCH})
+    first = layout[0]
+    death = Death(f"ranks {first.start}-{first.stop - 1} (the first master's whole group)",
+                  detected, SYSTEM_CLOCK.monotonic() - began)
+    return _succeed(Channel(comm), federation_comm, config, index=0, layout=layout,
+                    epoch=epoch, gathered=gathered, deaths=[death], host=host, left=index)
+
+
 def _succeed(group: Channel, federation_comm, config: CampaignConfig, *, index: int,
              layout: list[range], epoch: bytes, gathered: list, deaths: list[Death],
-             host: Host = MACHINE) -> int:
-    """This worker is master `index` now (`_serve_or_succeed`)."""
+             host: Host = MACHINE, left: int | None = None) -> int:
+    """This worker is master `index` now (`_serve_or_succeed`); or master `left`, whose
+    group took the first master's place (`_take_the_first_masters_place`)."""
     world_ranks = tuple(world for world, _ in gathered)
     log.warning("rank %d: taking master %d's place", world_ranks[0], index)
     federation = Federation(Channel(federation_comm), index=index, masters=config.masters,
@@ -202,6 +254,9 @@ def _succeed(group: Channel, federation_comm, config: CampaignConfig, *, index: 
     # commits it redoes) comes from this world rank. A new first master tells the others.
     if index == 0:
         inherited = federation.inherit_root()
+        if left is not None:  # it said farewell on record (inherit_root read it)
+            federation.roster.dead.add(left)
+            federation.coordinator.leave(left)
         federation.announce_root(Successor(0, deaths, decided=inherited.decided))
     else:
         federation.announce(Successor(index, deaths))
@@ -227,6 +282,9 @@ def _succeed(group: Channel, federation_comm, config: CampaignConfig, *, index: 
     else:
         for finding in master.campaign.findings_to_forward():
             federation.forward(finding)
+    if left is not None:  # what it handed the dead first master may not be named
+        for finding in CampaignDir(config.out, master=left).findings_to_forward():
+            federation.name_finding(master.campaign, finding)
     last = deaths[-1]
     # What the dead master had out goes out again: on record as taken back (F443).
     master.records.recovered(master.generation, [last.failed], master.in_flight_at_takeover,

@@ -24,6 +24,7 @@ from symcc_mpi.dispatch.watchdog import WatchdogConfig
 from symcc_mpi.durable.clock import SYSTEM_CLOCK
 from symcc_mpi.federation.masters import CONFLICT_EXIT
 from symcc_mpi.federation.own_master import OwnMaster
+from symcc_mpi.federation.succession import FirstMastersPlace
 from symcc_mpi.roles.faults import FaultKind, Faults, die
 from symcc_mpi.roles.ranks import Ranks
 from symcc_mpi.roles.records import DispatchNotRecorded, WorkRecords
@@ -186,7 +187,8 @@ class Master:
             signal.signal(signum, self.stopping.on_signal)
         for rank in self.ranks.workers:
             self.channel.send(rank, Tag.CONFIG, ConfigVerdict(
-                ok=True, doorbell=self.doorbell.address, generation=self.generation))
+                ok=True, doorbell=self.doorbell.address, generation=self.generation,
+                master=self.federation.index if self.federation is not None else 0))
         if self.phase is Phase.STOPPING:  # a generation that began while workers were stopping
             self.stopping.send_stops()
         self.next_report = self.next_sweep = 0.0
@@ -284,6 +286,8 @@ class Master:
             die(f"fault: SIGKILL of master {federation.index}, which withdrew from the work")
         with self.guard:
             federation.round(self.own, now)
+        if federation.heir:
+            raise FirstMastersPlace(federation.index)
         if federation.conflict:
             log.error("the masters disagree on the end of the campaign (%s); ending the job",
                       federation.conflict)
@@ -303,6 +307,19 @@ class Master:
             return False
         self.withdrew_at = SYSTEM_CLOCK.monotonic()
         return True
+
+    def hand_over(self) -> None:
+        """This master's group goes to the first master's place (FirstMastersPlace): what is
+        in flight is taken back on record (its runs are cut short), and the master leaves the
+        work as one that withdraws does, its journal durable first. Then `close`."""
+        with self.guard:
+            for _, transaction in list(self.dispatch.tables.transactions()):
+                self.records.requeue(transaction.work_id,
+                                     "its master took the first master's place")
+            self.checkpoint.after_round(final=True)
+        self.federation.leave_the_work(self.own)
+        with self.guard:
+            self.report(final=True)  # for its farewell on record
 
     # -- routing -------------------------------------------------------------------------
 

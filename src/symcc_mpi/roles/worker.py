@@ -88,6 +88,7 @@ class Worker:
         self.executions = 0
         self.executor_time = 0.0
         self.generation = 0
+        self.serves = 0  # with several masters, the index of the master it serves
         self.stopped = False  # its master sent STOP: the campaign's end has begun
         self.phases = PhaseClock()
 
@@ -100,6 +101,7 @@ class Worker:
         if not isinstance(verdict, ConfigVerdict) or not verdict.ok:
             return 2
         self.generation = verdict.generation
+        self.serves = verdict.master
         if self.problem:
             channel.send(MASTER, Tag.FATAL, Fatal(socket.gethostname(), self.problem))
             _wait_for(channel, Tag.STOP)

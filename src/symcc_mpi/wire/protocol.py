@@ -192,6 +192,9 @@ class ConfigVerdict(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     error: str = ""
     doorbell: str = ""  # the master's doorbell address (doorbell.py), for workers on its host
     generation: int = 0  # the communicator generation this CONFIG opens (ulfm/)
+    # With several masters, the index of the master the group serves: one whose group took
+    # the first master's place serves master 0 (federation/succession.py).
+    master: int = 0
 
 
 class FindingKind(str, enum.Enum):
