@@ -244,8 +244,8 @@ def test_under_ulfm_a_dead_master_is_replaced_by_one_of_its_workers(
     # Master 1's group, worker then master, is gone: no loss.
     ("3:die@2,2:die@1=withdrawn", [1], [(1, 2, "withdrawn"), (1, 3, "withdrawn")]),
     # Master 1's last rank dies inside its takeover, before it could withdraw: root
-    # withdraws it in its place.
-    ("2:die@3,3:die@1=recovery", [], [(1, 2, "new"), (1, 2, "reclaimed")]),
+    # withdraws it in its place (having heard of the takeover first, or not).
+    ("2:die@3,3:die@1=recovery", [], [(1, 2, "reclaimed")]),
 ], ids=["a-masters-last-worker", "the-first-masters-last-worker", "a-master-of-2-ranks",
         "the-first-master-of-2-ranks", "a-withdrawn-master-dies", "a-group-gone-in-its-takeover"])
 def test_under_ulfm_a_master_left_with_no_worker_withdraws_and_the_others_finish(
@@ -255,8 +255,11 @@ def test_under_ulfm_a_master_left_with_no_worker_withdraws_and_the_others_finish
     output = process.stdout + process.stderr
     for index in withdrawn:
         assert f"master {index} has no worker left: it withdraws from the work" in output
-    assert sorted((f["master_index"], int(f["failed"][0].split()[1]), f["master"])
-                  for f in stats(out)["extra"]["failures"]) == failures
+    found = sorted((f["master_index"], int(f["failed"][0].split()[1]), f["master"])
+                   for f in stats(out)["extra"]["failures"])
+    if faults == "2:die@3,3:die@1=recovery":  # the takeover is on record if root heard of it
+        found = [f for f in found if f != (1, 2, "new")]  # before its successor's death
+    assert found == failures
     ids = sorted(int(name[3:9]) for name in os.listdir(out / "queue"))
     assert ids == list(range(len(ids)))
 

@@ -320,6 +320,11 @@ def test_root_withdraws_at_once_a_master_whose_group_has_no_rank_left(tmp_path):
     root._masters_died()
     assert not root.roster.awaiting  # no successor is waited for
     assert set(root.reclaiming) == {1} and not root.lost
+    # A successor's claim delivered after its death (it died inside its takeover): void.
+    late = Successor(1, [Death("rank 3 (pid 9 on vm)", 1.0, 0.1)])
+    root._on_message(own_master(), Incoming(4, Tag.SUCCESSOR, late), 2.0)
+    assert root.roster.world_of[1] == 3 and 1 in root.roster.dead
+    assert not root.roster.successions and set(root.reclaiming) == {1}
 
 
 def test_a_withdrawn_master_that_dies_is_no_loss_and_root_stops_waiting_for_it(tmp_path):

@@ -72,14 +72,16 @@ class Succession:
         """World rank `world` says it took master `news.master`'s place (roster.vet): root
         heeds the others' successors, the others root's. The news may come before this
         master's own check of MPI's dead: then it checks first."""
-        claim = self.roster.vet(world, news, root=self.root,
-                                failed=self.channel.failed_ranks())
+        failed = self.channel.failed_ranks()
+        claim = self.roster.vet(world, news, root=self.root, failed=failed)
         if claim is Claim.LIVES:
             self._masters_died()
-            claim = self.roster.vet(world, news, root=self.root,
-                                    failed=self.channel.failed_ranks())
+            failed = self.channel.failed_ranks()
+            claim = self.roster.vet(world, news, root=self.root, failed=failed)
         index = news.master
-        if claim in (Claim.INVALID, Claim.LIVES):
+        if world in failed:  # it died since: its group's death is handled as such
+            log.warning("rank %d claimed master %r's place, and died", world, index)
+        elif claim in (Claim.INVALID, Claim.LIVES):
             own.count_malformed()
             log.warning("rank %d claims the place of master %r, which %s", world, index,
                         "lives" if claim is Claim.LIVES else "it cannot take")
