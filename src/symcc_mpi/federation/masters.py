@@ -12,10 +12,11 @@ keep and the crashes they find (`Finding`), and their figures (`Figures`), over 
 communicator; it alone names queue/, crashes/, hangs/ entries (AFL's sync skips an id that
 appears after a higher one) and writes stats.json, fuzzer_stats and plot_data.
 
-A dead master's place is taken by a worker of its group, the first master's too
-(succession.py); a master left with no worker withdraws from the work, which the others
-share, and root withdraws in its place a master whose group died whole (withdrawal.py); the
-masters' last meeting is closing.py's.
+A dead master's place is taken by a worker of its group, the first master's too, and the
+first master's by the next group's master if its group died whole (succession.py); a master
+left with no worker withdraws from the work, which the others share, and root withdraws in
+its place a master whose group died whole (withdrawal.py); the masters' last meeting is
+closing.py's.
 """
 
 from __future__ import annotations

@@ -6,7 +6,9 @@ successors; the others heed root's. The first master's successor inherits what r
 record (root_record.py), finds the others at their groups' lowest living ranks (roster.py) and
 tells them; each hands it again what the dead root may have lost: its own succession, the
 findings it has not seen named, its last figures, its STOP. A group with no rank left has no
-successor: root withdraws its master from the work in its place (withdrawal.py).
+successor: root withdraws its master from the work in its place (withdrawal.py); the first
+master's, the next group's master leaves its own place and takes that one (`_heir`,
+job/federated.py), its workers with it.
 """
 
 from __future__ import annotations
