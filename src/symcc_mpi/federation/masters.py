@@ -100,11 +100,11 @@ class Federation(Succession, Withdrawal, Closing):
         # Root: groups gone whole (withdrawal.py), each (till when it tries, when it was seen),
         # and the failure lines that wait for its next dispatch.
         self.reclaiming: dict[int, tuple[float, float]] = {}
+        self.awaiting_dispatch: list[dict] = []
         # The first master's group died whole (succession.py): when, and whether this
         # master's group takes its place.
         self.root_gone_at: float | None = None
         self.heir = False
-        self.awaiting_dispatch: list[dict] = []
         self.work_owner_of = self.owner_of  # who analyses a digest: its owner among `working`
         self.next_withdrawal_check = 0.0
         self.world_ranks = world_ranks  # per master index, its group's ranks in COMM_WORLD

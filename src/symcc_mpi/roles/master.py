@@ -286,7 +286,7 @@ class Master:
             die(f"fault: SIGKILL of master {federation.index}, which withdrew from the work")
         with self.guard:
             federation.round(self.own, now)
-        if federation.heir:
+        if federation.heir and self.phase is Phase.RUNNING:  # not once it stops its workers
             raise FirstMastersPlace(federation.index)
         if federation.conflict:
             log.error("the masters disagree on the end of the campaign (%s); ending the job",
