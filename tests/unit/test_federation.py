@@ -225,8 +225,8 @@ def test_masters_end_up_with_the_union_of_their_maps(tmp_path):
     states[0].pruning.merge(1, difference(bytes(MAP_SIZE), qsym_map({11: 0x04})))
     states[1].pruning.merge(3, difference(bytes(MAP_SIZE), qsym_map({12: 0x08})))
     for master, state in zip(masters, states, strict=True):
-        master.exchange_maps(state)  # the first publishes before the second has
-    masters[0].exchange_maps(states[0])
+        master.maps.exchange(state)  # the first publishes before the second has
+    masters[0].maps.exchange(states[0])
     for state in states:
         assert not state.triage.adds_coverage(normal(3, 4, 8))
         assert state.triage.edges_covered == 3

@@ -1,5 +1,5 @@
 """map_exchange.py: the masters of one job publish their maps to files in the job's lease
-directory and read each other's when they change (Federation.exchange_maps, which ORs them
+directory and read each other's when they change (MapExchange.exchange, which ORs them
 in: test_federation.py)."""
 
 from __future__ import annotations

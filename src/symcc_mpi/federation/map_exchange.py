@@ -23,6 +23,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from symcc_mpi.campaign.checkpoint import Checkpointer
+from symcc_mpi.coverage.edges import MAX_MAP_SIZE
+from symcc_mpi.coverage.pruning import MAP_SIZE as PRUNING_MAP_SIZE
 from symcc_mpi.durable.atomic import write_durable
 
 log = logging.getLogger("symcc_mpi.federation")
@@ -92,9 +95,21 @@ class MapExchange:
             self._read += 1
         return maps
 
-    def gained(self) -> None:
-        """A map `changed` returned added bits to this master's."""
-        self._gained += 1
+    def exchange(self, checkpoint: Checkpointer) -> None:
+        """The others' triage and pruning maps ORed into this master's (`checkpoint`'s),
+        then its own published for them."""
+        if (triage := checkpoint.triage) is not None:
+            for seen in self.changed(TRIAGE, range(1, MAX_MAP_SIZE + 1)):
+                if triage.absorb(seen):
+                    self._gained += 1
+                    checkpoint.triage_dirty = True
+            self.publish(TRIAGE, triage.seen_bytes())
+        if (pruning := checkpoint.pruning) is not None:
+            for whole in self.changed(PRUNING, range(PRUNING_MAP_SIZE, PRUNING_MAP_SIZE + 1)):
+                if pruning.absorb(whole):
+                    self._gained += 1
+            if (shared := pruning.shared_map()) is not None:
+                self.publish(PRUNING, shared)
 
     def _reject(self, path: Path, why: str) -> None:
         log.warning("%s is not a map this master can merge (%s): ignored", path, why)

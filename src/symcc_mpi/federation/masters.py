@@ -29,18 +29,15 @@ from collections.abc import Iterable
 from dataclasses import asdict
 from pathlib import Path
 
-from symcc_mpi.campaign.checkpoint import Checkpointer
 from symcc_mpi.campaign.corpus import CampaignDir
 from symcc_mpi.campaign.layout import LEASE_DIRECTORY_PREFIX
-from symcc_mpi.coverage.edges import MAX_MAP_SIZE
-from symcc_mpi.coverage.pruning import MAP_SIZE as PRUNING_MAP_SIZE
 from symcc_mpi.durable.clock import SYSTEM_CLOCK, Clock
 from symcc_mpi.federation.closing import Closing
 from symcc_mpi.federation.figures import FederationStatistics, plain
 from symcc_mpi.federation.hints import HintReader, PublicationLog
 from symcc_mpi.federation.lease_config import LeaseConfig
 from symcc_mpi.federation.leases import FencedWorkLeaseTable
-from symcc_mpi.federation.map_exchange import EXCHANGE_INTERVAL, PRUNING, TRIAGE, MapExchange
+from symcc_mpi.federation.map_exchange import EXCHANGE_INTERVAL, MapExchange
 from symcc_mpi.federation.master_leases import WorkLeases
 from symcc_mpi.federation.own_master import OwnMaster
 from symcc_mpi.federation.ownership import lease_directory, owner_among, owner_name
@@ -312,7 +309,7 @@ class Federation(Succession, Withdrawal, Closing):
             self.discover(own)
         if now >= self.next_exchange:
             self.next_exchange = now + EXCHANGE_INTERVAL
-            self.exchange_maps(own.checkpoint)
+            self.maps.exchange(own.checkpoint)
         idle = own.exhausted() and not self.active_since_status
         self.active_since_status = False
         if (status := self.participant.status(idle, now)) is not None:
@@ -342,23 +339,6 @@ class Federation(Succession, Withdrawal, Closing):
             found += own.frontier.add(digest)
         recovered = self.leases.recover_expired(limit=RECOVERY_LIMIT)
         return found + self._take_recovered(own.frontier, recovered, own.campaign.corpus)
-
-    def exchange_maps(self, checkpoint: Checkpointer) -> None:
-        """The others' triage and pruning maps ORed into this master's, then its own
-        published for them (map_exchange.py)."""
-        if (triage := checkpoint.triage) is not None:
-            for seen in self.maps.changed(TRIAGE, range(1, MAX_MAP_SIZE + 1)):
-                if triage.absorb(seen):
-                    self.maps.gained()
-                    checkpoint.triage_dirty = True
-            self.maps.publish(TRIAGE, triage.seen_bytes())
-        if (pruning := checkpoint.pruning) is not None:
-            for whole in self.maps.changed(PRUNING, range(PRUNING_MAP_SIZE,
-                                                          PRUNING_MAP_SIZE + 1)):
-                if pruning.absorb(whole):
-                    self.maps.gained()
-            if (shared := pruning.shared_map()) is not None:
-                self.maps.publish(PRUNING, shared)
 
     def rescan(self, own: OwnMaster) -> bool:
         """F320 §2.5 step 3, before a vote: everything published or expired is looked at once
