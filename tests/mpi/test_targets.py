@@ -75,6 +75,18 @@ def seeds_owned(tmp_path: Path, candidates: list[bytes]) -> Path:
     return seeds
 
 
+def two_masters_splitting(tmp_path: Path, env: dict, *arguments):
+    """A campaign of two masters with two workers each on gate, each splitting a seed of its
+    own at the start, over the same branches: (OUT, the finished process)."""
+    out = tmp_path / "out"
+    seeds = seeds_owned(tmp_path, [b"GT0000abc", b"GT0000abe", b"GT0000abd", b"GT0001abc"])
+    process = explore(out, "--target", f"{BUILD / 'gate'} @@", "--seeds", seeds, "--split",
+                      "--workers", 4, "--masters", 2, "--afl-target", f"{BUILD / 'gate.afl'} @@",
+                      *arguments, env=dict(os.environ, **env))
+    assert_oracles(out, process)
+    return out, process
+
+
 def test_a_single_master_splits_its_one_seed_and_analyses_each_input_once(tmp_path):
     out = tmp_path / "out"
     seeds = tmp_path / "seeds"
@@ -99,13 +111,8 @@ def test_a_single_master_splits_its_one_seed_and_analyses_each_input_once(tmp_pa
 def test_two_masters_never_hold_overlapping_target_groups_at_once(tmp_path):
     # Each master splits a gate seed of its own at the start, over the same branches, and
     # the campaign runs until its frontier is exhausted.
-    out = tmp_path / "out"
-    seeds = seeds_owned(tmp_path, [b"GT0000abc", b"GT0000abe", b"GT0000abd", b"GT0001abc"])
-    env = dict(os.environ, SYMCC_MPI_LOG="DEBUG")
-    process = explore(out, "--target", f"{BUILD / 'gate'} @@", "--seeds", seeds,
-                      "--split", "--workers", 4, "--masters", 2, "--wall-timeout", 120,
-                      "--afl-target", f"{BUILD / 'gate.afl'} @@", env=env)
-    assert_oracles(out, process)
+    out, process = two_masters_splitting(tmp_path, {"SYMCC_MPI_LOG": "DEBUG"},
+                                         "--wall-timeout", 120)
     assert stats(out)["extra"]["stop_reason"] == "frontier exhausted"
     groups = held_intervals(process.stdout + process.stderr)
     by_master = defaultdict(set)
@@ -124,15 +131,10 @@ def test_a_paused_master_blocks_its_target_group_only_until_the_ttl(tmp_path):
     # worker (`stop`), so that its groups, over the same gate branches, come while master 1
     # holds: the overlapping one goes out only once master 1's claim expired, and before
     # master 1 is back.
-    out = tmp_path / "out"
-    seeds = seeds_owned(tmp_path, [b"GT0000abc", b"GT0000abe", b"GT0000abd", b"GT0001abc"])
-    env = dict(os.environ, SYMCC_MPI_LOG="DEBUG", SYMCC_TARGET_LEASE_TTL=str(TTL),
-               SYMCC_MPI_FAULTS="m1:pause@2=12,1:pause@1=5,2:pause@1=5")
-    process = explore(out, "--target", f"{BUILD / 'gate'} @@", "--seeds", seeds,
-                      "--split", "--workers", 4, "--masters", 2, "--wall-timeout", 30,
-                      "--fault-tolerance", "off",
-                      "--afl-target", f"{BUILD / 'gate.afl'} @@", env=env)
-    assert_oracles(out, process)
+    out, process = two_masters_splitting(
+        tmp_path, {"SYMCC_MPI_LOG": "DEBUG", "SYMCC_TARGET_LEASE_TTL": str(TTL),
+                   "SYMCC_MPI_FAULTS": "m1:pause@2=12,1:pause@1=5,2:pause@1=5"},
+        "--wall-timeout", 30, "--fault-tolerance", "off")
     groups = held_intervals(process.stdout + process.stderr)
     paused = [g for g in groups if g["rank"] == 3]  # master 1's first rank (3 ranks each)
     assert paused, "master 1 claimed no target group"
@@ -199,14 +201,8 @@ def test_a_master_that_loses_its_workers_while_it_splits_hands_the_input_over_wh
     # Both of master 1's workers die at their second dispatch (a group of the split, or the
     # one taken back from the other): master 1 withdraws with parts still to run, and master
     # 0 analyses that seed anew, whole, then split.
-    out = tmp_path / "out"
-    seeds = seeds_owned(tmp_path, [b"GT0000abc", b"GT0000abe", b"GT0000abd", b"GT0001abc"])
-    env = dict(os.environ, SYMCC_MPI_FAULTS="4:die@2,5:die@2")
-    process = explore(out, "--target", f"{BUILD / 'gate'} @@", "--seeds", seeds,
-                      "--split", "--workers", 4, "--masters", 2, "--timeout", 20,
-                      "--fault-tolerance", "on",
-                      "--afl-target", f"{BUILD / 'gate.afl'} @@", env=env)
-    assert_oracles(out, process)
+    out, process = two_masters_splitting(tmp_path, {"SYMCC_MPI_FAULTS": "4:die@2,5:die@2"},
+                                         "--timeout", 20, "--fault-tolerance", "on")
     output = process.stdout + process.stderr
     assert "master 1 has no worker left: it withdraws from the work" in output
     assert "inputs it was splitting go whole" in output
@@ -215,4 +211,5 @@ def test_a_master_that_loses_its_workers_while_it_splits_hands_the_input_over_wh
     done = [r["digest"] for path in (out / "state").glob("**/done.jsonl")
             for r in CampaignDir(out).inspect_journal(path)[0] if "kind" not in r]
     assert sorted(done) == sorted(set(done))  # each input once, the one handed over too
+    seeds = tmp_path / "seeds"
     assert {hashlib.sha256(p.read_bytes()).hexdigest() for p in seeds.iterdir()} <= set(done)
