@@ -20,6 +20,11 @@ CPU per task (every master's loop, summed, over the campaign's executions). Conf
 alternate within each repetition, so a load change on this shared machine hits them alike.
 With --previous-tree, each configuration runs at this revision and at the tree's, one after
 the other, and a last table gives this / previous.
+
+With M > 1 masters on `noop`, M independent one-master campaigns also run at once, each with
+its share of the workers and of the seeds ("apart"): as many processes on the cores as the
+campaign of M masters, each master with as many workers. Their CPU per task is what M masters
+cost without the federation; the campaign's CPU over theirs is the federation's own.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import json
 import statistics
 import sys
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from _campaign import ROOT, done_records, keep_stdout, print_table, revision, run_campaign
@@ -94,6 +100,24 @@ def measure(workload: str, masters: int, workers: int, seeds: int, scratch: Path
     }
 
 
+def measure_apart(masters: int, workers: int, seeds: int, scratch: Path) -> float:
+    """CPU ms per task of `masters` one-master noop campaigns run at once, the workers and
+    the seeds shared out as a campaign of `masters` masters shares them."""
+    def one(index: int) -> dict:
+        seeds_dir = scratch / f"apart-seeds-{masters}-{index}"
+        seeds_dir.mkdir(exist_ok=True)
+        for number in range(index, seeds, masters):
+            (seeds_dir / f"seed{number:05d}").write_bytes(b"seed %d" % number)
+        share = workers // masters + (index < workers % masters)
+        return run_campaign(scratch / f"apart-{masters}-{index}", "--executor", "noop",
+                            "--target", "/bin/true", "--seeds", str(seeds_dir),
+                            "--workers", str(share), "--fault-tolerance", "off")
+    with ThreadPoolExecutor(masters) as pool:
+        campaigns = list(pool.map(one, range(masters)))
+    cpu = sum(stats["extra"]["master_loop_cpu_seconds"] for stats in campaigns)
+    return round(1e3 * cpu / sum(stats["executions"] for stats in campaigns), 3)
+
+
 def median_of(samples: list[dict], key: str):
     values = [s[key] for s in samples if s[key] is not None]
     return statistics.median(values) if values else None
@@ -131,16 +155,20 @@ def report(options: argparse.Namespace, sides: dict[str, dict | None]) -> None:
                     for side, env in sides.items():
                         directory = Path(scratch) / f"r{repeat}"
                         directory.mkdir(exist_ok=True)
-                        runs.setdefault((side, workload, masters), []).append(
-                            measure(workload, masters, options.workers, options.seeds,
-                                    directory, env))
+                        sample = measure(workload, masters, options.workers, options.seeds,
+                                         directory, env)
+                        sample["apart_cpu_ms_per_task"] = measure_apart(
+                            masters, options.workers, options.seeds, directory) \
+                            if side == "this" and workload == "noop" and masters > 1 else None
+                        runs.setdefault((side, workload, masters), []).append(sample)
 
     rows, figures = [], []
     medians: dict[tuple[str, str, int], dict] = {}
     for (side, workload, masters), samples in runs.items():
         median = {key: median_of(samples, key) for key in (
             "executions", "unique", "redundancy", "tasks_per_second", "lease_writes_per_task",
-            "lock_wait_ms_per_task", "root_task_ms", "masters_cpu_ms_per_task", "seconds")}
+            "lock_wait_ms_per_task", "root_task_ms", "masters_cpu_ms_per_task",
+            "apart_cpu_ms_per_task", "seconds")}
         alone = medians.get((side, workload, 1))
         median["rate_vs_one_master"] = round(median["tasks_per_second"] /
                                              alone["tasks_per_second"], 3) if alone else None
@@ -148,6 +176,10 @@ def report(options: argparse.Namespace, sides: dict[str, dict | None]) -> None:
             median["masters_cpu_ms_per_task"] - alone["masters_cpu_ms_per_task"], 3) \
             if alone and None not in (median["masters_cpu_ms_per_task"],
                                       alone["masters_cpu_ms_per_task"]) else None
+        median["federation_cpu_ms_per_task"] = round(
+            median["masters_cpu_ms_per_task"] - median["apart_cpu_ms_per_task"], 3) \
+            if None not in (median["masters_cpu_ms_per_task"],
+                            median["apart_cpu_ms_per_task"]) else None
         median["redundancy_worst"] = max(s["redundancy"] for s in samples)
         median["per_master_executions"] = samples[-1]["per_master_executions"]
         median["stop_reasons"] = sorted({s["stop_reason"] for s in samples})
@@ -160,13 +192,16 @@ def report(options: argparse.Namespace, sides: dict[str, dict | None]) -> None:
                      median["lease_writes_per_task"], median["lock_wait_ms_per_task"],
                      median["root_task_ms"], _or_dash(median["masters_cpu_ms_per_task"]),
                      _or_dash(median["extra_cpu_ms_per_task"]),
+                     _or_dash(median["apart_cpu_ms_per_task"]),
+                     _or_dash(median["federation_cpu_ms_per_task"]),
                      "/".join(map(str, median["per_master_executions"])), median["seconds"]])
     print(f"multimaster at {revision()}" + (f" against {options.previous_revision}"
                                             if options.previous_revision else ""))
     print_table(["side", "workload", "masters", "workers", "executions", "unique",
                  "redundancy (worst)", "tasks/s", "vs 1 master", "lease writes/task",
                  "lock wait ms/task", "root ms/task", "masters CPU ms/task",
-                 "CPU ms/task over 1 master", "per master", "seconds"], rows)
+                 "CPU ms/task over 1 master", "apart CPU ms/task", "federation's own ms/task",
+                 "per master", "seconds"], rows)
     ratios = []
     if "previous" in sides:
         for (side, workload, masters), mine in medians.items():
