@@ -49,6 +49,9 @@ class CampaignConfig:
     # Node-local directory for each rank's temporary files (scratch.py); None: each node's
     # temporary directory. Not in `to_json`: not the campaign's identity, a resume may move it.
     scratch: Path | None = None
+    # How workers hand their packs of children to their master (worker.py): "files" in
+    # OUT/.staging, "mpi" in messages, "auto" files where a worker sees OUT. Not in `to_json`.
+    results_via: str = "auto"
 
     @property
     def hybrid(self) -> bool:

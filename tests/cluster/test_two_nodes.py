@@ -294,3 +294,77 @@ def test_a_campaign_on_two_hosts_finds_the_planted_bug(build, cluster, tmp_path)
     print(f"\n{cluster.topology}: {elapsed:.1f} s (a crash, and every worker busy, after "
           f"{found:.1f} s), {figures['executions']} executions, per host {per_host}, "
           f"{len(crashes)} crashes, members {members}, daemons {daemons}")
+
+
+def _wait(condition, seconds: float, what: str, launcher) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if launcher.poll() is not None:
+            pytest.fail(f"the campaign ended first: {launcher.stdout.read()[-3000:]}")
+        if time.monotonic() > deadline:
+            pytest.fail(f"{what}: not within {seconds} s")
+        time.sleep(0.5)
+
+
+def _failures(out: Path) -> list[dict]:
+    try:
+        return stats(out)["extra"]["failures"]
+    except (OSError, ValueError, KeyError):
+        return []
+
+
+def test_workers_that_do_not_see_out_send_their_results_over_mpi(build, cluster, tmp_path):
+    # node-b has a mount namespace of its own in which an empty tmpfs covers tmp_path, OUT's
+    # parent: its workers cannot see OUT at all, and send their results over MPI
+    # (--results-via auto); node-a's worker stages its own in OUT. Once the planted bug is
+    # found, one of node-b's workers is killed from outside: ULFM recovers, the work goes on.
+    out = tmp_path / "out"
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("".join(f"{host} slots={SLOTS}\n" for host in HOSTS))
+    cluster.env["FAKE_RSH_HIDE"] = f"node-b:{tmp_path}"
+    command = cluster.mpirun(
+        "--hostfile", hostfile, "-n", len(HOSTS) * SLOTS, "--map-by", "slot",
+        "--with-ft", "ulfm", "--mca", "pml", "ob1", "--mca", "btl", "tcp,self",
+        sys.executable, "-m", "symcc_mpi", "explore", "--target", f"{build / 'tlv'} @@",
+        "--seeds", build.parent / "seeds" / "tlv", "--out", out, "--timeout", 20,
+        "--wall-timeout", FOUND_WITHIN + 120)
+    launcher = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True, cwd=ROOT, env=cluster.env, start_new_session=True)
+    try:
+        _wait(lambda: _found_and_everyone_worked(out), FOUND_WITHIN,
+              "a crash found, and every worker busy", launcher)
+        members = _members(out)
+        assert members is not None, "a fault-tolerant run records its members"
+        victim = members[-1]
+        assert victim.startswith("node-b/"), members
+        os.kill(int(victim.split("/")[1]), signal.SIGKILL)
+        _wait(lambda: any(f["first_dispatch"] for f in _failures(out)), FOUND_WITHIN,
+              "work again after the worker's death", launcher)
+        (out / STOP_REQUEST).touch()
+        output, _ = launcher.communicate(timeout=EXIT_WITHIN)
+    finally:
+        if launcher.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(launcher.pid, signal.SIGKILL)
+            launcher.wait()
+
+    assert_oracles(out, subprocess.CompletedProcess(command, launcher.returncode, output, ""))
+    crashes = crash_files(out)
+    assert crashes and all(crashes_natively(build / "tlv", p.read_bytes(), tmp_path)
+                           for p in crashes)
+    figures = stats(out)
+    assert figures["extra"]["stop_reason"] == "stop requested"
+    (failure,) = figures["extra"]["failures"]
+    assert failure["failed"][0].startswith(f"rank {len(members) - 1} "), failure
+    uploads = figures["extra"]["packs_over_mpi"]
+    assert uploads["packs"] > 0 and uploads["refused"] == 0, uploads
+    assert figures["extra"]["invalid_results"] == {}
+    # node-b's two workers said so at their start; node-a's worker sees OUT.
+    assert output.count("sends its results over MPI (it does not see --out)") == SLOTS, output
+    per_host = {host: sum(figures["per_worker"][str(rank)]["executions"]
+                          for rank, member in enumerate(members)
+                          if member.startswith(host) and rank) for host in HOSTS}
+    assert all(per_host.values()), per_host
+    print(f"\n{cluster.topology}: {figures['executions']} executions, per host {per_host}, "
+          f"{uploads['packs']} packs over MPI ({uploads['bytes']} bytes), {len(crashes)} "
+          f"crashes, failure {failure['failed']}")

@@ -63,6 +63,26 @@ def test_triton_campaign_with_afl_triage_finds_the_planted_bug(build, tmp_path, 
         assert len(busy) >= 2, "work was not spread over the workers"
 
 
+def test_results_over_mpi_leave_nothing_to_the_workers_in_out(build, tmp_path):
+    # --results-via mpi: the workers write nothing into OUT, their packs reach the master in
+    # PACK pieces and are committed as staged ones are (the workers here could see OUT).
+    out = tmp_path / "out"
+    process = explore(out, "--target", f"{build / 'tlv'} @@", "--afl-target",
+                      f"{build / 'tlv'}.afl @@", "--seeds", build.parent / "seeds" / "tlv",
+                      "--workers", 2, "--timeout", 20, "--results-via", "mpi",
+                      timeout=CAMPAIGN_LIMIT)
+    assert_oracles(out, process)
+    assert crash_files(out), process.stdout[-2000:]
+    extra = stats(out)["extra"]
+    assert extra["stop_reason"] == "frontier exhausted"
+    uploads = extra["packs_over_mpi"]
+    assert uploads["packs"] > 0 and uploads["bytes"] > 0, uploads
+    assert uploads["refused"] == uploads["stale_pieces"] == 0, uploads
+    assert extra["invalid_results"] == {} and extra["staging_rejected"] == 0
+    assert process.stdout.count("sends its results over MPI (--results-via mpi)") == 2
+    assert list((out / ".staging").iterdir()) == []
+
+
 @pytest.mark.parametrize("example", ["magic", "checksum"])
 def test_without_triage_every_new_input_is_explored(build, tmp_path, example):
     out = tmp_path / "out"

@@ -33,11 +33,11 @@ def facts(out) -> dict[str, str]:
                 if ": " in line)
 
 
-def survived(build, out, workers: int, faults: str, *, failures: int, new_masters: int = 0,
-             work_after: bool = True):
-    """Run a campaign with `faults`; check it completed with every oracle, and return its
-    stats' failures."""
-    process = campaign(build, out, workers, faults)
+def survived(build, out, workers: int, faults: str, *extra, failures: int,
+             new_masters: int = 0, work_after: bool = True):
+    """Run a campaign with `faults` (and the options `extra`); check it completed with every
+    oracle, and return its stats' failures."""
+    process = campaign(build, out, workers, faults, *extra)
     assert_oracles(out, process)  # exit status 0 though ranks died; verify OK
     figures = stats(out)
     extra = figures["extra"]
@@ -120,6 +120,18 @@ def test_a_master_dying_inside_a_commit_has_it_finished_by_the_next(build, tmp_p
     dispatched = Counter(r["digest"] for r in journal if r.get("kind") == "dispatch")
     assert committed_by_the_dead
     assert all(dispatched[digest] == 1 for digest in committed_by_the_dead)
+
+
+def test_with_results_over_mpi_a_dead_worker_and_a_master_dying_in_a_commit(build, tmp_path):
+    # Packs that came over MPI are in OUT/.staging before their commit begins: a master that
+    # dies inside one leaves its successor what a worker's staged pack would have.
+    out = tmp_path / "worker"
+    survived(build, out, 2, "1:die@3", "--results-via", "mpi", failures=1)
+    assert stats(out)["extra"]["packs_over_mpi"]["packs"] > 0
+    out = tmp_path / "master"
+    survived(build, out, 2, "0:die@3=after-manifest", "--results-via", "mpi", failures=1,
+             new_masters=1)
+    assert stats(out)["extra"]["redone_commits"] >= 1
 
 
 def test_a_master_dying_as_it_closes_the_campaign_is_replaced_by_a_worker_that_closes_it(

@@ -51,7 +51,8 @@ def run_once(tmp_path, executor: Executor):
     digest = sha256_bytes(data)
     try:
         return worker._run(None, Work(token="ab" * 16, digest=digest,
-                                      objects={digest: data}), watch=False)
+                                      objects={digest: data}), worker.scratch / "pack",
+                           watch=False)
     finally:
         worker.close()
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import secrets
 import shutil
 from collections.abc import Iterable
 from pathlib import Path
@@ -58,6 +59,7 @@ class CampaignDir(AflQueues):
         self.quarantine = out / "quarantine"
         self._staging = str(self.staging)
         self._staging_fd: int | None = None  # open_staged's
+        self._marker: str | None = None  # mark_staging's
         self.done_journal = self.state / DONE_JOURNAL
         self._lock = FileLock(self.state / MASTER_LOCK)
         self.journal = DoneLog(self.done_journal, self.quarantine, guard=self._check_owner)
@@ -121,6 +123,9 @@ class CampaignDir(AflQueues):
                     self._save_snapshot(whole, in_flight=[], closed=True)
             finally:
                 self.publish_log.close()
+                if self._marker is not None:
+                    _remove(os.path.join(self._staging, self._marker))
+                    self._marker = None
                 if self._staging_fd is not None:
                     os.close(self._staging_fd)
                     self._staging_fd = None
@@ -375,6 +380,15 @@ class CampaignDir(AflQueues):
         self._add_to_queue(digest, sources=(source_id,), op=None, sync=instance,
                            new_coverage=new_coverage)
 
+    def mark_staging(self) -> str:
+        """The name of a file this master makes in OUT/.staging/ and removes at close: a
+        worker that sees it shares OUT with its master (ConfigVerdict.staging_marker)."""
+        if self._marker is None:
+            name = f".master-{secrets.token_hex(8)}"
+            (self.staging / name).touch(exist_ok=False)
+            self._marker = name
+        return self._marker
+
     def discard_staging(self, token: str) -> None:
         _remove(self.staged_pack(token))
 
@@ -390,7 +404,8 @@ class CampaignDir(AflQueues):
                 self.discard_staging(token)
             return
         for leftover in self.leftover_staging():
-            _remove(str(leftover))
+            if leftover.name != self._marker:
+                _remove(str(leftover))
 
     def request_stop(self, run_id: str) -> None:
         """Ask the master of run `run_id` to stop (stop.py)."""

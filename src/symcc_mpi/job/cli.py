@@ -44,12 +44,19 @@ def cli() -> None:
 @click.option("--seeds", type=click.Path(path_type=Path), metavar="DIR",
               help="Directory of seed inputs (optional with --resume or --afl-sync).")
 @click.option("--out", type=click.Path(path_type=Path), metavar="DIR",
-              help="Campaign directory (on a filesystem every rank sees).")
+              help="Campaign directory (on a filesystem every master sees; see "
+                   "--results-via for the workers).")
 @click.option("--scratch", type=click.Path(path_type=Path), metavar="DIR",
               help="Node-local directory for temporary files: each worker's executor runs, "
                    "QSYM map, object cache and coverage probes live in a directory it makes "
-                   "there and removes at exit; only staging goes to --out. Default: each "
+                   "there and removes at exit; only their results go to --out. Default: each "
                    "node's temporary directory ($TMPDIR or /tmp), coverage probes in /dev/shm.")
+@click.option("--results-via", type=click.Choice(["auto", "files", "mpi"]), default="auto",
+              show_default=True,
+              help="How a worker hands its generated inputs to its master: files in "
+                   "--out/.staging (its node must see --out), messages over MPI (only the "
+                   "masters' nodes need --out), or auto: files where a worker sees --out, "
+                   "MPI where it does not.")
 @click.option("--afl-sync", type=click.Path(path_type=Path), metavar="AFL_OUT",
               help="Hybrid campaign beside AFL++ fuzzers run with -o AFL_OUT: it lives in "
                    "AFL_OUT/NAME, imports their queues and waits for them when it has nothing "
@@ -90,7 +97,7 @@ def cli() -> None:
 @click.option("--no-live", is_flag=True, help="Progress lines instead of the live view.")
 def explore(target, seeds, out, afl_sync, name, workers, masters, executor, afl_target,
             plain_target, timeout, memory_limit, wall_timeout, max_idle, pruning,
-            fault_tolerance, split, resume, no_live, scratch) -> None:
+            fault_tolerance, split, resume, no_live, scratch, results_via) -> None:
     """Explore a target from seed inputs with N workers until the frontier is exhausted
     (or, with --afl-sync, beside AFL++ fuzzers until stopped)."""
     from symcc_mpi.campaign.afl_sync import check_instance_name
@@ -128,6 +135,7 @@ def explore(target, seeds, out, afl_sync, name, workers, masters, executor, afl_
             split=split,
             resume=resume,
             scratch=scratch.absolute() if scratch is not None else None,
+            results_via=results_via,
             fault_tolerance=fault_tolerance or ("on" if launched_by_us() else "auto"),
         )
         if under_mpi():

@@ -80,6 +80,7 @@ def _own_snapshot(master) -> CampaignSnapshot:
             "malformed_messages": stats.malformed_messages,
             "invalid_results": dict(stats.invalid_results),
             "staging_rejected": stats.staging_rejected,
+            "packs_over_mpi": master.uploads.figures(),
             "first_crash_seconds": stats.first_crash_seconds,
             "startup_seconds": stats.startup_seconds,
             "dispatch": asdict(master.dispatch.statistics()),

@@ -61,14 +61,14 @@ class PhaseClock:
         return phases
 
 
-def execute(work: Work, config: CampaignConfig, executor, probe, scratch: Path,
+def execute(work: Work, config: CampaignConfig, executor, probe, scratch: Path, pack: Path,
             objects: ObjectStore, skipped: SkippedEntries,
             qsym_map: WorkerMap | None = None, clock: PhaseClock | None = None,
             witness: Witness | None = None) -> Result:
     """Run one input: keep the objects and map bits WORK carries, verify the input's bytes,
-    run it, have `witness` confirm a crash or a hang, stage its children in one pack (staging.py),
-    report what it added to the QSYM map. Output entries that are not regular files are
-    tallied in `skipped`; the time of each phase goes to `clock`."""
+    run it, have `witness` confirm a crash or a hang, stage its children in one pack at `pack`
+    (staging.py), report what it added to the QSYM map. Output entries that are not regular
+    files are tallied in `skipped`; the time of each phase goes to `clock`."""
     clock = clock or PhaseClock()
     if qsym_map is not None:
         try:
@@ -92,7 +92,6 @@ def execute(work: Work, config: CampaignConfig, executor, probe, scratch: Path,
         return failed(work, actual, INVALID_INPUT, "input bytes do not match their SHA-256")
     local_input = scratch / "input"
     local_input.write_bytes(data)
-    stage = config.out / ".staging" / work.token  # the pack of this dispatch's children
     raw = scratch / "generated"
     _emptied(raw)
     if qsym_map is not None:
@@ -108,11 +107,11 @@ def execute(work: Work, config: CampaignConfig, executor, probe, scratch: Path,
     if witness is not None:  # it re-runs a crash or a hang only
         outcome = witness.judge(outcome, data, local_input, executor.name, config.timeout)
         clock.lap("probe")
-    staged, refused = write_pack(outcome.generated, stage, work.digest)
+    staged, refused = write_pack(outcome.generated, pack, work.digest)
     skipped.note(outcome.skipped)
     skipped.note(refused.items())
     clock.lap("staging")
-    entries = _describe(staged, stage, probe)
+    entries = _describe(staged, pack, probe)
     clock.lap("probe")
     return Result(
         token=work.token, digest=actual, outcome=outcome.outcome.value,

@@ -20,7 +20,7 @@ from symcc_mpi.roles.faults import (
     hold_until_released,
     stop_self,
 )
-from symcc_mpi.wire.protocol import Result, StagedFile, Tag
+from symcc_mpi.wire.protocol import PackChunk, Result, StagedFile, Tag
 from symcc_mpi.wire.staging import Pack, Staged, write_entries
 from symcc_mpi.wire.transport import Channel
 
@@ -40,6 +40,9 @@ def misbehave(channel: Channel, config: CampaignConfig, faults: Faults, number: 
     elif faults.fire(FaultKind.PAUSE, number):
         stop_self(until=received + faults.pause_seconds(number))
     if hostile := faults.hostile_field(number):
+        if hostile == "pack":  # a piece of its pack over MPI, out of order
+            channel.send(MASTER, Tag.PACK, PackChunk(result.token, 1, HOSTILE_MARK, True),
+                         ring=False)
         channel.send_raw(MASTER, Tag.RESULT, _hostile_result(config, result, hostile))
         return True
     if faults.fire(FaultKind.MALFORMED_RESULT, number):

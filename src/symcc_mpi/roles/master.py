@@ -17,6 +17,7 @@ from symcc_mpi.campaign.checkpoint import Checkpointer
 from symcc_mpi.campaign.commit import Committer
 from symcc_mpi.campaign.corpus import CampaignDir
 from symcc_mpi.campaign.stats import MasterStats, WorkerStats
+from symcc_mpi.campaign.uploads import PackUploads
 from symcc_mpi.config import CampaignConfig
 from symcc_mpi.coverage.pruning import PruningLedger
 from symcc_mpi.dispatch.coordinator import DispatchCoordinator
@@ -38,6 +39,7 @@ from symcc_mpi.wire.doorbell import Doorbell
 from symcc_mpi.wire.protocol import (
     ConfigVerdict,
     Fatal,
+    PackChunk,
     Ready,
     Release,
     Result,
@@ -119,10 +121,12 @@ class Master:
         self.times = TaskTimes()
         self.sender = WorkSender(ranks, dispatch, self.records, self.faults, stats, self.times,
                                  frontier=frontier, lower=lower, report_now=self._report_now)
+        self.uploads = PackUploads(str(campaign.staging))
         self.judge = ResultJudge(dispatch, self.committer, self.split, self.records,
                                  self.faults, stats, self.stopping, campaign=campaign,
                                  frontier=frontier, lower=lower, federation=federation,
-                                 pruning=pruning, count_doorbells=self._count_doorbells)
+                                 pruning=pruning, count_doorbells=self._count_doorbells,
+                                 uploads=self.uploads)
         self.recovery = Recovery(ranks, dispatch, campaign, self.records, stats, self.stopping,
                                  self.sender, self.times, count_doorbells=self._count_doorbells,
                                  report_now=self._report_now)
@@ -185,10 +189,12 @@ class Master:
     def run(self) -> int:
         for signum in (signal.SIGINT, signal.SIGTERM):
             signal.signal(signum, self.stopping.on_signal)
+        marker = self.campaign.mark_staging()
         for rank in self.ranks.workers:
             self.channel.send(rank, Tag.CONFIG, ConfigVerdict(
                 ok=True, doorbell=self.doorbell.address, generation=self.generation,
-                master=self.federation.index if self.federation is not None else 0))
+                master=self.federation.index if self.federation is not None else 0,
+                staging_marker=marker))
         if self.phase is Phase.STOPPING:  # a generation that began while workers were stopping
             self.stopping.send_stops()
         self.next_report = self.next_sweep = 0.0
@@ -336,6 +342,8 @@ class Master:
                         incoming.error)
             if incoming.tag == Tag.READY:
                 self.dispatch.ready(rank, None, malformed=True)
+            elif incoming.tag == Tag.PACK and (found := self.dispatch.tables.find(rank)):
+                self.uploads.refuse(rank, found[1].token, incoming.error)
             return
         if isinstance(message, Ready):
             if message.rings and rank not in self.ranks.ringing:
@@ -344,6 +352,10 @@ class Master:
             self.dispatch.ready(rank, message.token)
         elif isinstance(message, Result):
             self._on_result(rank, message)
+        elif isinstance(message, PackChunk):
+            found = self.dispatch.tables.find(rank)
+            with self.guard:  # a write into OUT
+                self.uploads.receive(rank, message, found[1].token if found else None)
         elif isinstance(message, StopAck):
             self.ranks.acked.add(rank)
         elif isinstance(message, Fatal):
@@ -356,6 +368,8 @@ class Master:
     def _on_result(self, rank: int, result: Result) -> None:
         started = SYSTEM_CLOCK.monotonic()
         self.judge.handle(rank, result)
+        if self.uploads.written(result.token):  # as its worker would, seeing OUT
+            self.campaign.discard_staging(result.token)
         self.times.handled(result.token, started, self.naps)
 
     def _on_fatal(self, rank: int, fatal: Fatal) -> None:

@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 from symcc_mpi.campaign.commit import Accepted, Committer, Refused, Unusable
 from symcc_mpi.campaign.stats import MasterStats
+from symcc_mpi.campaign.uploads import PackUploads
 from symcc_mpi.dispatch.coordinator import DispatchCoordinator
 from symcc_mpi.dispatch.tables import CommitStart, ResultClass
 from symcc_mpi.durable.storage import storage_refused
@@ -34,8 +35,9 @@ class ResultJudge:
     def __init__(self, dispatch: DispatchCoordinator, committer: Committer, split: WorkSource,
                  records: WorkRecords, faults: Faults, stats: MasterStats, stopping: Stopping,
                  *, campaign, frontier, lower, federation, pruning,
-                 count_doorbells: Callable[[], object]):
+                 count_doorbells: Callable[[], object], uploads: PackUploads):
         self.dispatch = dispatch
+        self.uploads = uploads  # the packs that came over MPI
         self.committer = committer
         self.split = split
         self.records = records
@@ -52,6 +54,9 @@ class ResultJudge:
 
     def handle(self, rank: int, result: Result) -> None:
         if not self._current(rank, result):
+            return
+        if (problem := self.uploads.problem(rank, result.token)) is not None:
+            self.refuse(rank, result.token, ResultField.PACK, f"its pack over MPI: {problem}")
             return
         work = self.dispatch.work_of(rank)
         digest, part = parse_work_id(work) if work is not None else (None, None)

@@ -25,8 +25,11 @@ from symcc_mpi.roles.hostile import misbehave
 from symcc_mpi.wire.protocol import (
     INTERRUPTED,
     INVALID_INPUT,
+    PACK_CHUNK,
+    UPLOAD_WINDOW,
     ConfigVerdict,
     Fatal,
+    PackChunk,
     Ready,
     Result,
     ResultOutcome,
@@ -102,8 +105,9 @@ class Worker:
             return 2
         self.generation = verdict.generation
         self.serves = verdict.master
-        if self.problem:
-            channel.send(MASTER, Tag.FATAL, Fatal(socket.gethostname(), self.problem))
+        over_mpi, problem = self._results_path(verdict.staging_marker)
+        if problem := self.problem or problem:
+            channel.send(MASTER, Tag.FATAL, Fatal(socket.gethostname(), problem))
             _wait_for(channel, Tag.STOP)
             channel.send(MASTER, Tag.STOP_ACK, StopAck(0, 0.0))
             _wait_for(channel, Tag.RELEASE)
@@ -131,14 +135,16 @@ class Worker:
                     self.stopped = True
                     break
                 received = SYSTEM_CLOCK.monotonic()
-                if last_token is not None:
+                if last_token is not None and not over_mpi:
                     finished_staging.append(config.out / ".staging" / last_token)
+                pack = self.scratch / "pack" if over_mpi \
+                    else config.out / ".staging" / message.token
                 if message.generation != self.generation:
                     result = failed(message, message.digest, INVALID_INPUT,
                                     f"WORK of generation {message.generation} in generation "
                                     f"{self.generation}")
                 else:
-                    result = self._run(channel, message, watch_during_runs)
+                    result = self._run(channel, message, pack, watch_during_runs)
                 clock.lap("other")
                 result = msgspec.structs.replace(result, phases=clock.take())
                 self.executions += 1
@@ -146,10 +152,12 @@ class Worker:
                 if misbehave(channel, config, self.faults, self.executions, result,
                              previous_token, received):
                     continue
+                if over_mpi and result.staged:
+                    upload(channel, MASTER, message.token, pack)
                 channel.send(MASTER, Tag.RESULT, result, ring=False)  # the READY rings
                 clock.lap("messages")
                 self.executor_time += result.wall_time
-            if last_token is not None:  # STOP comes after the master is done with it
+            if last_token is not None and not over_mpi:  # the master is done with it
                 (config.out / ".staging" / last_token).unlink(missing_ok=True)
             channel.send(MASTER, Tag.STOP_ACK, StopAck(self.executions, self.executor_time))
             _wait_for(channel, Tag.RELEASE)
@@ -157,11 +165,27 @@ class Worker:
             doorbell.close()
         return 0
 
-    def _run(self, channel: Channel, work: Work, watch: bool) -> Result:
+    def _results_path(self, marker: str) -> tuple[bool, str]:
+        """(whether this rank sends its packs over MPI, why it cannot work if it cannot):
+        over MPI if asked to (--results-via mpi), or if it does not see the master's marker
+        in OUT/.staging/ (--results-via auto): OUT is not shared with its node."""
+        via = self.config.results_via
+        sees = bool(marker) and (self.config.out / ".staging" / marker).is_file()
+        if via == "files" and not sees:
+            return False, (f"rank {self.rank} does not see --out {self.config.out} as its "
+                           "master does (--results-via files); leave --results-via at auto "
+                           "for its results to travel over MPI")
+        over_mpi = via == "mpi" or not sees
+        if over_mpi and self.generation == 0:
+            log.info("rank %d sends its results over MPI (%s)", self.rank,
+                     "--results-via mpi" if via == "mpi" else "it does not see --out")
+        return over_mpi, ""
+
+    def _run(self, channel: Channel, work: Work, pack: Path, watch: bool) -> Result:
         if self.faults.fire(FaultKind.DIE, self.executions + 1):
             die(f"rank {self.rank}: fault: SIGKILL during its execution #{self.executions + 1}")
         run = functools.partial(execute, work, self.config, self.executor, self.probe,
-                                self.scratch, self.objects, self.skipped, self.qsym_map,
+                                self.scratch, pack, self.objects, self.skipped, self.qsym_map,
                                 self.phases, self.witness)
         try:
             result = _watching(channel, run, self.executor) if watch else run()
@@ -234,6 +258,23 @@ def _watching(channel: Channel, run, executor):
     if "error" in outcome:
         raise outcome["error"]
     return outcome["result"]
+
+
+def upload(channel: Channel, master: int, token: str, pack: Path) -> None:
+    """The pack of dispatch `token`, to `master` in pieces (campaign/uploads.py), at most
+    UPLOAD_WINDOW of them in memory and in flight."""
+    with open(pack, "rb") as handle:
+        offset = 0
+        data = handle.read(PACK_CHUNK)
+        while True:
+            following = handle.read(PACK_CHUNK)
+            channel.send(master, Tag.PACK, PackChunk(token, offset, data, last=not following),
+                         ring=False)
+            if not following:
+                return
+            channel.wait_sends(keep=UPLOAD_WINDOW - 1, ring=master)
+            offset += len(data)
+            data = following
 
 
 def _make_probe(config: CampaignConfig, scratch: Path):

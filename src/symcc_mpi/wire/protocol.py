@@ -37,6 +37,9 @@ class Tag(enum.IntEnum):
     QUIESCENCE = 11  # the two-phase end of the campaign (quiescence.py)
     SUCCESSOR = 12  # a worker took a dead master's place, to the first master
     FAREWELL = 13  # a master is done with the job's lease table, to the first master
+    # A piece of a dispatch's pack of children, from a worker that does not see OUT, before
+    # its RESULT (campaign/uploads.py)
+    PACK = 14
 
 
 class ResultOutcome(str, enum.Enum):
@@ -72,6 +75,11 @@ SHA256_PATTERN = re.compile(r"^[0-9a-f]{64}$")
 MAX_GENERATED = 1 << 20  # files one run may leave, and staged entries one RESULT may list
 MAX_STAGED_SIZE = 1 << 30  # bytes of one staged file
 MAX_TARGETS = 1 << 20  # branch targets one message may name (executors/base.py)
+# A pack that travels over MPI (PackChunk): in pieces of at most PACK_CHUNK bytes, at most
+# MAX_PACK in all.
+PACK_CHUNK = 1 << 20
+UPLOAD_WINDOW = 4  # pieces a worker has in flight at most
+MAX_PACK = 1 << 32
 
 
 class ResultField(str, enum.Enum):
@@ -94,6 +102,7 @@ class ResultField(str, enum.Enum):
     PRUNING = "pruning"  # its QSYM map bits
     GENERATION = "generation"  # not the generation of the WORK it answers (ulfm/)
     TARGETS = "targets"  # its branch targets (executors/base.py)
+    PACK = "pack"  # its pack's pieces over MPI: out of order, too large, or incomplete
 
 
 class Ready(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
@@ -195,6 +204,19 @@ class ConfigVerdict(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     # With several masters, the index of the master the group serves: one whose group took
     # the first master's place serves master 0 (federation/succession.py).
     master: int = 0
+    # A file the master made in OUT/.staging/: a worker that sees it stages its packs there,
+    # one that does not sends them over MPI (PackChunk).
+    staging_marker: str = ""
+
+
+class PackChunk(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    """`data`: the bytes of dispatch `token`'s pack (wire/staging.py) from byte `offset`;
+    `last`: the pack ends with them."""
+
+    token: str
+    offset: int
+    data: bytes
+    last: bool
 
 
 class FindingKind(str, enum.Enum):
@@ -267,6 +289,7 @@ ENVELOPES: dict[Tag, type[msgspec.Struct]] = {
     Tag.QUIESCENCE: ControlMessage,  # a union: each message carries its kind
     Tag.SUCCESSOR: Successor,
     Tag.FAREWELL: Farewell,
+    Tag.PACK: PackChunk,
 }
 
 _ENCODER = msgspec.msgpack.Encoder()

@@ -244,6 +244,19 @@ class Channel:
         except MalformedMessage as error:
             return Incoming(source, tag, None, str(error), error.field)
 
+    def wait_sends(self, keep: int, ring: int | None = None) -> None:
+        """Progress the sends in flight until at most `keep` are left (a worker sending a
+        large pack holds that many pieces in memory at most); if it waits, `ring`'s
+        doorbell is rung first, for the receiver to take them."""
+        nap = MIN_NAP
+        if len(self._sending) > keep and ring in self._doorbells:
+            self._doorbells[ring].ring()
+        while len(self._sending) > keep:
+            self._progress_sends()
+            if len(self._sending) > keep:
+                SYSTEM_CLOCK.sleep(nap)
+                nap = min(nap * NAP_GROWTH, self.max_nap)
+
     def wait(self, deadline: float | None = None,
              source: int = MPI.ANY_SOURCE) -> Incoming | None:
         """Poll until a message arrives or the monotonic deadline passes."""
