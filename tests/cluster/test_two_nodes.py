@@ -361,10 +361,10 @@ def test_workers_that_do_not_see_out_send_their_results_over_mpi(build, cluster,
     assert figures["extra"]["invalid_results"] == {}
     # node-b's two workers said so at their start; node-a's worker sees OUT.
     assert output.count("sends its results over MPI (it does not see --out)") == SLOTS, output
-    per_host = {host: sum(figures["per_worker"][str(rank)]["executions"]
-                          for rank, member in enumerate(members)
-                          if member.startswith(host) and rank) for host in HOSTS}
-    assert all(per_host.values()), per_host
+    # The survivors keep their ranks (the dead one was the last): a worker on each host.
+    per_host = {member.split("/")[0]: figures["per_worker"][str(rank)]["executions"]
+                for rank, member in enumerate(members[1:-1], start=1)}
+    assert sorted(per_host) == list(HOSTS) and all(per_host.values()), per_host
     print(f"\n{cluster.topology}: {figures['executions']} executions, per host {per_host}, "
           f"{uploads['packs']} packs over MPI ({uploads['bytes']} bytes), {len(crashes)} "
           f"crashes, failure {failure['failed']}")

@@ -4,6 +4,7 @@ recovery between two (ulfm/runtime.py); a worker that becomes rank 0 takes the c
 from __future__ import annotations
 
 import logging
+import socket
 from dataclasses import replace
 
 from symcc_mpi.config import CampaignConfig
@@ -105,27 +106,38 @@ class Generations:
         return status
 
     def _recover(self, generation, detected: float):
-        # The log, not this rank's memory, says which generation ends: a worker may have
-        # lost its master before the CONFIG that names it.
-        current = self.log.current()
-        if current is None or current.body.get("members") != list(generation.members):
-            raise GenerationLogError("a rank died before the campaign's first generation "
-                                     "began: nothing to recover, continue with --resume")
-        generation = Generation(current.generation, generation.comm, generation.members)
-        ended = self.log.ended(generation.number)
-        if ended is not None:  # not a failure: the master ended the job, and it ends so
-            log.warning("rank %d: the master ended the job (%s): not recovering",
-                        generation.rank, ended.body["reason"])
-            raise JobEnded(ended.body["status"])
+        sees_out = self.worker is None or self.worker.sees_out
+        if sees_out:
+            # The log, not this rank's memory, says which generation ends: a worker may have
+            # lost its master before the CONFIG that names it.
+            current = self.log.current()
+            if current is None or current.body.get("members") != list(generation.members):
+                raise GenerationLogError("a rank died before the campaign's first generation "
+                                         "began: nothing to recover, continue with --resume")
+            generation = Generation(current.generation, generation.comm, generation.members)
+            ended = self.log.ended(generation.number)
+            if ended is not None:  # not a failure: the master ended the job, and it ends so
+                log.warning("rank %d: the master ended the job (%s): not recovering",
+                            generation.rank, ended.body["reason"])
+                raise JobEnded(ended.body["status"])
+        # A worker whose node does not see OUT counts generations by its CONFIGs: its number
+        # names no record, the survivors that see OUT keep the log, and the next CONFIG
+        # fences its work.
         self.recoveries += 1
         if (self.master or self.worker).faults.fire_at(FaultKind.DIE, "recovery", self.recoveries):
             die(f"fault: SIGKILL of rank {generation.rank} inside recovery #{self.recoveries}")
-        repaired, repair = recover(generation, self.log, errhandler=self.errhandler)
+        repaired, repair = recover(generation, self.log if sees_out else None,
+                                   errhandler=self.errhandler)
         self.channel = Channel(repaired.comm)
         if self.master is not None:
             self.master.begin_generation(self.channel, repaired.number, repaired.members,
                                          repair, detected=detected)
         elif repaired.rank == 0:
+            if not sees_out:
+                raise GenerationLogError(
+                    f"the master died and the first rank left, on {socket.gethostname()}, "
+                    f"does not see --out {self.config.out}: nobody here can take the campaign "
+                    "over; continue with --resume")
             self._take_over(repaired, repair, detected)
         return repaired
 

@@ -92,6 +92,7 @@ class Worker:
         self.executor_time = 0.0
         self.generation = 0
         self.serves = 0  # with several masters, the index of the master it serves
+        self.sees_out = True  # its node sees its master's OUT (its last CONFIG said)
         self.stopped = False  # its master sent STOP: the campaign's end has begun
         self.phases = PhaseClock()
 
@@ -170,7 +171,7 @@ class Worker:
         over MPI if asked to (--results-via mpi), or if it does not see the master's marker
         in OUT/.staging/ (--results-via auto): OUT is not shared with its node."""
         via = self.config.results_via
-        sees = bool(marker) and (self.config.out / ".staging" / marker).is_file()
+        sees = self.sees_out = bool(marker) and (self.config.out / ".staging" / marker).is_file()
         if via == "files" and not sees:
             return False, (f"rank {self.rank} does not see --out {self.config.out} as its "
                            "master does (--results-via files); leave --results-via at auto "

@@ -73,15 +73,18 @@ def describe_process(name: str, rank: int | str) -> str:
     return f"rank {rank} (pid {rest.split('/')[0]} on {host})"
 
 
-def recover(generation: Generation, generations: GenerationLog, *,
+def recover(generation: Generation, generations: GenerationLog | None, *,
             errhandler=None) -> tuple[Generation, Repair]:
     """Every survivor of `generation` calls this; all return the same next generation.
-    Raises GenerationLogError when the log refuses (a fork): the caller must abort."""
+    Raises GenerationLogError when the log refuses (a fork): the caller must abort.
+    `generations` None: this rank does not see OUT (a worker on a node without it), and the
+    survivors that do keep the log; it takes part in the repair alone."""
     began = SYSTEM_CLOCK.monotonic()
     me = generation.members[generation.rank]  # this process's endpoint(), as all ranks saw it
     revoke(generation.comm)
     plan = {"generation": generation.number, "members": list(generation.members)}
-    _reconciled(generations.prepare, plan)
+    if generations is not None:
+        _reconciled(generations.prepare, plan)
     try:
         comm, members, shrinks = shrink(generation.comm, me, errhandler=errhandler)
     except RepairFailing as failing:
@@ -93,7 +96,8 @@ def recover(generation: Generation, generations: GenerationLog, *,
     failed = tuple(m for m in generation.members if m not in members)
     receipt = {"generation": generation.number + 1, "plan": digest_of(plan),
                "members": members, "failed": list(failed)}
-    _reconciled(generations.commit, receipt)
+    if generations is not None:
+        _reconciled(generations.commit, receipt)
     repaired = Generation(generation.number + 1, comm, tuple(members))
     return repaired, Repair(generation.number, failed, shrinks, SYSTEM_CLOCK.monotonic() - began)
 
