@@ -9,7 +9,8 @@ import os
 import pytest
 
 from symcc_mpi.campaign.uploads import PackUploads
-from symcc_mpi.roles.worker import upload
+from symcc_mpi.config import CampaignConfig
+from symcc_mpi.roles.worker import Worker, upload
 from symcc_mpi.wire.protocol import PACK_CHUNK, UPLOAD_WINDOW, PackChunk, Tag, decode, encode
 from symcc_mpi.wire.staging import Pack, write_pack
 
@@ -138,3 +139,27 @@ def test_the_bytes_over_mpi_are_checked_against_their_sha256_at_the_commit(tmp_p
     with Pack(str(staging / TOKEN)) as pack, pytest.raises(Exception, match="SHA-256"):
         pack.read(staged[0].digest)
     assert staged[0].digest == hashlib.sha256(b"honest child").hexdigest()
+
+
+@pytest.mark.parametrize("via, sees, over_mpi, refused", [
+    ("auto", True, False, False), ("auto", False, True, False),
+    ("mpi", True, True, False), ("mpi", False, True, False),
+    ("files", True, False, False), ("files", False, False, True),
+])
+def test_the_path_a_worker_takes_for_its_packs(tmp_path, via, sees, over_mpi, refused):
+    out = tmp_path / "out"
+    (out / ".staging").mkdir(parents=True)
+    marker = ".master-0123456789abcdef"
+    if sees:
+        (out / ".staging" / marker).touch()
+    config = CampaignConfig(target=("/bin/true", "@@"), seeds=None, out=out, executor="noop",
+                            results_via=via)
+    worker = Worker(1, config)
+    try:
+        taken, problem = worker._results_path(marker)
+        assert taken == over_mpi
+        assert problem.startswith(f"rank 1 does not see --out {out}") if refused \
+            else problem == ""
+        assert worker.sees_out == sees
+    finally:
+        worker.close()
