@@ -223,7 +223,11 @@ class Master:
         arrived, failure = [], None
         try:
             while (incoming := self.channel.poll()) is not None:
-                arrived.append(incoming)
+                if incoming.tag == Tag.PACK:  # written at once: a pack's pieces are not held
+                    self._handle(incoming)
+                    handled += 1
+                else:
+                    arrived.append(incoming)
         except RankFailure as error:  # raised once what came before it is handled
             failure = error
         if self.federation is not None and len(arrived) > 1:

@@ -240,7 +240,7 @@ class Channel:
             buffer = bytearray(self._status.Get_count(MPI.BYTE))
             self.comm.Recv([buffer, MPI.BYTE], source=source, tag=tag)
         try:
-            return Incoming(source, tag, decode(tag, bytes(buffer)))
+            return Incoming(source, tag, decode(tag, buffer))
         except MalformedMessage as error:
             return Incoming(source, tag, None, str(error), error.field)
 
