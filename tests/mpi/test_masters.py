@@ -95,14 +95,18 @@ def test_a_child_that_12_seeds_generate_is_analysed_once(tmp_path):
 
 def test_the_triton_example_with_two_masters_finds_the_bug_as_one_master_does(build,
                                                                               tmp_path):
+    # Results over MPI (the other campaigns here stage them in OUT): each master writes its
+    # own workers' packs into the OUT they share.
     out = tmp_path / "out"
     process = explore(out, "--target", f"{build / 'magic'} @@", "--seeds",
                       build.parent / "seeds" / "magic", "--workers", 2, "--masters", 2,
-                      "--fault-tolerance", "off", "--timeout", 20)
+                      "--fault-tolerance", "off", "--timeout", 20, "--results-via", "mpi")
     assert_ended_cleanly(out, process)
     assert list((out / "crashes").glob("id:*"))
     assert facts(out)["observations / unique"] == "1.0"
     assert all(m["executions"] for m in per_master(out).values())
+    assert stats(out)["extra"]["packs_over_mpi"]["packs"] > 0  # the first master's
+    assert process.stdout.count("sends its results over MPI") == 2
 
 
 def test_a_master_paused_past_its_lease_ttl_loses_its_work_to_another(tmp_path):
