@@ -217,7 +217,10 @@ def _observe(members: list[str]) -> list[Placement]:
     return placements
 
 
-def test_a_campaign_on_two_hosts_finds_the_planted_bug(build, cluster, tmp_path):
+def _start(cluster: Cluster, build: Path, tmp_path: Path
+           ) -> tuple[Path, list[str], subprocess.Popen]:
+    """A fault-tolerant campaign on tlv across the two hosts, SLOTS ranks each, its messages
+    over TCP: (its OUT, its command, its launcher)."""
     out = tmp_path / "out"
     hostfile = tmp_path / "hosts"
     hostfile.write_text("".join(f"{host} slots={SLOTS}\n" for host in HOSTS))
@@ -227,17 +230,34 @@ def test_a_campaign_on_two_hosts_finds_the_planted_bug(build, cluster, tmp_path)
         sys.executable, "-m", "symcc_mpi", "explore", "--target", f"{build / 'tlv'} @@",
         "--seeds", build.parent / "seeds" / "tlv", "--out", out, "--timeout", 20,
         "--wall-timeout", FOUND_WITHIN + 120)
-    started = time.monotonic()
     launcher = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 text=True, cwd=ROOT, env=cluster.env, start_new_session=True)
+    return out, command, launcher
+
+
+def _wait(condition, seconds: float, what: str, launcher) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if launcher.poll() is not None:
+            pytest.fail(f"the campaign ended first: {launcher.stdout.read()[-3000:]}")
+        if time.monotonic() > deadline:
+            pytest.fail(f"{what}: not within {seconds} s")
+        time.sleep(0.5)
+
+
+def _killed_if_left(launcher: subprocess.Popen) -> None:
+    if launcher.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(launcher.pid, signal.SIGKILL)
+        launcher.wait()
+
+
+def test_a_campaign_on_two_hosts_finds_the_planted_bug(build, cluster, tmp_path):
+    started = time.monotonic()
+    out, command, launcher = _start(cluster, build, tmp_path)
     try:
-        deadline = time.monotonic() + FOUND_WITHIN
-        while not _found_and_everyone_worked(out):
-            if launcher.poll() is not None:
-                pytest.fail(f"the campaign ended first: {launcher.stdout.read()[-3000:]}")
-            if time.monotonic() > deadline:
-                pytest.fail(f"no crash found by workers on both hosts in {FOUND_WITHIN} s")
-            time.sleep(0.5)
+        _wait(lambda: _found_and_everyone_worked(out), FOUND_WITHIN,
+              "a crash found by workers on both hosts", launcher)
         found = time.monotonic() - started
         members = _members(out)
         assert members is not None, "a fault-tolerant run records its members"
@@ -245,10 +265,7 @@ def test_a_campaign_on_two_hosts_finds_the_planted_bug(build, cluster, tmp_path)
         (out / STOP_REQUEST).touch()  # as a user under their own launcher stops a campaign
         output, _ = launcher.communicate(timeout=EXIT_WITHIN)
     finally:
-        if launcher.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(launcher.pid, signal.SIGKILL)
-            launcher.wait()
+        _killed_if_left(launcher)
     elapsed = time.monotonic() - started
 
     assert "fault tolerance on (auto)" in output, output[-3000:]
@@ -296,16 +313,6 @@ def test_a_campaign_on_two_hosts_finds_the_planted_bug(build, cluster, tmp_path)
           f"{len(crashes)} crashes, members {members}, daemons {daemons}")
 
 
-def _wait(condition, seconds: float, what: str, launcher) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        if launcher.poll() is not None:
-            pytest.fail(f"the campaign ended first: {launcher.stdout.read()[-3000:]}")
-        if time.monotonic() > deadline:
-            pytest.fail(f"{what}: not within {seconds} s")
-        time.sleep(0.5)
-
-
 def _failures(out: Path) -> list[dict]:
     try:
         return stats(out)["extra"]["failures"]
@@ -318,18 +325,8 @@ def test_workers_that_do_not_see_out_send_their_results_over_mpi(build, cluster,
     # parent: its workers cannot see OUT at all, and send their results over MPI
     # (--results-via auto); node-a's worker stages its own in OUT. Once the planted bug is
     # found, one of node-b's workers is killed from outside: ULFM recovers, the work goes on.
-    out = tmp_path / "out"
-    hostfile = tmp_path / "hosts"
-    hostfile.write_text("".join(f"{host} slots={SLOTS}\n" for host in HOSTS))
     cluster.env["FAKE_RSH_HIDE"] = f"node-b:{tmp_path}"
-    command = cluster.mpirun(
-        "--hostfile", hostfile, "-n", len(HOSTS) * SLOTS, "--map-by", "slot",
-        "--with-ft", "ulfm", "--mca", "pml", "ob1", "--mca", "btl", "tcp,self",
-        sys.executable, "-m", "symcc_mpi", "explore", "--target", f"{build / 'tlv'} @@",
-        "--seeds", build.parent / "seeds" / "tlv", "--out", out, "--timeout", 20,
-        "--wall-timeout", FOUND_WITHIN + 120)
-    launcher = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                text=True, cwd=ROOT, env=cluster.env, start_new_session=True)
+    out, command, launcher = _start(cluster, build, tmp_path)
     try:
         _wait(lambda: _found_and_everyone_worked(out), FOUND_WITHIN,
               "a crash found, and every worker busy", launcher)
@@ -343,10 +340,7 @@ def test_workers_that_do_not_see_out_send_their_results_over_mpi(build, cluster,
         (out / STOP_REQUEST).touch()
         output, _ = launcher.communicate(timeout=EXIT_WITHIN)
     finally:
-        if launcher.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(launcher.pid, signal.SIGKILL)
-            launcher.wait()
+        _killed_if_left(launcher)
 
     assert_oracles(out, subprocess.CompletedProcess(command, launcher.returncode, output, ""))
     crashes = crash_files(out)
