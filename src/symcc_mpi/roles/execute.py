@@ -183,11 +183,12 @@ def failed(work: Work, actual: str, outcome: str, reason: str) -> Result:
                   generation=work.generation)
 
 
-def failed_around(rank: int, work: Work, config: CampaignConfig, error: Exception) -> Result:
-    """The RESULT for a run that raised around the executor. A filesystem that refuses
-    writes is said once, by the master, for the whole campaign: no traceback per run here."""
+def failed_around(rank: int, work: Work, pack: Path, error: Exception) -> Result:
+    """The RESULT for a run that raised around the executor (its children to go to `pack`). A
+    filesystem that refuses writes is said once, by the master, for the whole campaign: no
+    traceback per run here."""
     if storage_refused(error):
-        where = describe(error, config.out / ".staging" / work.token)
+        where = describe(error, pack)
         return failed(work, work.digest, STORAGE_REFUSED, where)
     log.exception("rank %d: executing %s failed", rank, work.digest[:12])
     return failed(work, work.digest, WORKER_ERROR, f"{type(error).__name__}: {error}")

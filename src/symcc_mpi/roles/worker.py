@@ -193,7 +193,7 @@ class Worker:
         except RankFailure:
             raise
         except Exception as error:  # noqa: BLE001 - reported to the master as data
-            return failed_around(self.rank, work, self.config, error)
+            return failed_around(self.rank, work, pack, error)
         if TERMINATING.is_set() and result.outcome != ResultOutcome.OK:
             return failed(work, work.digest, INTERRUPTED,
                           f"rank {self.rank}: SIGTERM reached the job during the run "
