@@ -47,6 +47,9 @@ class CorruptInput(OSError):
     """A corpus file whose bytes are not those its name promises (now quarantined)."""
 
 
+MARKER_PREFIX = ".master-"  # mark_staging's files: .master-<index>-<random>
+
+
 class CampaignDir(AflQueues):
     """A master's view of OUT. Only masters mutate it, each its own state; workers stage."""
 
@@ -123,9 +126,7 @@ class CampaignDir(AflQueues):
                     self._save_snapshot(whole, in_flight=[], closed=True)
             finally:
                 self.publish_log.close()
-                if self._marker is not None:
-                    _remove(os.path.join(self._staging, self._marker))
-                    self._marker = None
+                self.unmark_staging()
                 if self._staging_fd is not None:
                     os.close(self._staging_fd)
                     self._staging_fd = None
@@ -384,10 +385,16 @@ class CampaignDir(AflQueues):
         """The name of a file this master makes in OUT/.staging/ and removes at close: a
         worker that sees it shares OUT with its master (ConfigVerdict.staging_marker)."""
         if self._marker is None:
-            name = f".master-{secrets.token_hex(8)}"
+            name = f"{MARKER_PREFIX}{self.master}-{secrets.token_hex(8)}"
             (self.staging / name).touch(exist_ok=False)
             self._marker = name
         return self._marker
+
+    def unmark_staging(self) -> None:
+        """No worker of this master's will look for its marker again."""
+        if self._marker is not None:
+            _remove(os.path.join(self._staging, self._marker))
+            self._marker = None
 
     def discard_staging(self, token: str) -> None:
         _remove(self.staged_pack(token))
@@ -396,12 +403,16 @@ class CampaignDir(AflQueues):
         return sorted(self.staging.iterdir()) if self.staging.exists() else []
 
     def clear_staging(self, tokens: Iterable[str] | None = None) -> None:
-        """Remove whatever is staged: nobody writes there any more (packs, and the staging
-        directories of an older version). With several masters, the packs of the dispatches
-        `tokens` alone: the other masters' workers still write theirs."""
+        """Remove whatever is staged: nobody writes there any more (packs, the markers of
+        dead masters, and the staging directories of an older version). With several
+        masters, the packs of the dispatches `tokens` alone, and this index's markers: the
+        other masters' workers still write theirs."""
         if tokens is not None:
             for token in tokens:
                 self.discard_staging(token)
+            for marker in self.staging.glob(f"{MARKER_PREFIX}{self.master}-*"):
+                if marker.name != self._marker:
+                    _remove(str(marker))
             return
         for leftover in self.leftover_staging():
             if leftover.name != self._marker:

@@ -315,6 +315,7 @@ class Master:
             self.checkpoint.after_round(final=True)
         if not federation.withdraw(self.own):
             return False
+        self.campaign.unmark_staging()  # it has no worker left: else a death leaves it behind
         self.withdrew_at = SYSTEM_CLOCK.monotonic()
         return True
 

@@ -121,6 +121,7 @@ class Stopping:
                 self.campaign.clear_staging(
                     [token for tokens in ranks.recent_work.values() for token in tokens]
                     if self.federation is not None else None)
+                self.campaign.unmark_staging()
                 log.error("workers %s did not acknowledge STOP within %.0f s%s; ending the "
                           "job, what was committed is kept", missing, SHUTDOWN_GRACE,
                           " (parked: silent since the watchdog took back their work)"
