@@ -33,13 +33,14 @@ class PublishLog:
     def __init__(self, state: Path):
         self.state = state
         self._fd: int | None = None
+        self._path: Path | None = None  # the log `_fd` appends to
         self._encoder = msgspec.json.Encoder()
 
     def start(self, serial: int) -> None:
         """The snapshot of `serial` is durable: log what is published from now on for it,
         and drop the logs of earlier snapshots."""
         self.close()
-        path = self.state / LOG_FILE.format(serial=serial)
+        path = self._path = self.state / LOG_FILE.format(serial=serial)
         self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_TRUNC, 0o644)
         for stale in self.state.glob(LOG_FILE.format(serial="*")):
             if stale != path:
@@ -47,7 +48,12 @@ class PublishLog:
 
     def intend(self, kind: str, digest: str, name: str = "") -> None:
         if self._fd is not None:
-            os.write(self._fd, self._encoder.encode((kind, digest, name)) + b"\n")
+            try:
+                os.write(self._fd, self._encoder.encode((kind, digest, name)) + b"\n")
+            except OSError as error:
+                if error.filename is None:  # os.write names no file: say which (one line)
+                    error.filename = str(self._path)
+                raise
 
     def close(self) -> None:
         if self._fd is not None:
