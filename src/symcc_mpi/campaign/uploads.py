@@ -88,7 +88,9 @@ class PackUploads:
         return None
 
     def written(self, token: str) -> bool:
-        """Whether the master wrote `token`'s pack (it removes it after the RESULT)."""
+        """Whether the master wrote `token`'s pack (it removes it after the RESULT). Called
+        after every RESULT, current or stale: nothing of its token is kept past it."""
+        self.refused.pop(token, None)
         if token in self.whole:
             self.whole.discard(token)
             return True
