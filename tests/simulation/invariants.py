@@ -75,6 +75,10 @@ class Checker:
         # Per fault: until when its effects may still show, and every input seen in flight
         # meanwhile (work in flight at a failure may run again, F443 §3; other work not).
         self.exposures: list[tuple[float, set[str]]] = []
+        self.forgotten: Counter[str] = Counter()  # inputs whose done record a crash took
+        # Corpus files a power failure left with a durable name and not their bytes (another
+        # master's fsync of corpus/ made the name durable): the campaign must repair them.
+        self.damaged: set[str] = set()
 
     # -- the ranks' objects --------------------------------------------------------------
 
@@ -180,6 +184,38 @@ class Checker:
             self._check_quiescence(masters)
             for master in resting:
                 self._check_leases_kept(master)
+
+    def committed(self) -> set[str]:
+        """The inputs with a done record, as the journals say now."""
+        self.journal_sizes = ()
+        self._check_journal()
+        return set(self.done)
+
+    def in_flight(self, processes: list[Process]) -> set[str]:
+        """What the masters among `processes` have in flight: dispatched, or committed and
+        waiting for the group commit's append (done_log.py)."""
+        masters = [role for p in processes if isinstance(role := self.role_of(p), Master)]
+        return {tx.work_id.split("#")[0] for master in masters
+                for _, tx in master.dispatch.tables.transactions()} | \
+            {record["digest"] for master in masters
+             for record in master.campaign.journal._pending if "digest" in record}
+
+    def crashed(self, committed: set[str], in_flight: set[str]) -> None:
+        """Machines died and the disk forgot what was not durable: the done records it
+        took are work that may run again (F443 §3: in flight until durable), as is what
+        their masters had in flight (its dispatch records, not fsynced, died with them:
+        done_log.py); and corpus files may have gone."""
+        lost = committed - self.committed()
+        self.forgotten.update(lost | in_flight)
+        until = self.simulation.scheduler.now + self.simulation.exposure_slack
+        self.exposures.append((until, set(lost)))
+        self.corpus_seen.clear()
+        self.corpus_listed = -1
+        self.generations_size = -1
+        corpus = self.out / "corpus"
+        self.damaged = {name for name in (os.listdir(corpus) if corpus.is_dir() else ())
+                        if not name.startswith(".") and
+                        hashlib.sha256((corpus / name).read_bytes()).hexdigest() != name}
 
     def fault_injected(self, until: float) -> None:
         self.exposures.append((until, set()))
@@ -308,12 +344,16 @@ class Checker:
             names = os.listdir(self.out / "corpus")
         except FileNotFoundError:
             return
-        if len(names) != self.corpus_listed:  # files are only ever added
+        if len(names) != self.corpus_listed or self.damaged:  # files are only ever added
             self.corpus_listed = len(names)
             for name in names:
                 if name in self.corpus_seen or name.startswith("."):
                     continue
                 digest = hashlib.sha256((self.out / "corpus" / name).read_bytes()).hexdigest()
+                if name in self.damaged:
+                    if digest != name:
+                        continue  # not repaired yet
+                    self.damaged.discard(name)
                 if digest != name:
                     self._fail(f"corpus/{name[:12]} holds bytes whose SHA-256 is "
                                f"{digest[:12]}")
@@ -402,6 +442,12 @@ class Checker:
         return self.simulation.reachable(deferred) <= set(self.done) | deferred
 
     def final(self) -> None:
+        self.corpus_listed = -1
+        self._check_corpus()
+        if self.damaged & set(os.listdir(self.out / "corpus")):
+            self._fail(f"corpus/{min(self.damaged)[:12]} is still without its bytes, as a "
+                       "power failure left it")
+        self._count("a power failure's damage is repaired")
         problems, facts = verify_campaign(self.out)
         if problems:
             self._fail(f"verify: {problems[0]}")
@@ -443,7 +489,7 @@ class Checker:
                 for work in record.get("requeued", ()):
                     requeued[work.split("#")[0]] += 1
         for digest, runs in self.simulation.executions.items():
-            allowed = 1 + requeued[digest]
+            allowed = 1 + requeued[digest] + self.forgotten[digest]
             if runs > allowed:
                 self._fail(f"{digest[:12]} ran {runs} times with {requeued[digest]} declared "
                            "re-dispatches")

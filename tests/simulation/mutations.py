@@ -11,6 +11,7 @@ import inspect
 import textwrap
 from dataclasses import dataclass
 
+from symcc_mpi.campaign.done_log import DoneLog
 from symcc_mpi.dispatch.coordinator import DispatchCoordinator
 from symcc_mpi.dispatch.tables import DispatchTables
 from symcc_mpi.federation.work_leases import WorkLease
@@ -76,6 +77,16 @@ MUTATIONS = {
          Edit(Stopping, "reason",
               "            if not federation.root:\n                return \"\"\n",
               ""))),
+    # Found only by the disk that forgets (disk.py): without it nothing written is lost.
+    "children-unsynced-before-done": Mutation(
+        "group commit: children durable before their done record",
+        "the group commit appends the done records without fsyncing the published children",
+        (Edit(DoneLog, "sync", "            fsync_once(path, synced)", "            pass"),)),
+    "directories-unsynced-before-done": Mutation(
+        "group commit: children's names durable before their done record",
+        "the group commit appends the done records without fsyncing the children's "
+        "directories",
+        (Edit(DoneLog, "sync", "            fsync_directory(directory)", "            pass"),)),
 }
 
 

@@ -23,12 +23,14 @@ from collections import Counter
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from symcc_mpi.campaign import snapshot
 from symcc_mpi.config import WATCHDOG_ENV, WORK_LEASE_TTL_ENV, CampaignConfig
 from symcc_mpi.durable.atomic import SYSTEM_DISK
 from symcc_mpi.durable.clock import SYSTEM_CLOCK
 from symcc_mpi.job.session import run_rank
 from symcc_mpi.roles.faults import FaultKind
 
+from .disk import ForgettingDisk
 from .invariants import Checker, Violation
 from .world import (
     COMMITTING,
@@ -65,6 +67,10 @@ LEASE_FAULTS = ((K.LEASE_WRITE_ERROR, "master"), (K.SLOW_LEASE_WRITE, "master"),
 WINDOW_FAULTS = {K.PAUSE, K.SLOW_LINK, K.SUSPEND, K.SLOW_DISK, K.SLOW_LEASE_WRITE,
                  K.STALL_IN_COMMIT}
 LASTING_FAULTS = {K.SLOW_LINK, K.DISK_FULL}  # until the job ends
+# A machine's death comes at one of its ranks' next fsyncs (SECONDS counts them, 0: at once),
+# the moments at which what is durable changes, often inside a commit.
+CRASH_CHANCE = 0.35
+MACHINE_LAYOUTS = (1, 1, 2, 3)  # how many machines the ranks are dealt over
 
 
 @dataclass(frozen=True)
@@ -84,6 +90,8 @@ class Fault:
 
     def __str__(self) -> str:
         who = f" rank {self.rank}" if self.whom == "worker" else ""
+        if self.kind is K.MACHINE_CRASH:
+            who = " of every machine" if self.rank < 0 else f" of machine {self.rank}"
         return f"{self.name}{who} at {self.at:.3f} s ({self.seconds:+.2f} s)"
 
 
@@ -94,6 +102,7 @@ class Schedule:
     masters: int = 1
     seeds: int = 2
     faults: tuple[Fault, ...] = ()
+    machines: int = 1  # rank i runs on machine i % machines
     fanout: int = 2
     depth: int = 3
     space: int = 10
@@ -125,14 +134,24 @@ class Schedule:
                 (K.SEND_FAIL, "master"): rng.randint(1, 3),
             }.get((kind, whom), 0.0)
             faults.append(Fault(round(at, 4), kind, rank, round(seconds, 3), whom))
+        seeds = rng.choice((1, 2, 3))
+        # Drawn from a stream of their own: the schedules above stay as they were.
+        layout = random.Random(f"machines-{seed}")
+        machines = min(masters + workers, layout.choice(MACHINE_LAYOUTS))
+        if layout.random() < CRASH_CHANCE:  # machine -1: every one, a power failure
+            faults.append(Fault(round(layout.uniform(0.0, FAULT_WINDOW), 4), K.MACHINE_CRASH,
+                                layout.randrange(machines + 1) - 1 if machines > 1 else -1,
+                                layout.randint(0, 4), "machine"))
         faults.sort(key=lambda f: f.at)
-        return cls(seed, workers=workers, masters=masters, seeds=rng.choice((1, 2, 3)),
-                   faults=tuple(faults))
+        return cls(seed, workers=workers, masters=masters, seeds=seeds, faults=tuple(faults),
+                   machines=machines)
 
     def describe(self) -> str:
         faults = "; ".join(map(str, self.faults)) or "no fault"
         masters = f"{self.masters} masters, " if self.masters > 1 else ""
-        return f"seed {self.seed}: {masters}{self.workers} workers, {self.seeds} seeds, {faults}"
+        machines = f" on {self.machines} machines" if self.machines > 1 else ""
+        return f"seed {self.seed}: {masters}{self.workers} workers{machines}, " \
+               f"{self.seeds} seeds, {faults}"
 
 
 @dataclass
@@ -147,6 +166,7 @@ class Outcome:
     checks: Counter = field(default_factory=Counter)  # evaluated, by invariant
     executions: int = 0
     inputs: int = 0
+    forgotten: Counter = field(default_factory=Counter)  # what machines' deaths took
     trace: str = ""  # a digest of every turn: equal traces, equal runs
 
     @property
@@ -166,6 +186,10 @@ class Simulation:
         self.trace = hashlib.sha256()
         self.jobs_run = 0
         self.checker: Checker | None = None
+        self.exposure_slack = EXPOSURE_SLACK
+        self.disk = ForgettingDisk(self.directory, lambda: self._machine_now() is not None)
+        self.crash: tuple[int, int] | None = None  # a machine's death armed: (machine, fsyncs)
+        self.boots: Counter[int] = Counter()  # per machine: how many times it started again
 
     # -- what the executor reports -------------------------------------------------------
 
@@ -179,25 +203,11 @@ class Simulation:
         saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
         saved_env = {name: os.environ.get(name) for name in ENVIRONMENT}
         os.environ.update(ENVIRONMENT)
+        real_boot_id = snapshot.boot_id
+        snapshot.boot_id = self._boot_id  # a machine that died starts again, as another boot
         try:
-            seeds = self._write_seeds()
-            config = CampaignConfig(target=("simulated", "@@"), seeds=seeds, out=self.out,
-                                    workers=self.schedule.workers,
-                                    masters=self.schedule.masters, executor="noop",
-                                    timeout=EXECUTION_TIMEOUT, live=False,
-                                    fault_tolerance="on")
-            checker = self.checker = Checker(self)
-            logging.getLogger("symcc_mpi").addHandler(checker.tracebacks)
-            faults = self.schedule.faults
-            for _ in range(4):
-                clean = self._job(config, faults, checker)
-                if clean and checker.campaign_complete():
-                    break
-                config, faults = replace(config, resume=True), ()  # as a user would go on
-            else:
-                raise Violation("the campaign is not complete after three --resume runs",
-                                self.scheduler.steps if self.scheduler else 0)
-            checker.final()
+            with self.disk.installed():
+                self._campaign()
         except Violation as violation:
             self.outcome.violation = violation
         finally:
@@ -212,10 +222,33 @@ class Simulation:
                     os.environ[name] = value
             SYSTEM_CLOCK.source = _real_time()
             SYSTEM_DISK.source = os
+            snapshot.boot_id = real_boot_id
             shutil.rmtree(self.directory, ignore_errors=True)
         self.outcome.executions = sum(self.executions.values())
+        self.outcome.forgotten = self.disk.forgotten
         self.outcome.trace = self.trace.hexdigest()[:16]
         return self.outcome
+
+    def _campaign(self) -> None:
+        """A job, then `--resume` jobs until the campaign is complete; then its oracles."""
+        seeds = self._write_seeds()
+        config = CampaignConfig(target=("simulated", "@@"), seeds=seeds, out=self.out,
+                                workers=self.schedule.workers,
+                                masters=self.schedule.masters, executor="noop",
+                                timeout=EXECUTION_TIMEOUT, live=False,
+                                fault_tolerance="on")
+        checker = self.checker = Checker(self)
+        logging.getLogger("symcc_mpi").addHandler(checker.tracebacks)
+        faults = self.schedule.faults
+        for _ in range(4):
+            clean = self._job(config, faults, checker)
+            if clean and checker.campaign_complete():
+                break
+            config, faults = replace(config, resume=True), ()  # as a user would go on
+        else:
+            raise Violation("the campaign is not complete after three --resume runs",
+                            self.scheduler.steps if self.scheduler else 0)
+        checker.final()
 
     def _write_seeds(self) -> Path:
         seeds = self.directory / "seeds"
@@ -257,8 +290,10 @@ class Simulation:
         scheduler.struck = lambda seconds: checker.fault_injected(
             scheduler.now + seconds + EXPOSURE_SLACK)
         Group.every = []
-        processes = [Process(i, f"simhost/{self.jobs_run}{i:02d}/0")
+        processes = [Process(i, f"simhost/{self.jobs_run}{i:02d}/0",
+                             machine=i % self.schedule.machines)
                      for i in range(config.workers + config.masters)]
+        self.disk.before_sync = lambda: self._crash_at_sync(processes)
         world = Group(scheduler, processes)
         for process in processes:
             host = sim_host(self, process, world)
@@ -307,6 +342,7 @@ class Simulation:
             # from the descriptor tracking).
             gc.collect()
             checker.tracebacks.judging = True
+        self.crash = None  # a fault of this job, as every fault is
         checker.end_job(processes, aborted=scheduler.aborted)
         return scheduler.aborted is None and all(p.alive and p.status == 0 for p in processes)
 
@@ -327,7 +363,10 @@ class Simulation:
                 return
             process = masters[fault.rank % len(masters)]
         kind = fault.kind
-        if kind is K.DIE:
+        if kind is K.MACHINE_CRASH:
+            self.crash = (fault.rank, int(fault.seconds))
+            self._crash_at_sync(processes, counting=False)
+        elif kind is K.DIE:
             if process.finished:
                 return  # it exited before: nothing to kill, its messages are sent
             self.checker.note_kill(process)
@@ -363,6 +402,50 @@ class Simulation:
             process.disk_fault = ("stall", fault.seconds, COMMITTING)
         else:
             raise ValueError(f"the simulation cannot inject {fault.name}")
+
+    def _boot_id(self) -> str:
+        machine = self._machine_now() or 0
+        return f"simulated-{machine}-{self.boots[machine]}"
+
+    def _machine_now(self) -> int | None:
+        current = self.scheduler.current if self.scheduler is not None else None
+        return None if current is None else current.machine
+
+    def _crash_at_sync(self, processes: list[Process], *, counting: bool = True) -> None:
+        """The armed machine's death, if this is its moment: its countdown of fsyncs by its
+        ranks has run out. Inside a rank's fsync, that rank dies there and never returns."""
+        if self.crash is None:
+            return
+        machine, fsyncs = self.crash
+        if counting:
+            if self._machine_now() != machine:
+                return
+            if fsyncs > 0:
+                self.crash = (machine, fsyncs - 1)
+                return
+        elif fsyncs > 0:
+            return
+        self.crash = None
+        scheduler = self.scheduler
+        scheduler.struck(0.0)
+        power = machine < 0 or self.schedule.machines == 1
+        committed = self.checker.committed()
+        dying = [p for p in processes if p.alive and (power or p.machine == machine)]
+        in_flight = self.checker.in_flight(dying)
+        for process in dying:
+            self.checker.note_kill(process)
+            scheduler.kill(process)
+            self._lose_messages(process)
+        self.trace.update(f"crash{machine}".encode())
+        for died in range(self.schedule.machines) if power else (machine,):
+            self.boots[died] += 1
+        if power:
+            self.disk.power_failure()
+        self.checker.crashed(committed, in_flight)
+        current = scheduler.current
+        if current is not None and not current.alive:
+            scheduler.park()  # never resumed: it died inside the fsync
+            raise AssertionError("a dead rank ran again")
 
     def _lose_messages(self, process: Process) -> None:
         """A killed rank's messages still on their way arrive, or are lost, as the schedule

@@ -64,6 +64,7 @@ class Process:
 
     index: int  # its rank in the job's world
     name: str  # its endpoint (ulfm.runtime.endpoint)
+    machine: int = 0  # the machine it runs on: its death takes what it had not synced
     alive: bool = True
     finished: bool = False
     status: int | None = None  # run_rank's return value

@@ -30,7 +30,7 @@ from symcc_mpi.campaign.layout import (
     sha256_bytes,
 )
 from symcc_mpi.campaign.queues import AflQueues
-from symcc_mpi.durable.atomic import write_durable
+from symcc_mpi.durable.atomic import make_directories, write_durable
 from symcc_mpi.durable.clock import SYSTEM_CLOCK
 from symcc_mpi.durable.journal import Damage, note_reason
 from symcc_mpi.durable.lines import Writer
@@ -73,7 +73,7 @@ class CampaignDir(AflQueues):
     def create(self, config_json: dict) -> None:
         for directory in (self.corpus, self.staging, self.queue, self.crashes, self.hangs,
                           self.state):
-            directory.mkdir(parents=True, exist_ok=True)
+            make_directories(directory)
         marker = {"layout": LAYOUT_VERSION, "created": SYSTEM_CLOCK.time(), "config": config_json}
         write_durable(self.out / MARKER, json.dumps(marker, indent=1).encode())
 
@@ -326,7 +326,7 @@ class CampaignDir(AflQueues):
         return data
 
     def _quarantine(self, path: Path, reason: str) -> None:
-        self.quarantine.mkdir(exist_ok=True)
+        make_directories(self.quarantine)
         target = self.quarantine / f"{path.parent.name}-{path.name}"
         os.replace(path, target)
         note_reason(self.quarantine, target.name, reason)

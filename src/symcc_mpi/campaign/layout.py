@@ -23,7 +23,7 @@ import json
 import os
 from pathlib import Path
 
-from ..durable.atomic import TEMPORARY_PREFIX
+from ..durable.atomic import TEMPORARY_PREFIX, make_directories
 
 MARKER = ".symcc-mpi"
 # 2: the journals name an input's SHA-256 `digest`; 1 named it `sha256` (wal.check reads both,
@@ -90,7 +90,7 @@ def check_out_dir(out: Path, *, resume: bool) -> None:
                 f"output directory {out} is not empty and holds no symcc-mpi campaign"
             )
     try:
-        out.mkdir(parents=True, exist_ok=True)
+        make_directories(out)
     except OSError as error:
         raise CampaignError(f"output directory {out} is not writable: {error.strerror}") from None
     _probe_writable(out)

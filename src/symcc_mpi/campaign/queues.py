@@ -17,7 +17,7 @@ from pathlib import Path
 from symcc_mpi.campaign.afl_names import afl_queue_name, parse_afl_queue_id
 from symcc_mpi.campaign.layout import FINDINGS, MASTER_STATE, sha256_file
 from symcc_mpi.campaign.published import PublishLog
-from symcc_mpi.durable.atomic import publish_link, write_durable
+from symcc_mpi.durable.atomic import make_directories, publish_link, write_durable
 from symcc_mpi.scheduling.frontier import Frontier
 from symcc_mpi.wire.protocol import SHA256_PATTERN, Finding, FindingKind
 
@@ -130,7 +130,7 @@ class AflQueues:
         if self.forward_finding is not None:
             if data is not None:  # durable here first: the message may die with its receiver
                 kept = self.state / FINDINGS / kind.value / digest
-                kept.parent.mkdir(parents=True, exist_ok=True)
+                make_directories(kept.parent)
                 write_durable(kept, data, fsync=False)  # synced at the group commit
                 self._published(str(kept))
             self.forward_finding(Finding(kind, digest, parent or "", signal, data or b""))

@@ -19,7 +19,7 @@ from typing import Any
 
 import msgspec
 
-from symcc_mpi.durable.atomic import write_durable
+from symcc_mpi.durable.atomic import make_directories, write_durable
 from symcc_mpi.durable.journal import LineLog
 
 __all__ = [
@@ -284,7 +284,7 @@ class ReportWriter:
         stats_name: str = "stats.json",
     ) -> None:
         self.out_dir = Path(out_dir)
-        self.out_dir.mkdir(parents=True, exist_ok=True)
+        make_directories(self.out_dir)
         self.fuzzer_stats_path = self.out_dir / "fuzzer_stats"
         self.plot_path = self.out_dir / "plot_data"
         self.stats_path = self.out_dir / stats_name

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import msgspec
 
-from symcc_mpi.durable.atomic import fsync_directory, write_durable
+from symcc_mpi.durable.atomic import fsync_directory, make_directories, write_durable
 
 log = logging.getLogger("symcc_mpi.campaign.snapshot")
 # Records a resume from a snapshot does not replay: the slow path handles them.
@@ -143,7 +143,7 @@ def _read(campaign) -> Snapshot | None:
     except ValueError as error:
         log.warning("%s is unreadable (%s): set aside, reading the journal instead", path,
                     error)
-        campaign.quarantine.mkdir(exist_ok=True)
+        make_directories(campaign.quarantine)
         os.replace(path, campaign.quarantine / SNAPSHOT_FILE)
         return None
 

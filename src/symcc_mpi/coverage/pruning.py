@@ -36,7 +36,7 @@ from pathlib import Path
 import msgspec
 import numpy as np
 
-from symcc_mpi.durable.atomic import write_durable
+from symcc_mpi.durable.atomic import make_directories, write_durable
 
 log = logging.getLogger("symcc_mpi.coverage.pruning")
 
@@ -386,7 +386,7 @@ class PruningLedger:
 def save_maps(directory: Path, maps: dict[str, bytes]) -> None:
     """Save the scopes' maps; a map file of a scope that has none any more (a new epoch) is
     removed."""
-    directory.mkdir(parents=True, exist_ok=True)
+    make_directories(directory)
     for name, data in maps.items():
         write_durable(directory / f"{name}.map", data)
     for path in directory.glob("*.map"):

@@ -51,6 +51,22 @@ def fsync_directory(directory: Path) -> None:
         os.close(fd)
 
 
+def make_directories(path: Path) -> None:
+    """`mkdir -p` whose directories survive a crash of the machine: a name made in a
+    directory is durable once that directory is fsynced, so each one made is fsynced into
+    its parent (the campaign's own directory included: else a crash may take all of it)."""
+    missing = []
+    while not path.is_dir():
+        missing.append(path)
+        path = path.parent
+    for directory in reversed(missing):
+        try:
+            directory.mkdir()
+        except FileExistsError:
+            pass  # made meanwhile by another process, perhaps not yet durable: fsync anyway
+        fsync_directory(directory.parent)
+
+
 _writes = itertools.count()
 
 

@@ -58,7 +58,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from symcc_mpi.durable.atomic import SYSTEM_DISK, fsync_directory, is_temporary, write_durable
+from symcc_mpi.durable.atomic import (
+    SYSTEM_DISK,
+    fsync_directory,
+    is_temporary,
+    make_directories,
+    write_durable,
+)
 from symcc_mpi.durable.clock import SYSTEM_CLOCK, Clock
 from symcc_mpi.durable.lines import (
     LineError,
@@ -282,7 +288,7 @@ class LineLog:
                 candidate.unlink(missing_ok=True)
 
     def _quarantine(self, bad: _BadLine) -> Damage:
-        self.quarantine_dir.mkdir(parents=True, exist_ok=True)
+        make_directories(self.quarantine_dir)
         stamp = f"{self.clock.time():.6f}"
         serial = 0
         while True:
@@ -314,7 +320,7 @@ class LineLog:
                 return None
             keep = tail_start + data.rfind(b"\n") + 1
             kept = self.quarantine_dir / f"{self.path.name}.torn-at-{keep}"
-            self.quarantine_dir.mkdir(parents=True, exist_ok=True)
+            make_directories(self.quarantine_dir)
             write_durable(kept, data[keep - tail_start:], fsync=self.fsync)
             note_reason(self.quarantine_dir, kept.name,
                         f"interrupted append cut from {self.path} at byte {keep}")
@@ -336,7 +342,7 @@ class LineLog:
         write_durable(self.path, data, fsync=self.fsync)
 
     def open_for_append(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        make_directories(self.path.parent)
         existed = self.path.exists()
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         if not existed and self.fsync:

@@ -22,6 +22,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from symcc_mpi.durable.atomic import make_directories
 from symcc_mpi.durable.journal import LineLog
 
 PUBLISHED = "published"
@@ -40,7 +41,7 @@ class PublicationLog:
 
     def __init__(self, lease_directory: Path, master: int):
         self.path = log_path(lease_directory, master)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        make_directories(self.path.parent)
 
     def append(self, digests: Iterable[str]) -> None:
         """Append `digests` in one write (one per line); an invalid digest is a ValueError."""

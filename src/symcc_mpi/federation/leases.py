@@ -45,6 +45,7 @@ from typing import Any
 
 import msgspec
 
+from symcc_mpi.durable.atomic import make_directories
 from symcc_mpi.durable.clock import SYSTEM_CLOCK, Clock
 from symcc_mpi.federation.lease_log import ShardLog, Writer
 from symcc_mpi.federation.shards import MAX_SHARDS, check_seconds, open_description
@@ -368,7 +369,7 @@ class FencedWorkLeaseTable:
 
     def _open(self, shards: int, fsync: bool) -> int:
         """Create the table if absent; the shard count its creator fixed."""
-        (self.root / "logs").mkdir(parents=True, exist_ok=True)
+        make_directories(self.root / "logs")
         return open_description(self.root, TABLE_SCHEMA, shards, fsync=fsync)
 
     def _add(self, name: str, amount: float = 1) -> None:

@@ -26,7 +26,7 @@ from pathlib import Path
 from symcc_mpi.campaign.checkpoint import Checkpointer
 from symcc_mpi.coverage.edges import MAX_MAP_SIZE
 from symcc_mpi.coverage.pruning import MAP_SIZE as PRUNING_MAP_SIZE
-from symcc_mpi.durable.atomic import write_durable
+from symcc_mpi.durable.atomic import make_directories, write_durable
 
 log = logging.getLogger("symcc_mpi.federation")
 
@@ -68,7 +68,7 @@ class MapExchange:
         if self._published.get(kind) == data:
             return
         path = map_path(self.lease_directory, self.index, kind)
-        path.parent.mkdir(parents=True, exist_ok=True)
+        make_directories(path.parent)
         write_durable(path, data, fsync=False)
         self._published[kind] = data
         self._published_maps += 1

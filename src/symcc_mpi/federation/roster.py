@@ -24,7 +24,7 @@ class Claim(Enum):
     INVALID = "invalid"  # no master's place the sender can take (or that the receiver heeds)
     LIVES = "lives"  # the master it names is alive
     TAKEN = "taken"  # the sender is that master now
-    KNOWN = "known"  # told again, to a new root that had found it already (`locate`)
+    KNOWN = "known"  # told again
 
 
 @dataclass
@@ -34,6 +34,10 @@ class Roster:
     dead: set[int] = field(default_factory=set)  # masters known dead, and not replaced
     awaiting: dict[int, float] = field(default_factory=dict)  # dead masters: until when
     farewells: set[int] = field(default_factory=set)  # the masters done with the campaign
+    # Masters found at a successor's rank (`locate`) before that successor said so: its word,
+    # when it comes, is a takeover like any other (its duties are owed it: a decided end,
+    # a STOP), not news told again.
+    located: set[int] = field(default_factory=set)
     # Each succession as its successor told it, in stats.json's extra.failures form.
     successions: list[dict] = field(default_factory=list)
 
@@ -61,6 +65,8 @@ class Roster:
         empty = []
         for index in indices:
             if living := [world for world in self.world_ranks[index] if world not in failed]:
+                if self.world_of[index] != living[0]:
+                    self.located.add(index)
                 self.world_of[index] = living[0]
             else:
                 self.dead.add(index)
@@ -91,6 +97,8 @@ class Roster:
         if world not in group:
             return Claim.INVALID
         if world == self.world_of[index]:  # the dead one itself, or one located already
+            if index in self.located:
+                return Claim.TAKEN
             return Claim.INVALID if index in self.dead else Claim.KNOWN
         if index not in self.dead:
             return Claim.LIVES
@@ -101,6 +109,7 @@ class Roster:
         its group went through are on record, each once."""
         index = news.master
         self.dead.discard(index)
+        self.located.discard(index)
         self.awaiting.pop(index, None)
         self.world_of[index] = world
         known = {(s["master_index"], s["failed"][0]) for s in self.successions}

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import msgspec
 
-from symcc_mpi.durable.atomic import fsync_directory, write_durable
+from symcc_mpi.durable.atomic import fsync_directory, make_directories, write_durable
 from symcc_mpi.durable.locks import break_if_dead, sweep_debris
 
 MAX_SHARDS = 4096
@@ -72,7 +72,7 @@ def open_sharded_table(root: Path, schema: str, shards: int, *, fsync: bool
     `quarantine/`. Returns the table's shard count (its creator's, whatever `shards` says)
     and how many locks of dead holders it cleared. TableMismatch if `table.json` is not one
     of `schema`."""
-    root.mkdir(parents=True, exist_ok=True)
+    make_directories(root)
     found = open_description(root, schema, shards, fsync=fsync)
     created = False
     for tree in ("records", "locks", "quarantine"):
@@ -120,6 +120,7 @@ def shard_directories(root: Path, shards: int) -> list[Path]:
 def make_directory(path: Path) -> bool:
     try:
         path.mkdir()
-        return True
     except FileExistsError:
         return False
+    fsync_directory(path.parent)
+    return True

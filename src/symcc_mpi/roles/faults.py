@@ -119,6 +119,7 @@ class FaultKind(enum.Enum):
     LEASE_WRITE_ERROR = "lease-write-error"
     SLOW_LEASE_WRITE = "slow-lease-write"
     STALL_IN_COMMIT = "stall-in-commit"
+    MACHINE_CRASH = "machine-crash"  # a machine dies: its ranks, and what it had not synced
 
 
 K = FaultKind
