@@ -5,6 +5,7 @@
     python -m simulation --seed 17 --shrink        # and shrink it
     python -m simulation --schedule '{...}'        # replay a shrunk schedule (its JSON)
     python -m simulation --mutation NAME           # the first schedule catching a variant
+    python -m simulation --search-table --starts 5 # every variant searched from random seeds
 """
 
 from __future__ import annotations
@@ -13,10 +14,12 @@ import argparse
 import contextlib
 import json
 import os
+import random
+import statistics
 import sys
 
 from .mutations import MUTATIONS, apply
-from .runner import run_many, run_one, shrink
+from .runner import run_many, run_one, search, shrink
 from .simulation import Fault, Schedule, run_schedule
 
 
@@ -31,7 +34,15 @@ def main() -> int:
     parser.add_argument("--shrink", action="store_true", help="shrink a failing --seed")
     parser.add_argument("--mutation", choices=sorted(MUTATIONS),
                         help="run a deliberately broken variant until a schedule fails")
+    parser.add_argument("--search-table", action="store_true",
+                        help="search every variant from --starts random seeds, shrink each "
+                             "first catch, and print the table")
+    parser.add_argument("--starts", type=int, default=5)
+    parser.add_argument("--limit", type=int, default=1000,
+                        help="schedules a search may run before the variant counts as missed")
     arguments = parser.parse_args()
+    if arguments.search_table:
+        return _search_table(arguments)
     if arguments.seed is not None or arguments.schedule:
         return _replay(arguments)
     if arguments.mutation:
@@ -78,6 +89,37 @@ def _replay(arguments) -> int:
         smaller = shrink(schedule, arguments.mutation)
         print(f"shrunk to: {smaller.describe()}\n  as JSON: {json.dumps(_plain(smaller))}")
     return 1 if run.violation else 0
+
+
+def _search_table(arguments) -> int:
+    starts = [random.SystemRandom().randrange(10**6) for _ in range(arguments.starts)]
+    print(f"random starts: {starts}; at most {arguments.limit} schedules each", flush=True)
+    print(f"{'planted bug':<36}{'caught':>6}{'median':>8}{'max':>6}{'replay: faults':>16}"
+          f"{'turns':>8}  the check that caught it", flush=True)
+    rows = []
+    for name in sorted(MUTATIONS):
+        found = [search(name, start, limit=arguments.limit, processes=arguments.processes)
+                 for start in starts]
+        caught = [f for f in found if f.schedules is not None]
+        shortest = min(caught, key=lambda f: (len(f.shrunk.faults), f.shrunk_turns),
+                       default=None)
+        rows.append({
+            "bug": name, "rule": MUTATIONS[name].rule,
+            "caught": f"{len(caught)}/{len(found)}",
+            "schedules_median": statistics.median(f.schedules for f in caught) if caught
+            else None,
+            "schedules_max": max((f.schedules for f in caught), default=None),
+            "check": shortest.violation.split(":")[0][:60] if shortest else "",
+            "replay_faults": len(shortest.shrunk.faults) if shortest else None,
+            "replay_turns": shortest.shrunk_turns if shortest else None,
+            "replay": json.dumps(_plain(shortest.shrunk)) if shortest else None})
+        row = rows[-1]
+        print(f"{name:<36}{row['caught']:>6}{row['schedules_median']!s:>8}"
+              f"{row['schedules_max']!s:>6}{row['replay_faults']!s:>16}"
+              f"{row['replay_turns']!s:>8}  {row['check']}", flush=True)
+    print(json.dumps({"starts": starts, "limit": arguments.limit, "bugs": rows}))
+    return 0 if all(row["caught"].split("/")[0] == row["caught"].split("/")[1]
+                    for row in rows) else 1
 
 
 def _plain(schedule: Schedule) -> dict:

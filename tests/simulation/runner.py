@@ -30,6 +30,7 @@ class Run:
     jobs: int
     executions: int
     trace: str
+    forgotten: Counter = field(default_factory=Counter)
 
 
 @dataclass
@@ -62,8 +63,15 @@ class Summary:
         lines += ["", "fault kinds mixed in one schedule: " + ", ".join(
             f"{n} kinds: {mixes[n]}" for n in sorted(mixes)), "",
             f"{'invariant':<58}{'checked':>10}"]
+        forgotten = Counter()
+        for run in runs:
+            forgotten.update(run.forgotten)
         for rule, times in sorted(checks.items()):
             lines.append(f"{rule:<58}{times:>10}")
+        if forgotten:
+            lines += ["", "power failures took " + ", ".join(
+                f"{n} {what}" for what, n in sorted(forgotten.items())) +
+                " that no fsync had made durable"]
         for run in self.failures[:10]:
             lines += ["", f"FAILED {run.described}", f"  {run.violation}"]
         return "\n".join(lines)
@@ -81,7 +89,7 @@ def run_one(seed: int, mutation: str | None = None,
     return Run(seed, schedule.describe(), None if violation is None else str(violation),
                None if violation is None else violation.step, outcome.faults, outcome.checks,
                outcome.turns, outcome.checked_turns, outcome.jobs, outcome.executions,
-               outcome.trace)
+               outcome.trace, outcome.forgotten)
 
 
 def _serve(child: int, seeds: list[int], mutation: str | None, results) -> None:
@@ -158,3 +166,29 @@ def shrink(schedule: Schedule, mutation: str | None = None, *, budget: int = 60)
                 schedule, improved = candidate, True
                 break
     return schedule
+
+
+@dataclass
+class Found:
+    """A search for one planted bug from one start: where it was caught and how."""
+
+    mutation: str
+    start: int
+    schedules: int | None  # run before the first that failed, that one included; None: not
+    violation: str = ""
+    shrunk: Schedule | None = None
+    shrunk_turns: int = 0
+
+
+def search(mutation: str, start: int, *, limit: int, processes: int = 2,
+           shrink_budget: int = 30) -> Found:
+    """The first schedule from `start` that catches `mutation` within `limit`, shrunk."""
+    summary = run_many(range(start, start + limit), processes=processes, mutation=mutation,
+                       stop_at_first=True)
+    if not summary.failures:
+        return Found(mutation, start, None)
+    first = min(summary.failures, key=lambda run: run.seed)
+    smaller = shrink(Schedule.generate(first.seed), mutation, budget=shrink_budget)
+    replay = run_one(smaller.seed, mutation, smaller)
+    return Found(mutation, start, first.seed - start + 1, first.violation.split(": ", 1)[1],
+                 smaller, replay.turns)

@@ -86,6 +86,8 @@ class Fault:
 
     @property
     def name(self) -> str:
+        if self.kind is K.MACHINE_CRASH:
+            return f"{self.kind.value} ({'every machine' if self.rank < 0 else 'one machine'})"
         return self.kind.value if self.whom == "machine" else f"{self.kind.value} ({self.whom})"
 
     def __str__(self) -> str:
