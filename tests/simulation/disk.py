@@ -39,7 +39,7 @@ DIRECTORY = "<directory>"  # what an rmdir removed: an empty directory, made aga
 _WRITING_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
 _WRITING_MODES = frozenset("wax+")
 _INTERCEPTED = ("open", "replace", "rename", "link", "symlink", "unlink", "remove", "mkdir",
-                "rmdir", "truncate", "fsync", "fdatasync")
+                "rmdir", "truncate", "fsync", "fdatasync", "sync")
 
 Inode = tuple[int, int]
 
@@ -174,6 +174,17 @@ class ForgettingDisk:
         self.before_sync()
         self._os["fdatasync"](fd)
         self._synced(fd)
+
+    def _sync(self) -> None:
+        """sync(2): everything is durable."""
+        self.before_sync()
+        self._os["sync"]()
+        for changes in self.changes.values():
+            for change in changes:
+                self._drop(change)
+        self.changes.clear()
+        for path, key in self._files():
+            self.data[key].durable = self._read(path)
 
     def _synced(self, fd: int) -> None:
         info = os.fstat(fd)

@@ -10,10 +10,12 @@ import contextlib
 import inspect
 import textwrap
 from dataclasses import dataclass
+from types import ModuleType
 
 from symcc_mpi.campaign.done_log import DoneLog
 from symcc_mpi.dispatch.coordinator import DispatchCoordinator
 from symcc_mpi.dispatch.tables import DispatchTables
+from symcc_mpi.durable import atomic
 from symcc_mpi.federation.quiescence import Coordinator
 from symcc_mpi.federation.work_leases import WorkLease
 from symcc_mpi.roles.results import ResultJudge
@@ -22,7 +24,7 @@ from symcc_mpi.roles.stopping import Stopping
 
 @dataclass(frozen=True)
 class Edit:
-    owner: type
+    owner: type | ModuleType  # a module's function is changed in place: its importers see it
     function: str
     old: str
     new: str
@@ -115,10 +117,15 @@ MUTATIONS = {
         "the group commit appends the done records without fsyncing the children's "
         "directories",
         (Edit(DoneLog, "sync", "            fsync_directory(directory)", "            pass"),)),
+    "directory-made-unsynced": Mutation(
+        "a directory made is durable",
+        "a directory the campaign makes (OUT, its state) is not fsynced into its parent",
+        (Edit(atomic, "make_directories", "        fsync_directory(directory.parent)",
+              "        pass"),)),
 }
 
 
-def _mutated(owner: type, function: str, edits: list[Edit]):
+def _mutated(owner: type | ModuleType, function: str, edits: list[Edit]):
     original = owner.__dict__[function]
     source = inspect.getsource(original)  # indented as in its class, as the edits are
     for edit in edits:
@@ -137,16 +144,20 @@ def _mutated(owner: type, function: str, edits: list[Edit]):
 @contextlib.contextmanager
 def apply(name: str):
     """The variant `name` in place of the real code, within the block."""
-    by_function: dict[tuple[type, str], list[Edit]] = {}
+    by_function: dict[tuple[type | ModuleType, str], list[Edit]] = {}
     for edit in MUTATIONS[name].edits:
         by_function.setdefault((edit.owner, edit.function), []).append(edit)
     saved = []
     try:
         for (owner, function), edits in by_function.items():
             original, variant = _mutated(owner, function, edits)
-            saved.append((owner, function, original))
-            setattr(owner, function, variant)
+            if isinstance(owner, ModuleType):
+                saved.append((original, "__code__", original.__code__))
+                original.__code__ = variant.__code__
+            else:
+                saved.append((owner, function, original))
+                setattr(owner, function, variant)
         yield MUTATIONS[name]
     finally:
-        for owner, function, original in reversed(saved):
-            setattr(owner, function, original)
+        for owner, attribute, original in reversed(saved):
+            setattr(owner, attribute, original)

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import logging
+import os
 
 from symcc_mpi.campaign import wal
 from symcc_mpi.campaign.commit import Unusable, decode_manifest
@@ -26,6 +27,12 @@ def load_state(master, config: CampaignConfig, campaign: CampaignDir,
     `saved`: the snapshot the last run left (snapshot.py), restored already with what its
     publish log names (`unqueued`: the inputs published after it without a queue/ entry):
     only the journal records after it are read, the directories not listed."""
+    if taking_over or config.resume:
+        # A master that died (not its machine) may have published files its next group
+        # commit would have made durable: their bytes are in the page cache only, and this
+        # master's own fsyncs of their directories would make their names durable without
+        # them (a power failure then leaves a corpus file with no bytes). To disk first.
+        os.sync()
     seeds = []
     if config.seeds is not None and config.seeds.is_dir() and not taking_over \
             and names_entries:
