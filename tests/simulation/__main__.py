@@ -19,7 +19,7 @@ import statistics
 import sys
 
 from .mutations import MUTATIONS, apply
-from .runner import run_many, run_one, search, shrink
+from .runner import run_many, run_one, search, search_start, shrink
 from .simulation import Fault, Schedule, run_schedule
 
 
@@ -37,7 +37,8 @@ def main() -> int:
     parser.add_argument("--search-table", action="store_true",
                         help="search every variant from --starts random seeds, shrink each "
                              "first catch, and print the table")
-    parser.add_argument("--starts", type=int, default=5)
+    parser.add_argument("--starts", type=int, default=2, help="random ones, besides the "
+                        "suite's own")
     parser.add_argument("--limit", type=int, default=1000,
                         help="schedules a search may run before the variant counts as missed")
     arguments = parser.parse_args()
@@ -93,13 +94,14 @@ def _replay(arguments) -> int:
 
 def _search_table(arguments) -> int:
     starts = [random.SystemRandom().randrange(10**6) for _ in range(arguments.starts)]
-    print(f"random starts: {starts}; at most {arguments.limit} schedules each", flush=True)
+    print(f"starts: the SHA-256 of the bug's name (the suite's), then {starts}; at most "
+          f"{arguments.limit} schedules each", flush=True)
     print(f"{'planted bug':<36}{'caught':>6}{'median':>8}{'max':>6}{'replay: faults':>16}"
           f"{'turns':>8}  the check that caught it", flush=True)
     rows = []
     for name in sorted(MUTATIONS):
         found = [search(name, start, limit=arguments.limit, processes=arguments.processes)
-                 for start in starts]
+                 for start in [search_start(name), *starts]]
         caught = [f for f in found if f.schedules is not None]
         shortest = min(caught, key=lambda f: (len(f.shrunk.faults), f.shrunk_turns),
                        default=None)
@@ -109,6 +111,7 @@ def _search_table(arguments) -> int:
             "schedules_median": statistics.median(f.schedules for f in caught) if caught
             else None,
             "schedules_max": max((f.schedules for f in caught), default=None),
+            "schedules_from_the_suites_start": found[0].schedules,
             "check": shortest.violation.split(":")[0][:60] if shortest else "",
             "replay_faults": len(shortest.shrunk.faults) if shortest else None,
             "replay_turns": shortest.shrunk_turns if shortest else None,

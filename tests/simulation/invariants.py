@@ -185,28 +185,36 @@ class Checker:
             for master in resting:
                 self._check_leases_kept(master)
 
-    def committed(self) -> set[str]:
-        """The inputs with a done record, as the journals say now."""
+    def _journals_now(self) -> tuple[Counter[str], Counter[str]]:
+        """The inputs with a record (done, dispatch, requeue...), and the re-dispatches
+        declared, as the journals say now."""
         self.journal_sizes = ()
         self._check_journal()
-        return set(self.done)
+        return Counter(r["digest"] for r in self.records if "digest" in r), \
+            _declared(self.records)
 
-    def in_flight(self, processes: list[Process]) -> set[str]:
-        """What the masters among `processes` have in flight: dispatched, or committed and
-        waiting for the group commit's append (done_log.py)."""
+    def machines_dying(self, processes: list[Process]) -> None:
+        """`processes` are about to die with their machines: what the journals hold, and
+        what their masters have in flight (dispatched, or committed and waiting for the
+        group commit's append: done_log.py)."""
         masters = [role for p in processes if isinstance(role := self.role_of(p), Master)]
-        return {tx.work_id.split("#")[0] for master in masters
-                for _, tx in master.dispatch.tables.transactions()} | \
+        in_flight = {tx.work_id.split("#")[0] for master in masters
+                     for _, tx in master.dispatch.tables.transactions()} | \
             {record["digest"] for master in masters
              for record in master.campaign.journal._pending if "digest" in record}
+        self._before_crash = (*self._journals_now(), in_flight)
 
-    def crashed(self, committed: set[str], in_flight: set[str]) -> None:
-        """Machines died and the disk forgot what was not durable: the done records it
-        took are work that may run again (F443 §3: in flight until durable), as is what
-        their masters had in flight (its dispatch records, not fsynced, died with them:
-        done_log.py); and corpus files may have gone."""
-        lost = committed - self.committed()
-        self.forgotten.update(lost | in_flight)
+    def crashed(self) -> None:
+        """Machines died and the disk forgot what was not durable. An input whose journal
+        records it took may run again undeclared (F443 §3: a done record vouches once
+        durable; a dispatch record, not fsynced, is what a resume declares a re-dispatch
+        by: done_log.py), as may what the dead masters had in flight, and the re-dispatch
+        records it took declare nothing any more; and corpus files may have gone."""
+        recorded, declared, in_flight = self._before_crash
+        now_recorded, now_declared = self._journals_now()
+        lost = set(recorded - now_recorded) | in_flight
+        self.forgotten.update(lost)
+        self.forgotten.update(declared - now_declared)
         until = self.simulation.scheduler.now + self.simulation.exposure_slack
         self.exposures.append((until, set(lost)))
         self.corpus_seen.clear()
@@ -481,19 +489,25 @@ class Checker:
         self._count("only work in flight at a failure runs again")
         if self.simulation.schedule.masters > 1:
             return
-        requeued = Counter()
-        for record in self.records:
-            if record.get("kind") == "requeue":
-                requeued[record["digest"]] += 1
-            elif record.get("kind") == "recovered":
-                for work in record.get("requeued", ()):
-                    requeued[work.split("#")[0]] += 1
+        requeued = _declared(self.records)
         for digest, runs in self.simulation.executions.items():
             allowed = 1 + requeued[digest] + self.forgotten[digest]
             if runs > allowed:
                 self._fail(f"{digest[:12]} ran {runs} times with {requeued[digest]} declared "
                            "re-dispatches")
         self._count("F443 every re-dispatch is declared")
+
+
+def _declared(records: list[dict]) -> Counter[str]:
+    """Per input, the re-dispatches the journal's records declare."""
+    requeued = Counter()
+    for record in records:
+        if record.get("kind") == "requeue":
+            requeued[record["digest"]] += 1
+        elif record.get("kind") == "recovered":
+            for work in record.get("requeued", ()):
+                requeued[work.split("#")[0]] += 1
+    return requeued
 
 
 def _stop_reason(out: Path) -> str:

@@ -431,9 +431,8 @@ class Simulation:
         scheduler = self.scheduler
         scheduler.struck(0.0)
         power = machine < 0 or self.schedule.machines == 1
-        committed = self.checker.committed()
         dying = [p for p in processes if p.alive and (power or p.machine == machine)]
-        in_flight = self.checker.in_flight(dying)
+        self.checker.machines_dying(dying)
         for process in dying:
             self.checker.note_kill(process)
             scheduler.kill(process)
@@ -443,7 +442,7 @@ class Simulation:
             self.boots[died] += 1
         if power:
             self.disk.power_failure()
-        self.checker.crashed(committed, in_flight)
+        self.checker.crashed()
         current = scheduler.current
         if current is not None and not current.alive:
             scheduler.park()  # never resumed: it died inside the fsync

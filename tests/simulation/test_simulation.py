@@ -4,7 +4,6 @@ and the deliberately broken variants each caught."""
 
 from __future__ import annotations
 
-import hashlib
 import os
 import subprocess
 import sys
@@ -15,7 +14,7 @@ import pytest
 from symcc_mpi.roles.faults import FaultKind
 
 from .mutations import MUTATIONS, apply
-from .runner import run_many, run_one, shrink
+from .runner import run_many, run_one, search_start, shrink
 from .simulation import Fault, Schedule
 
 SCHEDULES = 1000
@@ -107,17 +106,13 @@ def test_a_different_seed_is_a_different_run():
     assert run_one(52).trace != run_one(53).trace
 
 
-def _start(name: str) -> int:
-    return int(hashlib.sha256(name.encode()).hexdigest()[:8], 16) % 10**6
-
-
 def test_every_planted_bug_has_a_stated_search():
     assert sorted(FOUND_WITHIN) == sorted(MUTATIONS)
 
 
 @pytest.mark.parametrize("name", sorted(FOUND_WITHIN))
 def test_each_planted_bug_is_found_by_a_search(name):
-    first = _start(name)
+    first = search_start(name)
     summary = run_many(range(first, first + FOUND_WITHIN[name]), processes=2, mutation=name,
                        stop_at_first=True)
     assert summary.failures, f"{name} ({MUTATIONS[name].rule}) not caught in " \

@@ -325,7 +325,10 @@ class Committer:
             # Another master generated it too and published it first (or this master's dead
             # predecessor did): its find, which its owner will analyse; queued once. (A lone
             # master meets its own file only when its earlier commit of this result failed
-            # after the promotion: then it queues it now.)
+            # after the promotion: then it queues it now.) Its bytes may still be only in
+            # the page cache of the one that published it: this commit's done record must
+            # not vouch for a child a power failure can leave with a name and no bytes.
+            self.campaign.sync_at_next_commit(digest)
             self.campaign.queue_once(digest, parent)
             self.frontier.add(digest)
             return

@@ -373,6 +373,11 @@ class CampaignDir(AflQueues):
         self._published(target)
         return True
 
+    def sync_at_next_commit(self, digest: str) -> None:
+        """corpus/<digest>, published by another, is made durable by this master's next
+        group commit too."""
+        self._published(os.path.join(self._corpus, digest))
+
     def import_entry(self, digest: str, data: bytes, instance: str, source_id: int, *,
                      new_coverage: bool) -> None:
         """An AFL instance's queue entry, new to the campaign: into corpus/ and queue/ under
