@@ -16,7 +16,6 @@ from symcc_mpi.campaign.done_log import DoneLog
 from symcc_mpi.dispatch.coordinator import DispatchCoordinator
 from symcc_mpi.dispatch.tables import DispatchTables
 from symcc_mpi.durable import atomic
-from symcc_mpi.federation.quiescence import Coordinator
 from symcc_mpi.federation.work_leases import WorkLease
 from symcc_mpi.roles.results import ResultJudge
 from symcc_mpi.roles.stopping import Stopping
@@ -85,28 +84,12 @@ MUTATIONS = {
         "a commit goes on when its fence says another master took the lease over",
         (Edit(DispatchTables, "begin_commit", "        if not fence():",
               "        if not (fence() or True):"),)),
-    "token-not-checked": Mutation(
-        "F315 W8",
-        "a RESULT is current for whatever token it carries, if its rank has a dispatch",
-        (Edit(DispatchTables, "classify", "tx is not None and tx.token == token",
-              "tx is not None"),)),
     "put-back-lost": Mutation(
         "F313 D5",
         "a dispatch taken back (its worker died, retired or OUT refused) is not requeued",
         (Edit(DispatchCoordinator, "_requeue_swept",
               '                self._requeue(rollback.work_id, "taken back")',
               "                pass"),)),
-    "stale-vote-counted": Mutation(
-        "F320 quiescence",
-        "a vote for an earlier round's PREPARE counts in the round under way",
-        (Edit(Coordinator, "on_vote",
-              "elif self._phase is not _Phase.PREPARING or message.token != self._token:",
-              "elif self._phase is not _Phase.PREPARING:"),)),
-    "busy-status-ignored": Mutation(
-        "F320 quiescence",
-        "a master's busy status during a PREPARE does not doom the round",
-        (Edit(Coordinator, "on_status", "            self._doomed = True",
-              "            pass"),)),
     # Found only by the disk that forgets (disk.py): without it nothing written is lost.
     "children-unsynced-before-done": Mutation(
         "group commit: children durable before their done record",
