@@ -62,6 +62,17 @@ DEFECTS_FOUND = {
             {"at": 0.6143, "kind": "machine-crash", "rank": -1, "seconds": 0,
              "whom": "machine"}],
         "machines": 1},
+    # A master found a child another had published (not synced yet) and committed its
+    # parent: a power failure left the child's name, made durable by a fsync of corpus/,
+    # without its bytes, vouched for by a durable done record. Such a child is now synced
+    # by the finder's next group commit too.
+    "a-found-child-synced-by-its-finder": {
+        "seed": 5767, "workers": 3, "masters": 3, "seeds": 3, "faults": [
+            {"at": 0.1633, "kind": "slow-link", "rank": 3, "seconds": 0.608, "whom": "worker"},
+            {"at": 0.2483, "kind": "machine-crash", "rank": -1, "seconds": 0,
+             "whom": "machine"},
+            {"at": 0.3024, "kind": "die", "rank": 1, "seconds": 0.0, "whom": "worker"}],
+        "machines": 1},
     # A power failure left a corpus file named without its bytes (the other master's fsync
     # of corpus/ made its name durable): the campaign repairs it.
     "corpus-file-without-its-bytes": {"seed": 249, "workers": 4, "masters": 2, "seeds": 3,
