@@ -82,7 +82,7 @@ DEFECTS_FOUND = {
 }
 
 
-@pytest.mark.slow  # about 90 s on an idle 2-core machine
+@pytest.mark.slow  # about 290 s on an idle 2-core machine
 @pytest.mark.timeout(1200)
 def test_a_thousand_schedules_keep_every_invariant():
     summary = run_many(range(SCHEDULES), processes=max(2, os.cpu_count() or 1))
