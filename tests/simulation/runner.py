@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import multiprocessing
+import os
 import queue
 import time
 from collections import Counter
@@ -93,8 +94,10 @@ def run_one(seed: int, mutation: str | None = None,
                outcome.trace, outcome.forgotten)
 
 
-def _serve(child: int, seeds: list[int], mutation: str | None, results) -> None:
+def _serve(child: int, seeds: list[int], mutation: str | None, results, parent: int) -> None:
     for seed in seeds:
+        if os.getppid() != parent:
+            return  # the search was given up (its process killed): so is this part of it
         results.put((child, seed))  # so that a schedule that hangs is named
         results.put((child, run_one(seed, mutation)))
 
@@ -108,7 +111,7 @@ def run_many(seeds: range, *, processes: int = 2, mutation: str | None = None,
     context = multiprocessing.get_context("fork")
     results = context.Queue()
     children = [context.Process(target=_serve, args=(i, list(seeds)[i::processes], mutation,
-                                                     results), daemon=True)
+                                                     results, os.getpid()), daemon=True)
                 for i in range(processes)]
     running: dict[int, int] = {}  # child: the seed it is on
     for child in children:
