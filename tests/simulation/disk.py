@@ -56,13 +56,6 @@ class Change:
     moved_from: str | None = None  # a directory renamed here: undone by renaming it back
 
 
-@dataclass
-class Data:
-    """A file's bytes as of its last fsync."""
-
-    durable: bytes
-
-
 class ForgettingDisk:
     def __init__(self, root: Path, in_turn: Callable[[], bool]):
         """`root`: the directory whose files are simulated; `in_turn`: whether a rank has
@@ -72,7 +65,7 @@ class ForgettingDisk:
         os.mkdir(self.graveyard)
         self.in_turn = in_turn
         self.changes: dict[str, list[Change]] = defaultdict(list)  # by directory
-        self.data: dict[Inode, Data] = {}
+        self.durable: dict[Inode, bytes] = {}  # a file's bytes as of its last fsync
         self.forgotten: Counter[str] = Counter()  # what deaths took, in all
         self._sequence = itertools.count()
         self._buried = itertools.count()
@@ -111,9 +104,8 @@ class ForgettingDisk:
             self.changes.clear()
             files = 0
             for path, key in self._files():
-                data = self.data[key]
-                if self._read(path) != data.durable:
-                    self._rewrite(path, data.durable)
+                if self._read(path) != self.durable[key]:
+                    self._rewrite(path, self.durable[key])
                     files += 1
         self.forgotten["directory entries"] += len(undone)
         self.forgotten["files' bytes"] += files
@@ -137,7 +129,7 @@ class ForgettingDisk:
                 path = os.path.join(directory, name)
                 info = os.lstat(path)
                 key = (info.st_dev, info.st_ino)
-                if key in self.data and key not in seen and stat.S_ISREG(info.st_mode):
+                if key in self.durable and key not in seen and stat.S_ISREG(info.st_mode):
                     seen.add(key)
                     yield path, key
 
@@ -184,7 +176,7 @@ class ForgettingDisk:
                 self._drop(change)
         self.changes.clear()
         for path, key in self._files():
-            self.data[key].durable = self._read(path)
+            self.durable[key] = self._read(path)
 
     def _synced(self, fd: int) -> None:
         info = os.fstat(fd)
@@ -193,9 +185,9 @@ class ForgettingDisk:
             for change in self.changes.pop(directory, ()):
                 self._drop(change)
             return
-        data = self.data.get((info.st_dev, info.st_ino))
-        if data is not None:  # read anew: the descriptor may be write-only
-            data.durable = self._read(f"/proc/self/fd/{fd}")
+        key = (info.st_dev, info.st_ino)
+        if key in self.durable:  # read anew: the descriptor may be write-only
+            self.durable[key] = self._read(f"/proc/self/fd/{fd}")
 
     # -- what changes a file's bytes -----------------------------------------------------
 
@@ -236,7 +228,7 @@ class ForgettingDisk:
         except OSError:
             return None
         key = (info.st_dev, info.st_ino)
-        if key in self.data or not stat.S_ISREG(info.st_mode) or not truncating:
+        if key in self.durable or not stat.S_ISREG(info.st_mode) or not truncating:
             return key, None
         return key, self._read(path)
 
@@ -244,9 +236,9 @@ class ForgettingDisk:
         key = (info.st_dev, info.st_ino)
         if before is None:  # it made the file
             self._changed(path, None, key)
-            self.data[key] = Data(b"")
-        elif key not in self.data and stat.S_ISREG(info.st_mode):  # durable until now
-            self.data[key] = Data(before[1] if before[0] == key and before[1] is not None
+            self.durable[key] = b""
+        elif key not in self.durable and stat.S_ISREG(info.st_mode):  # durable until now
+            self.durable[key] = (before[1] if before[0] == key and before[1] is not None
                                   else self._read(path))
 
     # -- what changes a directory --------------------------------------------------------

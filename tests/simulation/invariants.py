@@ -198,10 +198,9 @@ class Checker:
         what their masters have in flight (dispatched, or committed and waiting for the
         group commit's append: done_log.py)."""
         masters = [role for p in processes if isinstance(role := self.role_of(p), Master)]
-        in_flight = {tx.work_id.split("#")[0] for master in masters
-                     for _, tx in master.dispatch.tables.transactions()} | \
-            {record["digest"] for master in masters
-             for record in master.campaign.journal._pending if "digest" in record}
+        in_flight = _dispatched(masters) | {
+            record["digest"] for master in masters
+            for record in master.campaign.journal._pending if "digest" in record}
         self._before_crash = (*self._journals_now(), in_flight)
 
     def crashed(self) -> None:
@@ -234,8 +233,7 @@ class Checker:
         open_windows = [seen for until, seen in self.exposures if now <= until]
         if not open_windows:
             return
-        in_flight = {tx.work_id.split("#")[0] for master in masters
-                     for _, tx in master.dispatch.tables.transactions()}
+        in_flight = _dispatched(masters)
         for seen in open_windows:
             seen |= in_flight
 
@@ -496,6 +494,12 @@ class Checker:
                 self._fail(f"{digest[:12]} ran {runs} times with {requeued[digest]} declared "
                            "re-dispatches")
         self._count("F443 every re-dispatch is declared")
+
+
+def _dispatched(masters: list) -> set[str]:
+    """The inputs `masters` have in their transaction tables."""
+    return {tx.work_id.split("#")[0] for master in masters
+            for _, tx in master.dispatch.tables.transactions()}
 
 
 def _declared(records: list[dict]) -> Counter[str]:
