@@ -343,6 +343,7 @@ class Simulation:
             # happens to free them (and their numbers, reused within one turn, would hide
             # from the descriptor tracking).
             gc.collect()
+            scheduler.close_orphaned()
             checker.tracebacks.judging = True
         self.crash = None  # a fault of this job, as every fault is
         checker.end_job(processes, aborted=scheduler.aborted)

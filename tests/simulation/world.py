@@ -108,6 +108,7 @@ class Scheduler:
         self.slow: dict[int, float] = {}  # extra delay on a process's outgoing messages
         self.activity = False  # this turn sent, received or joined something
         self.descriptors = _open_descriptors()
+        self.orphaned: set[int] = set()  # dead ranks' descriptors, each left on /dev/null
         self.works: dict[str, int] = {}  # token -> generation, of every WORK sent
         self.stale_results: set[int] = set()  # processes whose next RESULT lags a generation
         self.send_errors: dict[int, int] = {}  # process -> WORK sends still to fail
@@ -199,6 +200,7 @@ class Scheduler:
             for fd in process.files:
                 os.dup2(null, fd)
             os.close(null)
+            self.orphaned |= process.files
             process.files.clear()
         for group in list(Group.every):
             if process in group.members:
@@ -237,6 +239,20 @@ class Scheduler:
                     pass
                 except BaseException:  # noqa: BLE001 - a dead rank's unwinding is not judged
                     pass
+
+    def close_orphaned(self) -> None:
+        """Close what the dead ranks held, once nothing of theirs can run: an object's raw
+        descriptor is not closed when the object is freed, and every schedule leaking a few
+        made each turn's descriptor listing slower (a run of 1000 took twice as long)."""
+        null = os.stat(os.devnull)
+        for fd in self.orphaned:
+            try:
+                held = os.fstat(fd)
+            except OSError:
+                continue
+            if (held.st_dev, held.st_ino) == (null.st_dev, null.st_ino):
+                os.close(fd)
+        self.orphaned.clear()
 
 
 # -- communicators -------------------------------------------------------------------------
