@@ -28,7 +28,7 @@ from symcc_mpi.roles.worker import Worker
 from symcc_mpi.ulfm.generations import GENERATIONS_JOURNAL, GenerationLog
 from symcc_mpi.wire.protocol import Tag
 
-from .world import Process, SimComm, SimDoorbell
+from .world import Process, SimComm, SimDoorbell, children_of, coverage_of
 
 WORK = int(Tag.WORK)
 
@@ -146,7 +146,7 @@ class Checker:
                 self._fail(f"rank {process.index} neither ended nor died, and the job is over")
         self._count("a job ends with every live rank returned")
         if _stop_reason(self.out) == "frontier exhausted" and not self.campaign_complete():
-            missing = sorted(self.simulation.reachable(self.deferred()) - set(self.done))
+            missing = sorted(self.required() - set(self.done))
             self._fail(f"F320 quiescence: the job ended with its frontier exhausted, but "
                        f"{len(missing)} reachable inputs were never analysed, e.g. "
                        f"{missing[0][:12]}")
@@ -411,9 +411,7 @@ class Checker:
                 continue
             if pending is None:
                 pending = set(frontier.pending)
-                held = {tx.work_id.split("#")[0]
-                        for _, tx in master.dispatch.tables.transactions()}
-                held |= {w.split("#")[0] for w in master.dispatch.recovery.deferred()}
+                held = _held(master)
             if digest not in pending and digest not in held:
                 self._fail(f"F313 D5: master {master.federation.index} holds the lease of "
                            f"{digest[:12]}, which is neither waiting, in flight, analysed nor "
@@ -424,11 +422,10 @@ class Checker:
         """Every input in the corpus is analysed, waiting, in flight or set aside."""
         frontier = master.frontier
         pending = set(frontier.pending)
-        held = {tx.work_id.split("#")[0] for _, tx in master.dispatch.tables.transactions()}
-        deferred = {w.split("#")[0] for w in master.dispatch.recovery.deferred()}
+        held = _held(master)
         for digest in self.corpus_seen:
             if digest in frontier.done or digest in pending or digest in held \
-                    or digest in deferred or digest in master.dispatch.unreadable:
+                    or digest in master.dispatch.unreadable:
                 continue
             self._fail(f"lost: {digest[:12]} is in the corpus but neither analysed, waiting, "
                        "in flight nor set aside")
@@ -441,11 +438,22 @@ class Checker:
                  *(p.parent / DEFERRED_JOURNAL_NAME for p in done_journals(self.out))]
         return {w.split("#")[0] for p in set(paths) for w in _read_deferred(p)[0]}
 
+    def kept(self) -> set[str] | None:
+        """With triage, the children it kept (published in corpus/): the others, set aside,
+        need no run. None: every child is kept."""
+        if not self.simulation.schedule.triage:
+            return None
+        corpus = self.out / "corpus"
+        return set(os.listdir(corpus)) if corpus.is_dir() else set()
+
+    def required(self) -> set[str]:
+        """What the campaign must analyse or set aside by now."""
+        return self.simulation.reachable(self.deferred(), self.kept())
+
     def campaign_complete(self) -> bool:
         self.journal_sizes = ()
         self._check_journal()
-        deferred = self.deferred()
-        return self.simulation.reachable(deferred) <= set(self.done) | deferred
+        return self.required() <= set(self.done) | self.deferred()
 
     def final(self) -> None:
         self.corpus_listed = -1
@@ -461,7 +469,7 @@ class Checker:
         # A deferred input ran at least once, and what its run published before it failed
         # stays: its children may be analysed, but need not be.
         deferred = self.deferred()
-        required = self.simulation.reachable(deferred) - deferred
+        required = self.required() - deferred
         analysed = set(self.done)
         unknown = sorted(analysed - self.simulation.reachable())
         if unknown:
@@ -471,7 +479,27 @@ class Checker:
             self._fail(f"{len(missing)} reachable inputs never analysed nor set aside, e.g. "
                        f"{missing[0][:12]}")
         self._count("every reachable input analysed or set aside, and no other")
+        if self.simulation.schedule.triage:
+            self._check_triage(analysed)
         self._check_reexecution()
+
+    def _check_triage(self, analysed: set[str]) -> None:
+        """Triage set aside only children that add no coverage: every edge of each child of
+        an analysed input is an edge of an input corpus/ holds (the masters' maps merged)."""
+        schedule, kept = self.simulation.schedule, self.kept()
+        inputs = self.simulation.inputs()
+        covered = set()
+        for digest in kept:
+            if digest in inputs:
+                covered.update(coverage_of(inputs[digest]).pairs())
+        for digest in sorted(analysed):
+            for child in children_of(inputs[digest], fanout=schedule.fanout,
+                                     depth=schedule.depth, space=schedule.space):
+                beyond = set(coverage_of(child).pairs()) - covered
+                if beyond:
+                    self._fail(f"triage set aside {hashlib.sha256(child).hexdigest()[:12]}, "
+                               f"a child of {digest[:12]}, which adds edge {min(beyond)[0]}")
+        self._count("triage sets aside only children that add no coverage")
 
     def _check_reexecution(self) -> None:
         """An input runs again only if it was in flight when something failed: once more
@@ -480,7 +508,9 @@ class Checker:
         extra run declared by a requeue record or by the takeover of a dead master."""
         exposed = Counter(d for _, seen in self.exposures for d in seen)
         masters = self.simulation.schedule.masters
-        for digest, runs in self.simulation.executions.items():
+        runs_of = [(work.split("#")[0], runs)  # a part of a split input runs as its input
+                   for work, runs in self.simulation.executions.items()]
+        for digest, runs in runs_of:
             if runs > 1 + masters * exposed[digest]:
                 self._fail(f"{digest[:12]} ran {runs} times, in flight at "
                            f"{exposed[digest]} faults")
@@ -488,7 +518,7 @@ class Checker:
         if self.simulation.schedule.masters > 1:
             return
         requeued = _declared(self.records)
-        for digest, runs in self.simulation.executions.items():
+        for digest, runs in runs_of:
             allowed = 1 + requeued[digest] + self.forgotten[digest]
             if runs > allowed:
                 self._fail(f"{digest[:12]} ran {runs} times with {requeued[digest]} declared "
@@ -500,6 +530,13 @@ def _dispatched(masters: list) -> set[str]:
     """The inputs `masters` have in their transaction tables."""
     return {tx.work_id.split("#")[0] for master in masters
             for _, tx in master.dispatch.tables.transactions()}
+
+
+def _held(master) -> set[str]:
+    """The inputs `master` has in flight, set aside, or split with parts still to commit."""
+    return {tx.work_id.split("#")[0] for _, tx in master.dispatch.tables.transactions()} \
+        | {w.split("#")[0] for w in master.dispatch.recovery.deferred()} \
+        | set(master.split.open)
 
 
 def _declared(records: list[dict]) -> Counter[str]:

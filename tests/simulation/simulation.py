@@ -55,8 +55,8 @@ FAULT_WINDOW = 0.8  # faults fall in the first virtual seconds, while work is in
 
 K = FaultKind
 # What may be drawn for a schedule, and whom it strikes: a worker (the rank drawn), a master
-# (the rank drawn, modulo the masters alive), or the machine. The order is the draw's: a
-# schedule of a seed is the same from one revision to the next (test_simulation's CAUGHT_BY).
+# (the rank drawn, modulo the masters alive), or the machine. Each schedule may draw from
+# some of them only (FAULT_KIND_CHANCE each): its own fault mix.
 FAULT_KINDS = ((K.DIE, "worker"), (K.DIE, "master"), (K.PAUSE, "worker"), (K.PAUSE, "master"),
                (K.SLOW_LINK, "worker"), (K.CLOCK_JUMP, "machine"), (K.SUSPEND, "machine"),
                (K.STALE_GENERATION, "worker"), (K.SEND_FAIL, "master"),
@@ -70,6 +70,9 @@ LASTING_FAULTS = {K.SLOW_LINK, K.DISK_FULL}  # until the job ends
 # A machine's death comes at one of its ranks' next fsyncs (SECONDS counts them, 0: at once),
 # the moments at which what is durable changes, often inside a commit.
 CRASH_CHANCE = 0.35
+FAULT_KIND_CHANCE = 0.5
+SPLIT_CHANCE = 0.4
+TRIAGE_CHANCE = 0.4
 MACHINE_LAYOUTS = (1, 1, 2, 3)  # how many machines the ranks are dealt over
 
 
@@ -105,6 +108,8 @@ class Schedule:
     seeds: int = 2
     faults: tuple[Fault, ...] = ()
     machines: int = 1  # rank i runs on machine i % machines
+    split: bool = False  # --split (splitting.py): the executor can be targeted
+    triage: bool = False  # --afl-target: the workers probe children, the masters triage
     fanout: int = 2
     depth: int = 3
     space: int = 10
@@ -113,47 +118,52 @@ class Schedule:
 
     @classmethod
     def generate(cls, seed: int) -> Schedule:
+        """A swarm configuration (its sizes, its features, the fault kinds it may draw
+        from), then its faults: configurations that differ find what one tuned does not."""
         rng = random.Random(f"schedule-{seed}")
-        masters = rng.choice((1, 1, 1, 2, 2, 3))
-        workers = masters * rng.choice((1, 2, 2, 3)) if masters > 1 else rng.choice((1, 2, 3, 4))
+        masters = rng.choice((1, 1, 1, 2, 2, 3, 4))
+        workers = rng.choice((1, 2, 3, 4, 4, 6, 8, 16)) if masters == 1 else \
+            masters * rng.choice((1, 1, 2, 2, 3, 4))
+        seeds = rng.choice((1, 2, 3, 3, 5, 8, 20, 100))
+        split, triage = rng.random() < SPLIT_CHANCE, rng.random() < TRIAGE_CHANCE
+        kinds = [kind for kind in FAULT_KINDS + (LEASE_FAULTS if masters > 1 else ())
+                 if rng.random() < FAULT_KIND_CHANCE]
         faults = []
-        for _ in range(rng.choice((0, 1, 1, 2, 2, 3, 4))):
-            kind, whom = rng.choice(FAULT_KINDS + (LEASE_FAULTS if masters > 1 else ()))
+        for _ in range(rng.choice((0, 1, 1, 2, 2, 3, 4, 6)) if kinds else 0):
+            kind, whom = rng.choice(kinds)
             at = rng.uniform(0.0, FAULT_WINDOW)
             rank = rng.randint(1, workers)
-            # Every entry draws, in this order, whatever the kind: a seed's schedule is so.
             seconds = {
-                (K.PAUSE, "worker"): rng.uniform(0.2, 3.0) * WATCHDOG_SECONDS,
-                (K.PAUSE, "master"): rng.uniform(0.2, 3.0) * WATCHDOG_SECONDS,
-                (K.SLOW_LINK, "worker"): rng.uniform(0.5, 2.5) * WATCHDOG_SECONDS,
-                (K.CLOCK_JUMP, "machine"): rng.choice((-1, 1)) * rng.uniform(1.0, 3600.0),
-                (K.SUSPEND, "machine"): rng.uniform(0.5, 3.0) * WATCHDOG_SECONDS,
-                (K.SLOW_DISK, "master"): rng.uniform(0.5, 3.0) * LEASE_TTL,
-                (K.SLOW_LEASE_WRITE, "master"): rng.uniform(1.0, 3.0) * LEASE_TTL,
-                (K.STALL_IN_COMMIT, "master"): rng.uniform(1.0, 3.0) * LEASE_TTL,
-                (K.LEASE_WRITE_ERROR, "master"): rng.randint(1, 2),
-                (K.DISK_ERROR, "master"): rng.randint(1, 3),
-                (K.SEND_FAIL, "master"): rng.randint(1, 3),
-            }.get((kind, whom), 0.0)
+                (K.PAUSE, "worker"): lambda: rng.uniform(0.2, 3.0) * WATCHDOG_SECONDS,
+                (K.PAUSE, "master"): lambda: rng.uniform(0.2, 3.0) * WATCHDOG_SECONDS,
+                (K.SLOW_LINK, "worker"): lambda: rng.uniform(0.5, 2.5) * WATCHDOG_SECONDS,
+                (K.CLOCK_JUMP, "machine"): lambda: rng.choice((-1, 1)) * rng.uniform(1, 3600),
+                (K.SUSPEND, "machine"): lambda: rng.uniform(0.5, 3.0) * WATCHDOG_SECONDS,
+                (K.SLOW_DISK, "master"): lambda: rng.uniform(0.5, 3.0) * LEASE_TTL,
+                (K.SLOW_LEASE_WRITE, "master"): lambda: rng.uniform(1.0, 3.0) * LEASE_TTL,
+                (K.STALL_IN_COMMIT, "master"): lambda: rng.uniform(1.0, 3.0) * LEASE_TTL,
+                (K.LEASE_WRITE_ERROR, "master"): lambda: rng.randint(1, 2),
+                (K.DISK_ERROR, "master"): lambda: rng.randint(1, 3),
+                (K.SEND_FAIL, "master"): lambda: rng.randint(1, 3),
+            }.get((kind, whom), lambda: 0.0)()
             faults.append(Fault(round(at, 4), kind, rank, round(seconds, 3), whom))
-        seeds = rng.choice((1, 2, 3))
-        # Drawn from a stream of their own: the schedules above stay as they were.
-        layout = random.Random(f"machines-{seed}")
-        machines = min(masters + workers, layout.choice(MACHINE_LAYOUTS))
-        if layout.random() < CRASH_CHANCE:  # machine -1: every one, a power failure
-            faults.append(Fault(round(layout.uniform(0.0, FAULT_WINDOW), 4), K.MACHINE_CRASH,
-                                layout.randrange(machines + 1) - 1 if machines > 1 else -1,
-                                layout.randint(0, 4), "machine"))
+        machines = min(masters + workers, rng.choice(MACHINE_LAYOUTS))
+        if rng.random() < CRASH_CHANCE:  # machine -1: every one, a power failure
+            faults.append(Fault(round(rng.uniform(0.0, FAULT_WINDOW), 4), K.MACHINE_CRASH,
+                                rng.randrange(machines + 1) - 1 if machines > 1 else -1,
+                                rng.randint(0, 4), "machine"))
         faults.sort(key=lambda f: f.at)
         return cls(seed, workers=workers, masters=masters, seeds=seeds, faults=tuple(faults),
-                   machines=machines)
+                   machines=machines, split=split, triage=triage)
 
     def describe(self) -> str:
         faults = "; ".join(map(str, self.faults)) or "no fault"
         masters = f"{self.masters} masters, " if self.masters > 1 else ""
         machines = f" on {self.machines} machines" if self.machines > 1 else ""
+        features = "".join(f", {name}" for name, on in (("split", self.split),
+                                                         ("triage", self.triage)) if on)
         return f"seed {self.seed}: {masters}{self.workers} workers{machines}, " \
-               f"{self.seeds} seeds, {faults}"
+               f"{self.seeds} seeds{features}, {faults}"
 
 
 @dataclass
@@ -195,8 +205,11 @@ class Simulation:
 
     # -- what the executor reports -------------------------------------------------------
 
-    def executed(self, digest: str, process: Process) -> None:
-        self.executions[digest] += 1
+    def executed(self, digest: str, targets: frozenset[int] | None, process: Process) -> None:
+        """A run of `digest`, solving `targets` (None: every branch): one part of a split
+        input runs again only as the whole input would."""
+        work = digest if targets is None else f"{digest}#{','.join(map(str, sorted(targets)))}"
+        self.executions[work] += 1
         self.trace.update(f"x{digest[:8]}{process.index}".encode())
 
     # -- a campaign ----------------------------------------------------------------------
@@ -238,7 +251,9 @@ class Simulation:
                                 workers=self.schedule.workers,
                                 masters=self.schedule.masters, executor="noop",
                                 timeout=EXECUTION_TIMEOUT, live=False,
-                                fault_tolerance="on")
+                                fault_tolerance="on", split=self.schedule.split,
+                                afl_target=(str(self._afl_build()), "@@")
+                                if self.schedule.triage else None)
         checker = self.checker = Checker(self)
         logging.getLogger("symcc_mpi").addHandler(checker.tracebacks)
         faults = self.schedule.faults
@@ -252,6 +267,13 @@ class Simulation:
                             self.scheduler.steps if self.scheduler else 0)
         checker.final()
 
+    def _afl_build(self) -> Path:
+        """What --afl-target's check accepts; the host's probe (SimProbe) never runs it."""
+        build = self.directory / "afl-build"
+        build.write_bytes(b"\x7fELF" + b"__AFL_SHM_ID\x00")
+        build.chmod(0o755)
+        return build
+
     def _write_seeds(self) -> Path:
         seeds = self.directory / "seeds"
         seeds.mkdir()
@@ -259,9 +281,26 @@ class Simulation:
             (seeds / f"seed{number}").write_bytes(bytes([0, number, 0]))
         return seeds
 
-    def reachable(self, deferred: set[str] = frozenset()) -> set[str]:
+    def inputs(self) -> dict[str, bytes]:
+        """Every input the seeds can lead to, by digest: the seeds' closure under the
+        executor."""
+        schedule = self.schedule
+        todo = [bytes([0, n, 0]) for n in range(schedule.seeds)]
+        seen = {hashlib.sha256(d).hexdigest(): d for d in todo}
+        while todo:
+            for child in children_of(todo.pop(), fanout=schedule.fanout, depth=schedule.depth,
+                                     space=schedule.space):
+                digest = hashlib.sha256(child).hexdigest()
+                if digest not in seen:
+                    seen[digest] = child
+                    todo.append(child)
+        return seen
+
+    def reachable(self, deferred: set[str] = frozenset(),
+                  kept: set[str] | None = None) -> set[str]:
         """Every input the campaign must analyse or set aside: the seeds' closure under the
-        executor, through every input but those `deferred` (never run, so no children)."""
+        executor, through every input but those `deferred` (never run, so no children) and
+        through the children triage `kept` only (None: every one)."""
         schedule = self.schedule
         todo = [bytes([0, n, 0]) for n in range(schedule.seeds)]
         seen = {hashlib.sha256(d).hexdigest(): d for d in todo}
@@ -272,7 +311,7 @@ class Simulation:
             for child in children_of(data, fanout=schedule.fanout, depth=schedule.depth,
                                      space=schedule.space):
                 digest = hashlib.sha256(child).hexdigest()
-                if digest not in seen:
+                if digest not in seen and (kept is None or digest in kept):
                     seen[digest] = child
                     todo.append(child)
         return set(seen)

@@ -30,6 +30,7 @@ import msgspec
 from mpi4py import MPI
 
 from symcc_mpi.campaign.layout import LEASE_DIRECTORY_PREFIX
+from symcc_mpi.coverage.edges import FileCoverage
 from symcc_mpi.executors.base import ExecutionResult, Outcome
 from symcc_mpi.roles.host import Host
 from symcc_mpi.ulfm.capability import Decision
@@ -693,28 +694,76 @@ class SimDisk:
         os.fsync(fd)
 
 
-def children_of(data: bytes, *, fanout: int, depth: int, space: int) -> list[bytes]:
-    """The inputs an execution of `data` generates: a function of its bytes alone. Byte 0
-    is the depth; children draw from a small space so that different parents find the same
-    child (the campaign must analyse it once)."""
+def branches_of(data: bytes, *, fanout: int, depth: int, space: int
+                ) -> list[tuple[int, bytes | None]]:
+    """The branches on the path of `data`, in path order, each with the child its solving
+    generates (None: unsatisfiable): a function of its bytes alone. Byte 0 is the depth;
+    children draw from a small space so that different parents find the same child (the
+    campaign must analyse it once), and a branch is named by the child it yields, so that
+    inputs share branches as a parser's inputs do (a split's target reserve has work)."""
     level = data[0] if data else 0
-    if level >= depth:
-        return []
     digest = hashlib.sha256(data).digest()
-    count = digest[0] % (fanout + 1)
-    return [bytes([level + 1, digest[1 + i] % space, i]) for i in range(count)]
+    count = 0 if level >= depth else digest[0] % (fanout + 1)
+    branches: list[tuple[int, bytes | None]] = []
+    for i in range(count):
+        child = bytes([level + 1, digest[1 + i] % space, i])
+        branches.append((1 + (child[0] * space + child[1]) * fanout + i, child))
+    for i in range(digest[8] % 3):  # branches no model satisfies
+        branches.append((UNSATISFIABLE_BRANCHES + digest[9 + i] % 50, None))
+    return branches
+
+
+UNSATISFIABLE_BRANCHES = 10_000  # their numbers, above every satisfiable one's
+
+
+def children_of(data: bytes, *, fanout: int, depth: int, space: int) -> list[bytes]:
+    """The inputs a whole run of `data` generates."""
+    return [child for _, child in branches_of(data, fanout=fanout, depth=depth, space=space)
+            if child is not None]
+
+
+def coverage_of(data: bytes) -> FileCoverage:
+    """The AFL edges a run of `data` hits: a function of its depth and first value, so that
+    many inputs hit the same and triage has some to set aside."""
+    level, value = (data[0], data[1]) if len(data) > 1 else (0, 0)
+    edges = {1 + level, 16 + (level * 7 + value) % 23, 64 + value % 5}
+    return FileCoverage.from_pairs(((edge, 1) for edge in edges), map_size=COVERAGE_MAP_SIZE)
+
+
+COVERAGE_MAP_SIZE = 1 << 16
+
+
+class SimProbe:
+    """--afl-target's probe (forkserver.ForkserverProbe): coverage_of each input, at once."""
+
+    def probe_bytes(self, data: bytes) -> FileCoverage:
+        return coverage_of(data)
+
+    def probe(self, files) -> list[FileCoverage]:
+        return [coverage_of(Path(path).read_bytes()) for path in files]
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self) -> SimProbe:
+        return self
+
+    def __exit__(self, *_) -> None:
+        pass
 
 
 class SimExecutor:
     """Deterministic: children from the input's bytes, a duration from its digest, spent as
-    virtual time during which the rank sends nothing and takes no turn."""
+    virtual time during which the rank sends nothing and takes no turn. With splitting on,
+    it can be targeted (executors/base.py): it reports the branches on the path and solves
+    only those it is given."""
 
     name = "simulated"
-    targetable = False
 
     def __init__(self, simulation, process: Process):
         self.simulation = simulation
         self.process = process
+        self.targetable = simulation.schedule.split
 
     def run(self, input_path: Path, output_dir: Path,
             targets: frozenset[int] | None = None, *, pruned: bool = True) -> ExecutionResult:
@@ -725,17 +774,24 @@ class SimExecutor:
         seconds = low + (high - low) * digest[-1] / 255
         scheduler = sim.scheduler
         self.process.busy_until = max(scheduler.now, self.process.paused_until) + seconds
-        sim.executed(hashlib.sha256(data).hexdigest(), self.process)
+        sim.executed(hashlib.sha256(data).hexdigest(), targets, self.process)
+        branches = branches_of(data, fanout=sim.schedule.fanout, depth=sim.schedule.depth,
+                               space=sim.schedule.space)
         generated = []
-        for number, child in enumerate(children_of(data, fanout=sim.schedule.fanout,
-                                                   depth=sim.schedule.depth,
-                                                   space=sim.schedule.space)):
+        for number, (branch, child) in enumerate(branches):
+            if child is None or (targets is not None and branch not in targets):
+                continue
             path = output_dir / f"{number:06d}"
             path.write_bytes(child)
             generated.append(path)
         crashed = digest[2] % 7 == 0
-        return ExecutionResult(Outcome.CRASH if crashed else Outcome.OK,
-                               -11 if crashed else 0, seconds, generated=tuple(generated))
+        path_targets = tuple(dict.fromkeys(branch for branch, _ in branches))
+        return ExecutionResult(
+            Outcome.CRASH if crashed else Outcome.OK, -11 if crashed else 0, seconds,
+            generated=tuple(generated),
+            path_targets=path_targets if self.targetable else None,
+            solved_targets=() if targets is None else
+            tuple(branch for branch in path_targets if branch in targets))
 
     def cancel(self) -> None:
         pass
@@ -753,6 +809,7 @@ def sim_host(simulation, process: Process, world: Group) -> Host:
         doorbell=lambda: SimDoorbell(scheduler, process),
         ringer=lambda address: SimRinger(scheduler, address),
         executor=lambda config, scratch, coverage_map=None: SimExecutor(simulation, process),
+        probe=lambda config, scratch: SimProbe(),
         finalize=lambda seconds: None,
     )
 

@@ -24,7 +24,7 @@ from symcc_mpi.durable.storage import (
 )
 from symcc_mpi.job.checks import check_config
 from symcc_mpi.job.progress import CampaignReporter, master_snapshot
-from symcc_mpi.job.resume import load_state, master_probe
+from symcc_mpi.job.resume import load_state
 from symcc_mpi.roles.host import MACHINE, Host
 from symcc_mpi.roles.master import Master
 from symcc_mpi.scheduling.tiers.lower import LowerTiers
@@ -94,7 +94,7 @@ def open_master(channel, config: CampaignConfig, *, fault_tolerant: bool = False
             campaign.read_queues()
         campaign.snapshot_on_close = federation is None
         coverage, covered_entries = _coverage_map(config, campaign)
-        importer = _importer(config, campaign, coverage) if config.hybrid else None
+        importer = _importer(config, campaign, coverage, host) if config.hybrid else None
         deferrals = DeferredWorkJournal(campaign.state / DEFERRED_JOURNAL_NAME,
                                         quarantine_dir=campaign.quarantine)
         for damage in deferrals.damage:
@@ -112,7 +112,8 @@ def open_master(channel, config: CampaignConfig, *, fault_tolerant: bool = False
                         fault_tolerant=fault_tolerant, world_rank=world_rank,
                         federation=federation, importer=importer, doorbell=host.doorbell())
         load_state(master, config, campaign, covered_entries, taking_over=taking_over,
-                    names_entries=not joining, saved=saved, unqueued=unqueued)
+                    names_entries=not joining, saved=saved, unqueued=unqueued,
+                    probe=lambda: host.probe(config, config.scratch))
     except BaseException:
         campaign.close()
         raise
@@ -136,12 +137,12 @@ def _lower_tiers(config: CampaignConfig, campaign: CampaignDir, coverage, federa
     return LowerTiers(campaign.inputs, schedule, pool)
 
 
-def _importer(config: CampaignConfig, campaign: CampaignDir, coverage):
+def _importer(config: CampaignConfig, campaign: CampaignDir, coverage, host: Host):
     """A hybrid campaign's importer of the fuzzers' queues; the frontier takes its ranking."""
 
     fleet = FleetQueues(config.afl_sync, config.out.name,
                         load_cursors(campaign.state / CURSORS_FILE))
-    importer = Importer(campaign, campaign.inputs, fleet, probe=master_probe(config),
+    importer = Importer(campaign, campaign.inputs, fleet, probe=host.probe(config, config.scratch),
                         triage=coverage)
     campaign.inputs.rank_by(importer.priority)
     return importer

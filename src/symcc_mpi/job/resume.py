@@ -11,7 +11,6 @@ from symcc_mpi.campaign.commit import Unusable, decode_manifest
 from symcc_mpi.campaign.corpus import CampaignDir
 from symcc_mpi.campaign.wal import Kind, kind_of, outstanding, replay_epochs, work_of
 from symcc_mpi.config import CampaignConfig, check_seeds
-from symcc_mpi.coverage.forkserver import ForkserverProbe
 from symcc_mpi.scheduling.splitting import SPLIT_ANEW, parse_work_id
 from symcc_mpi.wire.protocol import MalformedMessage
 
@@ -20,13 +19,14 @@ log = logging.getLogger(__name__)
 
 def load_state(master, config: CampaignConfig, campaign: CampaignDir,
                 covered_entries: int, *, taking_over: bool = False,
-                names_entries: bool = True, saved=None, unqueued=()) -> None:
+                names_entries: bool = True, saved=None, unqueued=(), probe=None) -> None:
     """Seeds in, then the frontier: every corpus input not yet in a done journal (every
     master's); the commits a dead master left half done are finished first (F443 §4 step 7).
     `names_entries`: this master names queue/ entries (not a master joining another).
     `saved`: the snapshot the last run left (snapshot.py), restored already with what its
     publish log names (`unqueued`: the inputs published after it without a queue/ entry):
-    only the journal records after it are read, the directories not listed."""
+    only the journal records after it are read, the directories not listed. `probe` makes
+    the coverage probe that replays what the saved triage map does not cover."""
     if taking_over or config.resume:
         # A master that died (not its machine) may have published files its next group
         # commit would have made durable: their bytes are in the page cache only, and this
@@ -63,7 +63,7 @@ def load_state(master, config: CampaignConfig, campaign: CampaignDir,
         if covered_entries:
             log.info("triage map saved over %d queue entries: replaying %d through "
                      "the AFL build", covered_entries, len(uncovered))
-        _replay_coverage(master, config, campaign, uncovered)
+        _replay_coverage(master, probe, campaign, uncovered)
     if master.lower is not None and master.lower.pool is not None:
         frontier = master.frontier
         pooled = master.lower.pool.load(
@@ -189,17 +189,10 @@ def _redo_commits(master, journal: list[dict], done: set[str]) -> set[str]:
     return redone
 
 
-def master_probe(config: CampaignConfig):
-    """The master's own coverage probe (replay on resume, the hybrid importer)."""
-
-    return ForkserverProbe(list(config.afl_target), timeout=config.timeout,
-                           memory_limit_mb=config.memory_limit_mb, scratch_dir=config.scratch)
-
-
-def _replay_coverage(master, config, campaign: CampaignDir, ordered: list[str]) -> None:
+def _replay_coverage(master, make_probe, campaign: CampaignDir, ordered: list[str]) -> None:
     if not ordered:
         return
-    with master_probe(config) as probe:
+    with make_probe() as probe:
         for digest in ordered:
             try:
                 data = campaign.read_input(digest)

@@ -1,7 +1,8 @@
 """What a rank takes from the machine it runs on, in one place: its MPI world, its name as an
 endpoint, whether fault tolerance is on, the master's doorbell, a worker's ringer and
-executor, and MPI_Finalize. A rank of a real job uses the machine's (`Host()`); the
-deterministic simulation (tests/simulation) runs the same session code on its own."""
+executor, the coverage probe, and MPI_Finalize. A rank of a real job uses the machine's
+(`Host()`); the deterministic simulation (tests/simulation) runs the same session code on
+its own."""
 
 from __future__ import annotations
 
@@ -50,6 +51,13 @@ def _executor(config, *, scratch: Path, coverage_map: Path | None = None):
     return make_executor(config, scratch=scratch, coverage_map=coverage_map)
 
 
+def _probe(config, scratch: Path | None):
+    from symcc_mpi.coverage.forkserver import ForkserverProbe
+
+    return ForkserverProbe(list(config.afl_target), timeout=config.timeout,
+                           memory_limit_mb=config.memory_limit_mb, scratch_dir=scratch)
+
+
 def finalize_within(seconds: int) -> None:
     """MPI_Finalize, bounded: after ranks died, survivors can wait in it for ever (DESIGN §8,
     ompi#11404; seen here). Everything is committed and reported by now. mpi4py holds the
@@ -76,6 +84,9 @@ class Host:
     doorbell: Callable[[], Any] = _doorbell  # the master's (doorbell.Doorbell)
     ringer: Callable[[str], Any] = _ringer  # a worker's, for the master's doorbell address
     executor: Callable[..., Any] = _executor  # a worker's (executors.make_executor)
+    # The coverage probe of --afl-target (forkserver.ForkserverProbe): a worker's, for its
+    # children; a master's, to replay coverage on resume and to triage imports
+    probe: Callable[[Any, Path | None], Any] = _probe
     finalize: Callable[[int], None] = finalize_within  # MPI_Finalize within that many seconds
 
 

@@ -44,14 +44,15 @@ class WorkSender:
         if faults.fire(FaultKind.SEND_FAIL, self.work_sends) or (
                 work.objects and faults.fire(FaultKind.OBJECT_SEND_FAIL, self.object_sends)):
             raise OSError(f"injected failure of WORK send #{self.work_sends} to rank {rank}")
-        self.records.dispatch(work, self.dispatch.work_of(rank, preparing=True), rank)
+        work_id = self.dispatch.work_of(rank, preparing=True)  # a part's: "<digest>#<n>"
+        self.records.dispatch(work, work_id, rank)
         try:
             self.ranks.channel.send(rank, Tag.WORK, work)
             self._after_send(rank)
         except BaseException:
             # Undone as unsent (dispatch/coordinator.py): the input goes out again, and the
             # journal says why before its next dispatch record.
-            self.records.requeue(work.digest, "its send failed")
+            self.records.requeue(work_id, "its send failed")
             raise
         if self.lower is not None:
             self.lower.schedule.dispatched(self.frontier.tier_of(work.digest))

@@ -82,7 +82,7 @@ class Worker:
             self.executor = host.executor(config, scratch=self.scratch,
                                           coverage_map=self.qsym_map.path
                                           if self.qsym_map else None)
-            self.probe = _make_probe(config, self.scratch)
+            self.probe = host.probe(config, self.scratch) if config.afl_target else None
             self.witness = make_witness(config, self.executor.name, self.probe, self.scratch)
         except (UsageError, ExecutorError, OSError) as error:
             self.problem = str(error)
@@ -276,15 +276,6 @@ def upload(channel: Channel, master: int, token: str, pack: Path) -> None:
             channel.wait_sends(keep=UPLOAD_WINDOW - 1, ring=master)
             offset += len(data)
             data = following
-
-
-def _make_probe(config: CampaignConfig, scratch: Path):
-    if not config.afl_target:
-        return None
-    from symcc_mpi.coverage.forkserver import ForkserverProbe
-
-    return ForkserverProbe(list(config.afl_target), timeout=config.timeout,
-                           memory_limit_mb=config.memory_limit_mb, scratch_dir=scratch)
 
 
 def _wait_for(channel: Channel, *tags: Tag):
