@@ -20,7 +20,7 @@ import sys
 
 from .mutations import MUTATIONS, apply
 from .runner import run_many, run_one, search, search_start, shrink
-from .simulation import Fault, Schedule, run_schedule
+from .simulation import Schedule, run_schedule
 
 
 def main() -> int:
@@ -72,10 +72,7 @@ def main() -> int:
 
 def _replay(arguments) -> int:
     if arguments.schedule:
-        plain = json.loads(arguments.schedule)
-        schedule = Schedule(**{**plain, "faults": tuple(Fault(**f) for f in plain["faults"]),
-                               "execution_seconds": tuple(plain["execution_seconds"]),
-                               "delays": tuple(plain["delays"])})
+        schedule = Schedule.from_plain(json.loads(arguments.schedule))
     else:
         schedule = Schedule.generate(arguments.seed)
     print(schedule.describe())

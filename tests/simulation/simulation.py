@@ -41,6 +41,7 @@ from .world import (
     Scheduler,
     SimDisk,
     children_of,
+    close_orphaned,
     sim_host,
 )
 
@@ -156,6 +157,16 @@ class Schedule:
         return cls(seed, workers=workers, masters=masters, seeds=seeds, faults=tuple(faults),
                    machines=machines, split=split, triage=triage)
 
+    @classmethod
+    def from_plain(cls, plain: dict) -> Schedule:
+        """A schedule from its JSON (as --shrink prints it; fields left out take their
+        defaults)."""
+        plain = {**plain, "faults": tuple(Fault(**f) for f in plain.get("faults", ()))}
+        for name in ("execution_seconds", "delays"):
+            if name in plain:
+                plain[name] = tuple(plain[name])
+        return cls(**plain)
+
     def describe(self) -> str:
         faults = "; ".join(map(str, self.faults)) or "no fault"
         masters = f"{self.masters} masters, " if self.masters > 1 else ""
@@ -191,6 +202,7 @@ class Simulation:
         self.schedule = schedule
         self.rng = random.Random(f"run-{schedule.seed}")
         self.scheduler: Scheduler | None = None
+        self.schedulers: list[Scheduler] = []  # one per job
         self.directory = Path(tempfile.mkdtemp(prefix="symcc-mpi-sim-", dir=root or _scratch()))
         self.out = self.directory / "out"
         self.executions: Counter[str] = Counter()
@@ -239,10 +251,25 @@ class Simulation:
             SYSTEM_DISK.source = os
             snapshot.boot_id = real_boot_id
             shutil.rmtree(self.directory, ignore_errors=True)
+            self._forget_the_ranks()
         self.outcome.executions = sum(self.executions.values())
         self.outcome.forgotten = self.disk.forgotten
         self.outcome.trace = self.trace.hexdigest()[:16]
         return self.outcome
+
+    def _forget_the_ranks(self) -> None:
+        """Drop every reference to the ranks' objects, then close the descriptors the dead
+        ones left behind."""
+        orphaned = set()
+        for scheduler in self.schedulers:
+            orphaned |= scheduler.orphaned
+        self.schedulers.clear()
+        self.scheduler = self.checker = None
+        violation = self.outcome.violation
+        if violation is not None:  # its traceback's frames hold the ranks' objects
+            violation.__traceback__ = violation.__cause__ = None
+        gc.collect()
+        close_orphaned(orphaned)
 
     def _campaign(self) -> None:
         """A job, then `--resume` jobs until the campaign is complete; then its oracles."""
@@ -326,6 +353,7 @@ class Simulation:
             scheduler.now = self.scheduler.now
             scheduler.wall_offset = self.scheduler.wall_offset
         self.scheduler = scheduler
+        self.schedulers.append(scheduler)
         SYSTEM_CLOCK.source = scheduler
         SYSTEM_DISK.source = SimDisk(scheduler)
         scheduler.struck = lambda seconds: checker.fault_injected(
@@ -382,7 +410,6 @@ class Simulation:
             # happens to free them (and their numbers, reused within one turn, would hide
             # from the descriptor tracking).
             gc.collect()
-            scheduler.close_orphaned()
             checker.tracebacks.judging = True
         self.crash = None  # a fault of this job, as every fault is
         checker.end_job(processes, aborted=scheduler.aborted)

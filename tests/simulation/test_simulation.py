@@ -130,14 +130,12 @@ def test_each_planted_bug_is_found_by_a_search(name):
 
 @pytest.mark.parametrize("name", sorted(DEFECTS_FOUND))
 def test_the_schedules_that_found_defects_keep_every_invariant(name):
-    schedule = Schedule(**{**DEFECTS_FOUND[name], "faults": tuple(
-        Fault(**fault) for fault in DEFECTS_FOUND[name]["faults"])})
+    schedule = Schedule.from_plain(DEFECTS_FOUND[name])
     assert run_one(schedule.seed, schedule=schedule).violation is None
 
 
 def test_the_schedule_that_found_the_unsynced_directory_still_catches_it():
-    schedule = DEFECTS_FOUND["directory-made-unsynced"]
-    schedule = Schedule(**{**schedule, "faults": tuple(Fault(**f) for f in schedule["faults"])})
+    schedule = Schedule.from_plain(DEFECTS_FOUND["directory-made-unsynced"])
     assert run_one(schedule.seed, "directory-made-unsynced", schedule).violation
 
 

@@ -241,19 +241,20 @@ class Scheduler:
                 except BaseException:  # noqa: BLE001 - a dead rank's unwinding is not judged
                     pass
 
-    def close_orphaned(self) -> None:
-        """Close what the dead ranks held, once nothing of theirs can run: an object's raw
-        descriptor is not closed when the object is freed, and every schedule leaking a few
-        made each turn's descriptor listing slower (a run of 1000 took twice as long)."""
-        null = os.stat(os.devnull)
-        for fd in self.orphaned:
-            try:
-                held = os.fstat(fd)
-            except OSError:
-                continue
-            if (held.st_dev, held.st_ino) == (null.st_dev, null.st_ino):
-                os.close(fd)
-        self.orphaned.clear()
+
+def close_orphaned(descriptors: set[int]) -> None:
+    """Close what dead ranks held, once nothing of theirs is left (their objects collected:
+    a finalizer may close its own descriptor): a raw descriptor is not closed when its
+    object is freed, and every schedule leaking a few made each turn's descriptor listing
+    slower (a run of 1000 took twice as long)."""
+    null = os.stat(os.devnull)
+    for fd in descriptors:
+        try:
+            held = os.fstat(fd)
+        except OSError:
+            continue
+        if (held.st_dev, held.st_ino) == (null.st_dev, null.st_ino):
+            os.close(fd)
 
 
 # -- communicators -------------------------------------------------------------------------

@@ -265,6 +265,11 @@ class Committer:
         elif outcome is Outcome.ERROR:
             self._executor_failed(parent, result.message, rank)
         if completes_input:
+            if self.shared_corpus:
+                # Another master may have published it, not synced yet: the done record must
+                # not vouch for an input a power failure can leave with a name and no bytes
+                # (nothing would run its parent again to write them back).
+                self.campaign.sync_at_next_commit(parent)
             self.campaign.record_done(parent, result.token, outcome.value, result.generation,
                                       self.published, tier=self.frontier.tier_of(parent))
         else:
