@@ -145,8 +145,8 @@ def run_many(seeds: range, *, processes: int = 2, mutation: str | None = None,
 
 
 def shrink(schedule: Schedule, mutation: str | None = None, *, budget: int = 60) -> Schedule:
-    """A smaller schedule that still fails: fewer faults, workers and seeds, tried one
-    change at a time (each try is a whole run, so `budget` bounds them)."""
+    """A smaller schedule that still fails: fewer faults, workers and seeds, features off,
+    tried one change at a time (each try is a whole run, so `budget` bounds them)."""
 
     def fails(candidate: Schedule) -> bool:
         nonlocal budget
@@ -163,6 +163,8 @@ def shrink(schedule: Schedule, mutation: str | None = None, *, budget: int = 60)
                                       if schedule.masters > 1 else schedule.workers - 1))
         if schedule.seeds > 1:
             candidates.append(replace(schedule, seeds=schedule.seeds - 1))
+        candidates += [replace(schedule, **{feature: False}) for feature in ("split", "triage")
+                       if getattr(schedule, feature)]
         for candidate in candidates:
             if budget <= 0:
                 break

@@ -267,7 +267,7 @@ class Simulation:
         self.scheduler = self.checker = None
         violation = self.outcome.violation
         if violation is not None:  # its traceback's frames hold the ranks' objects
-            violation.__traceback__ = violation.__cause__ = None
+            violation.__traceback__ = violation.__cause__ = violation.__context__ = None
         gc.collect()
         close_orphaned(orphaned)
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -73,6 +74,24 @@ DEFECTS_FOUND = {
              "whom": "machine"},
             {"at": 0.3024, "kind": "die", "rank": 1, "seconds": 0.0, "whom": "worker"}],
         "machines": 1},
+    # A part of a split input whose WORK send failed was requeued as the whole input: verify
+    # found the part dispatched again with no take-back on record.
+    "a-part-requeued-as-its-input": {
+        "seed": 636, "workers": 4, "masters": 1, "seeds": 8, "split": True, "faults": [
+            {"at": 0.245, "kind": "clock-jump", "rank": 1, "seconds": -3131.474,
+             "whom": "machine"},
+            {"at": 0.2476, "kind": "machine-crash", "rank": -1, "seconds": 4, "whom": "machine"},
+            {"at": 0.5324, "kind": "die", "rank": 3, "seconds": 0.0, "whom": "worker"},
+            {"at": 0.627, "kind": "send-fail", "rank": 1, "seconds": 1, "whom": "master"},
+            {"at": 0.6412, "kind": "slow-disk", "rank": 2, "seconds": 2.081, "whom": "master"}],
+        "machines": 1},
+    # Three masters, a power failure: an input one had published (not synced) and another
+    # analysed was left named without its bytes under a durable done record, and nothing
+    # ran its parent again to write them back. A done record's commit now syncs its input.
+    "an-analysed-input-synced-by-its-done-record": {
+        "seed": 540, "workers": 9, "masters": 3, "seeds": 3, "faults": [
+            {"at": 0.2176, "kind": "machine-crash", "rank": -1, "seconds": 0, "whom": "machine"}],
+        "machines": 3},
     # A power failure left a corpus file named without its bytes (the other master's fsync
     # of corpus/ made its name durable): the campaign repairs it.
     "corpus-file-without-its-bytes": {"seed": 249, "workers": 4, "masters": 2, "seeds": 3,
@@ -97,7 +116,7 @@ def test_a_thousand_schedules_keep_every_invariant():
 
 @pytest.mark.slow
 def test_a_schedule_replays_bit_for_bit_in_another_process():
-    seed = 52  # two masters' worth of faults: a suspend, a slow disk, a killed master
+    seed = 52  # two masters on two machines, triage, a full disk, one machine's death
     traces = set()
     for hash_seed in ("1", "2"):
         shown = subprocess.run(
@@ -149,11 +168,9 @@ def test_a_failing_schedule_shrinks_and_still_fails():
     name = "idle-master-exits"
     seed = 1  # the first schedule a search from 0 finds it with
     schedule = Schedule.generate(seed)
-    schedule = Schedule(seed, workers=schedule.workers, masters=schedule.masters,
-                        seeds=schedule.seeds,
-                        faults=schedule.faults + (
-                            Fault(0.05, FaultKind.CLOCK_JUMP, 1, 30.0, "machine"),
-                            Fault(0.06, FaultKind.SLOW_LINK, 1, 0.1)))
+    schedule = replace(schedule, faults=schedule.faults + (
+        Fault(0.05, FaultKind.CLOCK_JUMP, 1, 30.0, "machine"),
+        Fault(0.06, FaultKind.SLOW_LINK, 1, 0.1)))
     assert run_one(seed, name, schedule).violation
     smaller = shrink(schedule, name)
     assert run_one(seed, name, smaller).violation

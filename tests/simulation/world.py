@@ -21,6 +21,7 @@ import hashlib
 import heapq
 import os
 import random
+import weakref
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -248,7 +249,9 @@ def close_orphaned(descriptors: set[int]) -> None:
     object is freed, and every schedule leaking a few made each turn's descriptor listing
     slower (a run of 1000 took twice as long)."""
     null = os.stat(os.devnull)
-    for fd in descriptors:
+    finalized = {info.args[0] for info in weakref.finalize._registry.values()  # noqa: SLF001
+                 if info.func is os.close and info.args}  # still to be closed by their own
+    for fd in descriptors - finalized:
         try:
             held = os.fstat(fd)
         except OSError:
