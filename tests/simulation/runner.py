@@ -184,6 +184,7 @@ class Found:
     violation: str = ""
     shrunk: Schedule | None = None
     shrunk_turns: int = 0
+    unmutated_failures: list[int] = field(default_factory=list)  # real defects met on the way
 
 
 def search_start(mutation: str) -> int:
@@ -193,13 +194,25 @@ def search_start(mutation: str) -> int:
 
 def search(mutation: str, start: int, *, limit: int, processes: int = 2,
            shrink_budget: int = 30) -> Found:
-    """The first schedule from `start` that catches `mutation` within `limit`, shrunk."""
-    summary = run_many(range(start, start + limit), processes=processes, mutation=mutation,
-                       stop_at_first=True)
-    if not summary.failures:
-        return Found(mutation, start, None)
-    first = min(summary.failures, key=lambda run: run.seed)
-    smaller = shrink(Schedule.generate(first.seed), mutation, budget=shrink_budget)
-    replay = run_one(smaller.seed, mutation, smaller)
-    return Found(mutation, start, first.seed - start + 1, first.violation.split(": ", 1)[1],
-                 smaller, replay.turns)
+    """The first schedule from `start` that catches `mutation` within `limit`, shrunk (unless
+    `shrink_budget` is 0). A schedule that fails without the mutation too is no catch: it
+    is a real defect, noted, and the search goes on past it."""
+    unmutated_failures = []
+    begin = start
+    while begin < start + limit:
+        summary = run_many(range(begin, start + limit), processes=processes,
+                           mutation=mutation, stop_at_first=True)
+        if not summary.failures:
+            break
+        first = min(summary.failures, key=lambda run: run.seed)
+        if run_one(first.seed).violation is not None:
+            unmutated_failures.append(first.seed)
+            begin = first.seed + 1
+            continue
+        found = Found(mutation, start, first.seed - start + 1,
+                      first.violation.split(": ", 1)[1], unmutated_failures=unmutated_failures)
+        if shrink_budget:
+            found.shrunk = shrink(Schedule.generate(first.seed), mutation, budget=shrink_budget)
+            found.shrunk_turns = run_one(found.shrunk.seed, mutation, found.shrunk).turns
+        return found
+    return Found(mutation, start, None, unmutated_failures=unmutated_failures)
