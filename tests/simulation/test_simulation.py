@@ -104,6 +104,13 @@ DEFECTS_FOUND = {
             {"at": 0.5598, "kind": "die", "rank": 4, "seconds": 0.0, "whom": "master"},
             {"at": 0.5623, "kind": "die", "rank": 2, "seconds": 0.0, "whom": "master"}],
         "machines": 1},
+    # A master killed before its worker's first CONFIG: the worker, taking itself for the
+    # first master's, claimed a place that was not free, and its own master's went unfilled
+    # (the job hung).
+    "a-worker-succeeds-its-own-master": {
+        "seed": 2335, "workers": 2, "masters": 2, "seeds": 2, "faults": [
+            {"at": 0.0014, "kind": "die", "rank": 1, "seconds": 0.0, "whom": "master"}],
+        "machines": 1},
     # The same with three masters, one machine of two dying (before the swarm schedules).
     "a-stopped-master-taken-over-on-two-machines": {
         "seed": 5311, "workers": 6, "masters": 3, "seeds": 1, "faults": [
