@@ -111,6 +111,13 @@ DEFECTS_FOUND = {
         "seed": 2335, "workers": 2, "masters": 2, "seeds": 2, "faults": [
             {"at": 0.0014, "kind": "die", "rank": 1, "seconds": 0.0, "whom": "master"}],
         "machines": 1},
+    # The first master's group died whole while the other master's successor ran: that
+    # successor, its heir, did not catch FirstMastersPlace and ended the job with a traceback.
+    "a-successor-is-the-heir": {
+        "seed": 1364, "workers": 2, "masters": 2, "seeds": 87, "split": True, "faults": [
+            {"at": 0.4331, "kind": "machine-crash", "rank": 0, "seconds": 3, "whom": "machine"},
+            {"at": 0.4343, "kind": "die", "rank": 1, "seconds": 0.0, "whom": "worker"}],
+        "machines": 2},
     # The same with three masters, one machine of two dying (before the swarm schedules).
     "a-stopped-master-taken-over-on-two-machines": {
         "seed": 5311, "workers": 6, "masters": 3, "seeds": 1, "faults": [

@@ -293,7 +293,11 @@ def _succeed(group: Channel, federation_comm, config: CampaignConfig, *, index: 
                              "new", last.seconds)
     master.recovery.count(f"master {index}", [last.failed], taken, last.seconds,
                           detected=last.detected, master="new")
+    # A successor may be the heir of a first master whose group dies whole, as its
+    # predecessor was.
+    heir = functools.partial(_take_the_first_masters_place, federation_comm, config,
+                             layout=layout, epoch=epoch, world_rank=world_ranks[0], host=host)
     try:
-        return _run_to_the_end(master, federation)
+        return _run_to_the_end(master, federation, heir)
     finally:
         flush(federation.channel, world_ranks[0])
