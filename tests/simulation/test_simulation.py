@@ -118,6 +118,17 @@ DEFECTS_FOUND = {
             {"at": 0.4331, "kind": "machine-crash", "rank": 0, "seconds": 3, "whom": "machine"},
             {"at": 0.4343, "kind": "die", "rank": 1, "seconds": 0.0, "whom": "worker"}],
         "machines": 2},
+    # Root stopped for a full disk, told the other master, and died before its successor
+    # came; the other said farewell without the STOP it obeyed, and the successor, who
+    # found root's stop nowhere on record, waited for ever. A farewell now carries it.
+    "a-farewell-carries-roots-stop": {
+        "seed": 5520, "workers": 4, "masters": 2, "seeds": 3, "faults": [
+            {"at": 0.0948, "kind": "pause", "rank": 2, "seconds": 0.869, "whom": "worker"},
+            {"at": 0.2541, "kind": "stall-in-commit", "rank": 4, "seconds": 2.33,
+             "whom": "master"},
+            {"at": 0.2825, "kind": "disk-full", "rank": 2, "seconds": 0.0, "whom": "master"},
+            {"at": 0.4415, "kind": "torn-write", "rank": 4, "seconds": 0.0, "whom": "master"}],
+        "machines": 1},
     # The same with three masters, one machine of two dying (before the swarm schedules).
     "a-stopped-master-taken-over-on-two-machines": {
         "seed": 5311, "workers": 6, "masters": 3, "seeds": 1, "faults": [

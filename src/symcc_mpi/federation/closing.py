@@ -9,7 +9,7 @@ import logging
 import shutil
 
 from symcc_mpi.federation.own_master import OwnMaster
-from symcc_mpi.wire.protocol import Farewell, Tag
+from symcc_mpi.wire.protocol import Farewell, Stop, Tag
 from symcc_mpi.wire.transport import RankFailure
 
 log = logging.getLogger("symcc_mpi.federation")
@@ -39,9 +39,14 @@ class Closing:
         record too, with its final figures: root may die before it reads the message."""
         self.leases.close()
         if not self.root:
+            stop = self.stop_sent
+            if stop is None and self.stop_reason and not self.done:
+                # Root's STOP, obeyed: a dead root may not have put it on record (its disk
+                # full, say), and its successor must stop the campaign too.
+                stop = Stop(self.stop_reason, self.lost)
             self.record.farewell(
                 self.index, self.last_figures.snapshot if self.last_figures is not None else {},
-                (self.stop_sent.reason, self.stop_sent.failure) if self.stop_sent else None)
+                (stop.reason, stop.failure) if stop else None)
             self._send(0, Tag.FAREWELL, Farewell())
 
     def await_farewells(self, own: OwnMaster, seconds: float) -> bool:
