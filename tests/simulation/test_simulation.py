@@ -129,6 +129,13 @@ DEFECTS_FOUND = {
             {"at": 0.2825, "kind": "disk-full", "rank": 2, "seconds": 0.0, "whom": "master"},
             {"at": 0.4415, "kind": "torn-write", "rank": 4, "seconds": 0.0, "whom": "master"}],
         "machines": 1},
+    # The same, the other master's FAREWELL message first: the new root took its record for
+    # known and never read the STOP in it.
+    "a-farewell-read-for-its-stop": {
+        "seed": 2028, "workers": 2, "masters": 2, "seeds": 8, "triage": True, "faults": [
+            {"at": 0.5204, "kind": "disk-full", "rank": 2, "seconds": 0.0, "whom": "master"},
+            {"at": 0.5821, "kind": "die", "rank": 2, "seconds": 0.0, "whom": "master"}],
+        "machines": 3},
     # The same with three masters, one machine of two dying (before the swarm schedules).
     "a-stopped-master-taken-over-on-two-machines": {
         "seed": 5311, "workers": 6, "masters": 3, "seeds": 1, "faults": [

@@ -186,15 +186,18 @@ class Succession:
 
     def _take_farewells(self, departures: dict[int, Departure]) -> None:
         for index, departure in departures.items():
-            if not 0 < index < self.masters or index in self.roster.farewells:
+            if not 0 < index < self.masters:
+                continue
+            # Its FAREWELL message may have come first: it carries no STOP.
+            if departure.stop is not None and not self.stop_reason:
+                self.lost |= departure.failure
+                self.stop_reason = f"master {index} stopped: {departure.stop}"
+            if index in self.roster.farewells:
                 continue
             self.roster.farewells.add(index)
             self.final.add(index)
             if departure.figures:
                 self.figures[index] = departure.figures
-            if departure.stop is not None and not self.stop_reason:
-                self.lost |= departure.failure
-                self.stop_reason = f"master {index} stopped: {departure.stop}"
 
     def announce_root(self, news: Successor) -> None:
         """The new root tells every other master that has not said farewell, and keeps its
