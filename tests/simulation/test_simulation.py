@@ -92,10 +92,11 @@ DEFECTS_FOUND = {
         "seed": 540, "workers": 9, "masters": 3, "seeds": 3, "faults": [
             {"at": 0.2176, "kind": "machine-crash", "rank": -1, "seconds": 0, "whom": "machine"}],
         "machines": 3},
-    # Both masters died after one stopped for a failed write: the stopped one's worker,
-    # told STOP, exited instead of taking its place, and the other master's successor
-    # waited for ever for the word of a rank that had ended (the job hung). Found by the
-    # search for older-generation-accepted, which it failed without.
+    # Both masters died after one stopped for a failed write: the other's successor located
+    # the first master's at its worker, which, told STOP, ended instead of taking the place;
+    # it waited for ever for the word of a rank that had ended (the job hung). A located
+    # successor is awaited now, as any. Found by the search for older-generation-accepted,
+    # which it failed without.
     "a-stopped-master-taken-over": {
         "seed": 810160, "workers": 2, "masters": 2, "seeds": 3, "faults": [
             {"at": 0.108, "kind": "pause", "rank": 3, "seconds": 0.974, "whom": "master"},

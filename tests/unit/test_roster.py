@@ -51,13 +51,22 @@ def test_a_master_other_than_root_awaits_only_the_first_masters_successor():
 def test_a_new_root_finds_each_master_at_its_groups_lowest_living_rank():
     roster = Roster(GROUPS)
     # Master 1 died and rank 4 took its place, unknown to the new root; group 2 is gone.
-    assert roster.locate({0, 3, 6, 7, 8}, range(1, 3)) == [2]
+    assert roster.locate({0, 3, 6, 7, 8}, range(1, 3), now=5.0) == [2]
     assert roster.world_of[1] == 4 and 2 in roster.dead and 1 not in roster.dead
+    # Awaited until it says so: rank 4 may have ended after a STOP, and nobody reports it.
+    assert roster.awaiting == {1: 5.0 + SUCCESSION_WAIT}
     news = Successor(1, [Death("rank 3 (pid 9 on vm)", 5.0, 0.1)])
     # Rank 4's word is a takeover all the same: what a new root owes a successor (a STOP
     # once the end is decided) is owed it; told again, it is news no more.
     assert roster.vet(4, news, root=True) is Claim.TAKEN
     roster.replace(4, news)
     assert [s["master_index"] for s in roster.successions] == [1]
-    assert roster.vet(4, news, root=True) is Claim.KNOWN
-    assert roster.locate({0}, (0,)) == [] and roster.world_of[0] == 1
+    assert roster.vet(4, news, root=True) is Claim.KNOWN and not roster.awaiting
+    assert roster.locate({0}, (0,), now=6.0) == [] and roster.world_of[0] == 1
+
+
+def test_a_located_successor_that_never_speaks_is_overdue():
+    roster = Roster(GROUPS)
+    roster.locate({0}, (0,), now=5.0)
+    assert roster.overdue(5.0 + SUCCESSION_WAIT - 0.1) == []
+    assert roster.overdue(5.0 + SUCCESSION_WAIT) == [0] and not roster.awaiting

@@ -58,15 +58,18 @@ class Roster:
                              if index in awaits)
         return mourned
 
-    def locate(self, failed: set[int], indices: Iterable[int]) -> list[int]:
+    def locate(self, failed: set[int], indices: Iterable[int], now: float) -> list[int]:
         """A successor's view of the masters `indices`: each at its group's lowest living
-        rank (a successor that has not opened yet reads what it is sent once it has); those
-        whose group has no living rank, returned, are dead for good."""
+        rank (a successor that has not opened yet reads what it is sent once it has, and is
+        awaited as any other: that rank may have ended without taking the place, after a
+        STOP, and nobody reports a rank that ended); those whose group has no living rank,
+        returned, are dead for good."""
         empty = []
         for index in indices:
             if living := [world for world in self.world_ranks[index] if world not in failed]:
                 if self.world_of[index] != living[0]:
                     self.located.add(index)
+                    self.awaiting[index] = now + SUCCESSION_WAIT
                 self.world_of[index] = living[0]
             else:
                 self.dead.add(index)

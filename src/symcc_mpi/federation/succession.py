@@ -121,7 +121,7 @@ class Succession:
         to are (`failed`: MPI's dead), root's or (root) the others'. A group with no living
         rank has no master left: the campaign stops, for `--resume`."""
         talks_to = self.indices[1:] if self.root else (0,)
-        for index in self.roster.locate(failed, talks_to):
+        for index in self.roster.locate(failed, talks_to, self.clock.monotonic()):
             self._group_gone(index, failed)
 
     def _group_gone(self, index: int, failed: set[int]) -> None:

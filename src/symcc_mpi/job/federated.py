@@ -169,9 +169,8 @@ def _serve_or_succeed(group: Channel, federation_comm, config: CampaignConfig, *
     (or, the first master's successor, all the others), which wait for it
     (federation/succession.py). The others serve it; a master made of the group's last rank
     has nobody to run its inputs, and withdraws from the work once it has taken over
-    (federation/withdrawal.py). A death after STOP is taken over too: the other masters
-    locate the dead one's successor in its group, and wait for its word on the end (a
-    worker that exited instead is never reported failed, and they would wait for ever)."""
+    (federation/withdrawal.py). A death after STOP, when the campaign is ending, has nothing
+    left to take over."""
     from mpi4py import MPI
 
     worker = Worker(group.rank, config, fault_rank=world_rank, host=host)
@@ -184,7 +183,7 @@ def _serve_or_succeed(group: Channel, federation_comm, config: CampaignConfig, *
                 return worker.serve(group, watch_during_runs=True)
             except RankFailure as failure:
                 detected = SYSTEM_CLOCK.time()
-                if worker.stopped and config.masters == 1:
+                if worker.stopped:
                     log.warning("rank %d: its master is gone (%s) after STOP: exiting",
                                 world_rank, failure)
                     return 1
