@@ -137,6 +137,18 @@ DEFECTS_FOUND = {
             {"at": 0.5204, "kind": "disk-full", "rank": 2, "seconds": 0.0, "whom": "master"},
             {"at": 0.5821, "kind": "die", "rank": 2, "seconds": 0.0, "whom": "master"}],
         "machines": 3},
+    # The first master died with a part of a split input out, after the wall clock went back
+    # half an hour: its successor re-dealt the part's targets, and its own claim met the
+    # dead one's, whose wall-clock expiry was now half an hour off (the job hung). A
+    # successor releases its predecessor's target groups.
+    "a-successor-releases-the-dead-ones-target-groups": {
+        "seed": 2952, "workers": 8, "masters": 2, "seeds": 3, "split": True, "faults": [
+            {"at": 0.2113, "kind": "lease-write-error", "rank": 1, "seconds": 2,
+             "whom": "master"},
+            {"at": 0.4385, "kind": "clock-jump", "rank": 5, "seconds": -1917.821,
+             "whom": "machine"},
+            {"at": 0.5159, "kind": "torn-write", "rank": 6, "seconds": 0.0, "whom": "master"}],
+        "machines": 1},
     # The same with three masters, one machine of two dying (before the swarm schedules).
     "a-stopped-master-taken-over-on-two-machines": {
         "seed": 5311, "workers": 6, "masters": 3, "seeds": 1, "faults": [

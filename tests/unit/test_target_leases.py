@@ -231,6 +231,18 @@ def test_release_of_part_of_a_group_leaves_the_rest_held(tmp_path):
     assert b.claim_group([2], worker=1) is not None
 
 
+def test_a_successor_releases_every_group_its_dead_predecessor_held(tmp_path):
+    clock, (dead, other) = _masters(tmp_path)
+    dead.claim_group([1, 2], worker=0)
+    dead.claim_group([7], worker=1)
+    other.claim_group([3], worker=0)
+    clock.advance(-3600.0)  # the wall clock went back: the dead one's leases stay for an hour
+    successor = _table(tmp_path, "m0", clock=clock)  # its name
+    assert successor.release_owner("m0") == 3
+    assert successor.claim_group([1, 2, 7], worker=0) is not None
+    assert successor.claim_group([3], worker=1) is None  # another master's stays
+
+
 def test_statistics_count_leased_and_expired_records_on_disk(tmp_path):
     clock, (a, b) = _masters(tmp_path, ttl=10.0)
     a.claim_group([1, 2], worker=0)

@@ -217,11 +217,14 @@ class Succession:
 
     def take_over(self, frontier: Frontier) -> int:
         """This master is a worker that took a dead master's place: its leases become this
-        one's (but those of what the journal it took over holds as done). Returns how many.
+        one's (but those of what the journal it took over holds as done), and its target
+        groups are released. Returns how many leases.
         A lease of another master's input (an expired one the dead master had taken over)
         was known, not queued, when the journal was read: it is queued now."""
         adopted = self.leases.adopt(frontier.done.__contains__)
         self.held.update(adopted)
+        if self.targets is not None:
+            self.targets.release_predecessors()
         for digest in adopted:
             if not self.owns(digest):
                 frontier.requeue(digest)

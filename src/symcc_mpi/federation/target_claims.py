@@ -140,6 +140,19 @@ class TargetClaims:
                 log.warning("the target group of %s expired and was taken over: its result "
                             "still counts, through the input's lease", work_id[:12])
 
+    def release_predecessors(self) -> None:
+        """This master took a dead one's place, and its name: the groups that one claimed
+        go, as its work went back to the frontier (they would bar their targets until their
+        wall-clock expiry)."""
+        try:
+            released = self.table.release_owner(self.table.owner)
+        except (OSError, TimeoutError) as error:
+            self.figures.errors += 1  # their TTL ends them (F311 §7.4)
+            log.warning("the dead master's target groups not released: %s", error)
+            return
+        if released:
+            log.info("released %d target leases the dead master held", released)
+
     def release_all(self) -> None:
         for work_id in list(self.held):
             self.release(work_id)

@@ -328,6 +328,23 @@ class FencedTargetLeaseTable:
                 self._counts["releases"] += 1
         return deleted
 
+    def release_owner(self, owner: str) -> int:
+        """Delete every record `owner` holds, whatever its token: a dead master's, by the
+        successor that took its place and its name (its expiry, in wall-clock time, may be
+        far off after the clock went back). How many were deleted."""
+        held = []
+        for directory in self._record_dirs:
+            for name in os.listdir(directory):
+                if name.startswith(TEMPORARY_PREFIX):
+                    continue
+                try:
+                    record = _decode(name.removesuffix(".json"), (directory / name).read_bytes())
+                except (FileNotFoundError, InvalidRecord):
+                    continue
+                if record.owner == owner:
+                    held.append((record.token, record.target))
+        return sum(self.release(token, (target,)) for token, target in held)
+
     def read(self, target: int) -> TargetLease | None:
         """The current record, read without a lock (records are replaced whole)."""
         path = self.path(target)
