@@ -173,8 +173,7 @@ def _serve_or_succeed(group: Channel, federation_comm, config: CampaignConfig, *
     left to take over."""
     from mpi4py import MPI
 
-    worker = Worker(group.rank, config, fault_rank=world_rank, host=host)
-    worker.serves = index  # its own group's master, until a CONFIG says another's
+    worker = Worker(group.rank, config, fault_rank=world_rank, host=host, serves=index)
     gathered = list(zip(layout[index], members, strict=True))  # (world rank, endpoint) by rank
     deaths: list[Death] = []  # of this group's masters
     try:

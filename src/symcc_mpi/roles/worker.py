@@ -62,7 +62,7 @@ class Worker:
     (ulfm/): `serve` runs the worker loop on one generation's channel."""
 
     def __init__(self, rank: int, config: CampaignConfig, *, fault_rank: int | None = None,
-                 host: Host = MACHINE):
+                 host: Host = MACHINE, serves: int = 0):
         self.rank = rank
         self.config = config
         self.scratch: Path | None = None
@@ -91,7 +91,9 @@ class Worker:
         self.executions = 0
         self.executor_time = 0.0
         self.generation = 0
-        self.serves = 0  # with several masters, the index of the master it serves
+        # With several masters, the index of the master it serves: its own group's, until a
+        # CONFIG says another's (its group took the first master's place)
+        self.serves = serves
         self.sees_out = True  # its node sees its master's OUT (its last CONFIG said)
         self.stopped = False  # its master sent STOP: the campaign's end has begun
         self.phases = PhaseClock()
