@@ -33,6 +33,7 @@ class Run:
     executions: int
     trace: str
     forgotten: Counter = field(default_factory=Counter)
+    schedule: Schedule | None = None
 
 
 @dataclass
@@ -58,18 +59,19 @@ class Summary:
                  f"{sum(r.checked_turns for r in runs)} of them, "
                  f"{sum(r.jobs for r in runs)} jobs, {sum(r.executions for r in runs)} "
                  "executions", "",
-                 f"{'fault injected':<28}{'times':>8}{'schedules':>11}"]
+                 f"{'fault injected':<32}{'times':>8}{'schedules':>11}"]
         for kind, times in sorted(faults.items()):
             having = sum(1 for r in runs if kind in r.faults)
-            lines.append(f"{kind:<28}{times:>8}{having:>11}")
+            lines.append(f"{kind:<32}{times:>8}{having:>11}")
         lines += ["", "fault kinds mixed in one schedule: " + ", ".join(
             f"{n} kinds: {mixes[n]}" for n in sorted(mixes)), "",
-            f"{'invariant':<58}{'checked':>10}"]
+            *_configurations([run.schedule for run in runs if run.schedule is not None]), "",
+            f"{'invariant':<72}{'checked':>10}"]
         forgotten = Counter()
         for run in runs:
             forgotten.update(run.forgotten)
         for rule, times in sorted(checks.items()):
-            lines.append(f"{rule:<58}{times:>10}")
+            lines.append(f"{rule:<72}{times:>10}")
         if forgotten:
             lines += ["", "power failures took " + ", ".join(
                 f"{n} {what}" for what, n in sorted(forgotten.items())) +
@@ -77,6 +79,25 @@ class Summary:
         for run in self.failures[:10]:
             lines += ["", f"FAILED {run.described}", f"  {run.violation}"]
         return "\n".join(lines)
+
+
+def _configurations(schedules: list[Schedule]) -> list[str]:
+    """How many schedules had each size and feature."""
+    def spread(name: str, value, bounds: tuple[int, ...]) -> str:
+        counts = Counter(next(b for b in bounds if value(s) <= b) for s in schedules)
+        below = dict(zip(bounds, (1, *(b + 1 for b in bounds)), strict=False))
+        return f"{name}: " + ", ".join(
+            f"{below[b]}" + (f"-{b}" if below[b] != b else "") + f": {counts[b]}"
+            for b in bounds if counts[b])
+
+    return ["configurations: " + "; ".join((
+        spread("masters", lambda s: s.masters, (1, 2, 3, 4)),
+        spread("workers", lambda s: s.workers, (1, 4, 8, 16)),
+        spread("seeds", lambda s: s.seeds, (3, 8, 20, 100)),
+        spread("machines", lambda s: s.machines, (1, 2, 3)))),
+        f"features: split {sum(s.split for s in schedules)}, triage "
+        f"{sum(s.triage for s in schedules)}, both {sum(s.split and s.triage for s in schedules)}"
+        f", neither {sum(not (s.split or s.triage) for s in schedules)}"]
 
 
 def run_one(seed: int, mutation: str | None = None,
@@ -91,7 +112,7 @@ def run_one(seed: int, mutation: str | None = None,
     return Run(seed, schedule.describe(), None if violation is None else str(violation),
                None if violation is None else violation.step, outcome.faults, outcome.checks,
                outcome.turns, outcome.checked_turns, outcome.jobs, outcome.executions,
-               outcome.trace, outcome.forgotten)
+               outcome.trace, outcome.forgotten, schedule)
 
 
 def _serve(child: int, seeds: list[int], mutation: str | None, results, parent: int) -> None:
