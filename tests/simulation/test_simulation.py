@@ -235,7 +235,7 @@ def test_every_variant_still_applies_to_the_source():
 
 def test_a_failing_schedule_shrinks_and_still_fails():
     name = "idle-master-exits"
-    seed = 1  # the first schedule a search from 0 finds it with
+    seed = 78635  # the first schedule its search (from search_start) finds it with
     schedule = Schedule.generate(seed)
     schedule = replace(schedule, faults=schedule.faults + (
         Fault(0.05, FaultKind.CLOCK_JUMP, 1, 30.0, "machine"),
