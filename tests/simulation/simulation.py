@@ -308,26 +308,11 @@ class Simulation:
             (seeds / f"seed{number}").write_bytes(bytes([0, number, 0]))
         return seeds
 
-    def inputs(self) -> dict[str, bytes]:
-        """Every input the seeds can lead to, by digest: the seeds' closure under the
-        executor."""
-        schedule = self.schedule
-        todo = [bytes([0, n, 0]) for n in range(schedule.seeds)]
-        seen = {hashlib.sha256(d).hexdigest(): d for d in todo}
-        while todo:
-            for child in children_of(todo.pop(), fanout=schedule.fanout, depth=schedule.depth,
-                                     space=schedule.space):
-                digest = hashlib.sha256(child).hexdigest()
-                if digest not in seen:
-                    seen[digest] = child
-                    todo.append(child)
-        return seen
-
-    def reachable(self, deferred: set[str] = frozenset(),
-                  kept: set[str] | None = None) -> set[str]:
-        """Every input the campaign must analyse or set aside: the seeds' closure under the
-        executor, through every input but those `deferred` (never run, so no children) and
-        through the children triage `kept` only (None: every one)."""
+    def inputs(self, deferred: set[str] = frozenset(),
+               kept: set[str] | None = None) -> dict[str, bytes]:
+        """Every input the campaign must analyse or set aside, by digest: the seeds' closure
+        under the executor, through every input but those `deferred` (never run, so no
+        children) and through the children triage `kept` only (None: every one)."""
         schedule = self.schedule
         todo = [bytes([0, n, 0]) for n in range(schedule.seeds)]
         seen = {hashlib.sha256(d).hexdigest(): d for d in todo}
@@ -341,7 +326,11 @@ class Simulation:
                 if digest not in seen and (kept is None or digest in kept):
                     seen[digest] = child
                     todo.append(child)
-        return set(seen)
+        return seen
+
+    def reachable(self, deferred: set[str] = frozenset(),
+                  kept: set[str] | None = None) -> set[str]:
+        return set(self.inputs(deferred, kept))
 
     def _job(self, config: CampaignConfig, faults: tuple[Fault, ...], checker: Checker) -> bool:
         """One mpiexec of the campaign; True if every rank ended with status 0 (else the
