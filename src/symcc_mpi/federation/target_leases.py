@@ -332,17 +332,8 @@ class FencedTargetLeaseTable:
         """Delete every record `owner` holds, whatever its token: a dead master's, by the
         successor that took its place and its name (its expiry, in wall-clock time, may be
         far off after the clock went back). How many were deleted."""
-        held = []
-        for directory in self._record_dirs:
-            for name in os.listdir(directory):
-                if name.startswith(TEMPORARY_PREFIX):
-                    continue
-                try:
-                    record = _decode(name.removesuffix(".json"), (directory / name).read_bytes())
-                except (FileNotFoundError, InvalidRecord):
-                    continue
-                if record.owner == owner:
-                    held.append((record.token, record.target))
+        held = [(record.token, record.target) for record in self._records_on_disk()
+                if record.owner == owner]
         return sum(self.release(token, (target,)) for token, target in held)
 
     def read(self, target: int) -> TargetLease | None:
@@ -373,17 +364,22 @@ class FencedTargetLeaseTable:
             return TargetTableStatistics(**self._counts)
         now = self.clock.time()
         found = {"leased": 0, "expired": 0}
+        for record in self._records_on_disk():
+            found["expired" if record.expired(now) else "leased"] += 1
+        return TargetTableStatistics(**self._counts, **found)
+
+    def _records_on_disk(self) -> Iterator[TargetLease]:
+        """Every record, read without locks; undecodable ones skipped (a later operation on
+        them quarantines them), temporaries of dead writers swept on the way."""
         for directory in self._record_dirs:
             for name in os.listdir(directory):
                 if name.startswith(TEMPORARY_PREFIX):
                     self._sweep_temporary(directory / name)
                     continue
                 try:
-                    record = _decode(name.removesuffix(".json"), (directory / name).read_bytes())
+                    yield _decode(name.removesuffix(".json"), (directory / name).read_bytes())
                 except (FileNotFoundError, InvalidRecord):
                     continue
-                found["expired" if record.expired(now) else "leased"] += 1
-        return TargetTableStatistics(**self._counts, **found)
 
     # -- opening
 

@@ -70,9 +70,8 @@ def run_federated(world, config: CampaignConfig, *, outlive_ranks: bool,
             federation = Federation(Channel(federation_comm), index=index,
                                     masters=config.masters, out=config.out, epoch=epoch,
                                     world_ranks=layout, execution_timeout=config.timeout)
-            heir = functools.partial(_take_the_first_masters_place, federation_comm, config,
-                                     layout=layout, epoch=epoch, world_rank=world.rank,
-                                     host=host) if outlive_ranks else None
+            heir = _heir(federation_comm, config, layout, epoch, world.rank, host) \
+                if outlive_ranks else None
             status = _run_federated_master(group, masters_comm, federation, config,
                                            members, outlive_ranks=outlive_ranks, host=host,
                                            heir=heir)
@@ -213,6 +212,13 @@ def _serve_or_succeed(group: Channel, federation_comm, config: CampaignConfig, *
         flush(group, world_rank)
 
 
+def _heir(federation_comm, config: CampaignConfig, layout: list[range], epoch: bytes,
+          world_rank: int, host: Host):
+    """What a master runs if it turns out the heir (`_run_to_the_end`)."""
+    return functools.partial(_take_the_first_masters_place, federation_comm, config,
+                             layout=layout, epoch=epoch, world_rank=world_rank, host=host)
+
+
 def _take_the_first_masters_place(federation_comm, config: CampaignConfig, group: Channel,
                                   index: int, detected: float, *, layout: list[range],
                                   epoch: bytes, world_rank: int, host: Host = MACHINE) -> int:
@@ -291,11 +297,9 @@ def _succeed(group: Channel, federation_comm, config: CampaignConfig, *, index: 
                              "new", last.seconds)
     master.recovery.count(f"master {index}", [last.failed], taken, last.seconds,
                           detected=last.detected, master="new")
-    # A successor may be the heir of a first master whose group dies whole, as its
-    # predecessor was.
-    heir = functools.partial(_take_the_first_masters_place, federation_comm, config,
-                             layout=layout, epoch=epoch, world_rank=world_ranks[0], host=host)
-    try:
-        return _run_to_the_end(master, federation, heir)
+    try:  # the heir of a first master whose group dies whole, as its predecessor was
+        return _run_to_the_end(master, federation,
+                               _heir(federation_comm, config, layout, epoch, world_ranks[0],
+                                     host))
     finally:
         flush(federation.channel, world_ranks[0])
