@@ -166,6 +166,14 @@ DEFECTS_FOUND = {
                                       "faults": [
         {"at": 0.4707, "kind": "machine-crash", "rank": -1, "seconds": 0, "whom": "machine"}],
         "machines": 1},
+    # The same, found by triage's replay: the corpus file was quarantined and published
+    # again, but its queue/ entry, a link to the damaged inode, stayed empty and its id kept
+    # the input from being named again. The entry now links the new file.
+    "queue-entry-without-its-bytes": {
+        "seed": 912713, "workers": 9, "masters": 3, "seeds": 3, "triage": True, "faults": [
+            {"at": 0.2571, "kind": "machine-crash", "rank": -1, "seconds": 0,
+             "whom": "machine"}],
+        "machines": 1},
 }
 
 

@@ -184,6 +184,53 @@ def test_queue_names_and_resume_numbering(campaign):
     assert os.path.samefile(campaign.corpus / d, campaign.queue / names[1])
 
 
+def damage(campaign: CampaignDir, digest: str) -> None:
+    """What a power failure can leave: corpus/<digest> and its queue/ entry, one inode,
+    named and empty (another master's fsync of corpus/ made the names durable)."""
+    os.truncate(campaign.corpus / digest, 0)
+    with pytest.raises(CorruptInput):
+        campaign.read_input(digest)
+
+
+@pytest.mark.parametrize("found_by", ["this master", "another master"])
+def test_a_damaged_queue_entry_links_the_input_published_again_under_its_id(campaign,
+                                                                            found_by):
+    seed = campaign.add_seed(b"seed", "s")
+    child = stage(campaign, b"child")
+    campaign.promote(child, verified(campaign, child))
+    campaign.add_to_queue(child, seed)
+    entry = campaign.queue / "id:000001,src:000000,op:symcc"
+    damage(campaign, child)
+    assert entry.read_bytes() == b""
+    # Its parent, whose done record was lost, is analysed again and yields it again.
+    assert campaign.promote(child, b"child")
+    if found_by == "this master":
+        campaign.add_to_queue(child, seed)
+    else:
+        assert campaign.queue_finding(child, seed)
+    assert sorted(p.name for p in campaign.queue.iterdir()) == [
+        "id:000000,orig:s", entry.name]
+    assert os.path.samefile(campaign.corpus / child, entry)
+    assert campaign.inputs.queue_id(child) == 1
+    assert not campaign.queue_finding(child, seed)  # named once
+    assert campaign.queue_entries == 2
+
+
+def test_a_damaged_queue_entry_is_repaired_after_a_resume_too(campaign):
+    seed = campaign.add_seed(b"seed", "s")
+    child = stage(campaign, b"child")
+    campaign.promote(child, verified(campaign, child))
+    campaign.add_to_queue(child, seed)
+    damage(campaign, child)
+    reopened = CampaignDir(campaign.out)
+    reopened.read_queues()  # the damaged entry hashes to the empty input's digest
+    assert reopened.promote(child, b"child")
+    reopened.add_to_queue(child, seed)
+    assert (reopened.inputs.queue_id(child), reopened.queue_entries) == (1, 2)
+    assert os.path.samefile(reopened.corpus / child,
+                            reopened.queue / "id:000001,src:000000,op:symcc")
+
+
 def test_findings_are_saved_once(campaign):
     seed = campaign.add_seed(b"boom", "s")
     assert campaign.save_finding("crashes", seed, seed, 11)

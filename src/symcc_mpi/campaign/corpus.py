@@ -59,7 +59,6 @@ class CampaignDir(AflQueues):
                          master_state(out, master))
         self.master = master
         self.staging = out / ".staging"
-        self.quarantine = out / "quarantine"
         self._staging = str(self.staging)
         self._staging_fd: int | None = None  # open_staged's
         self._marker: str | None = None  # mark_staging's

@@ -34,11 +34,13 @@ class AflQueues:
         self.queue = out / "queue"
         self.crashes = out / "crashes"
         self.hangs = out / "hangs"
+        self.quarantine = out / "quarantine"
         # Strings, not Paths, on the master's per-result path: a Path join costs ~25 µs.
         self._corpus, self._queue = str(self.corpus), str(self.queue)
         self.crash_digests: set[str] = set()
         self.hang_digests: set[str] = set()
         self._next_ids = {"queue": 0, "crashes": 0, "hangs": 0}
+        self._repaired: set[str] = set()  # _repair_entry's
         # Each queue/ entry's name by digest, kept when asked for (a hybrid campaign ranks
         # its frontier by them, afl_sync.helper_rank); set before `read_queues`.
         self.keep_queue_names = False
@@ -86,7 +88,8 @@ class AflQueues:
         if self.forward_finding is not None:
             self.forward_finding(Finding(FindingKind.QUEUE, digest, parent))
             return
-        self._add_to_queue(digest, sources=self._source_ids(parent))
+        if not self._repair_entry(digest):
+            self._add_to_queue(digest, sources=self._source_ids(parent))
 
     def queue_once(self, digest: str, parent: str) -> None:
         """corpus/<digest> was published already (by another master, or by this master's
@@ -99,11 +102,38 @@ class AflQueues:
 
     def queue_finding(self, digest: str, parent: str) -> bool:
         """Another master kept corpus/<digest>: its queue/ entry, once (the first master)."""
-        if self.inputs.queue_id(digest) is not None \
-                or not os.path.exists(os.path.join(self._corpus, digest)):
+        if not os.path.exists(os.path.join(self._corpus, digest)):
+            return False
+        if self._repair_entry(digest):
+            return True
+        if self.inputs.queue_id(digest) is not None:
             return False
         self._add_to_queue(digest, sources=self._source_ids(parent))
         return True
+
+    def _repair_entry(self, digest: str) -> bool:
+        """corpus/<digest> is published again after its file was found damaged and
+        quarantined (a power failure kept its name and lost its bytes): the queue/ entry
+        that still links the damaged inode is made to link the new file, under its own name
+        and id. False if there is none (the usual case: one stat)."""
+        if digest in self._repaired:
+            return False
+        try:
+            damaged = os.stat(self.quarantine / f"corpus-{digest}").st_ino
+        except FileNotFoundError:
+            return False
+        self._repaired.add(digest)  # one scan of queue/ per damaged input
+        with os.scandir(self.queue) as entries:
+            linked = [entry for entry in entries if entry.inode() == damaged]
+        for entry in linked:
+            if (entry_id := parse_afl_queue_id(entry.name)) is None:
+                continue
+            self.publish_log.intend("queue", digest, entry.name)
+            publish_link(os.path.join(self._corpus, digest), entry.path, replace=True)
+            self._published(entry.path)
+            self.inputs.set_queue_id(digest, entry_id)
+            return True
+        return False
 
     def _add_to_queue(self, digest: str, *, sources: tuple[int, ...] = (),
                       orig: str | None = None, op: str | None = "symcc",

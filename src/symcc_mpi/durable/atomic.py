@@ -109,16 +109,21 @@ def write_durable(path: Path, data: bytes, *, fsync: bool = True,
     return True
 
 
-def publish_link(source: str | Path, target: str | Path) -> None:
+def publish_link(source: str | Path, target: str | Path, *, replace: bool = False) -> None:
     """Make `target` appear whole with the bytes of `source`: a hard link, or where the
     filesystem refuses one, a copy under a temporary name renamed onto `target` (AFL's sync
-    reads any id: name it sees). Not fsynced: the caller's group commit does that."""
+    reads any id: name it sees). `replace`: `target` exists and is swapped for the new link
+    in one rename. Not fsynced: the caller's group commit does that."""
+    temporary = temporary_for(Path(target))
     try:
-        os.link(source, target)
+        if not replace:
+            os.link(source, target)
+            return
+        os.link(source, temporary)
+        os.replace(temporary, target)
         return
     except OSError:
-        pass
-    temporary = temporary_for(Path(target))
+        temporary.unlink(missing_ok=True)
     try:
         shutil.copyfile(source, temporary)
         os.replace(temporary, target)
