@@ -174,6 +174,16 @@ DEFECTS_FOUND = {
             {"at": 0.2571, "kind": "machine-crash", "rank": -1, "seconds": 0,
              "whom": "machine"}],
         "machines": 1},
+    # A part deferred set its split input aside; a snapshot taken then left its committed
+    # parts' records unread by the resume, which split it anew undeclared. The deferral now
+    # declares them taken back.
+    "a-deferred-part-takes-back-its-input-s-parts": {
+        "seed": 9432, "workers": 8, "masters": 1, "seeds": 1, "split": True, "faults": [
+            {"at": 0.2259, "kind": "die", "rank": 7, "seconds": 0.0, "whom": "master"},
+            {"at": 0.3525, "kind": "pause", "rank": 4, "seconds": 0.889, "whom": "worker"},
+            {"at": 0.6011, "kind": "slow-link", "rank": 8, "seconds": 0.711,
+             "whom": "worker"}],
+        "machines": 1},
 }
 
 

@@ -12,9 +12,11 @@ import pytest
 from symcc_mpi.coverage.pruning import Delta, PruningLedger, PruningMode
 from symcc_mpi.dispatch.coordinator import DispatchCoordinator
 from symcc_mpi.dispatch.watchdog import WatchdogConfig
+from symcc_mpi.durable.deferred import DeferredWorkJournal
 from symcc_mpi.scheduling.frontier import Frontier
 from symcc_mpi.scheduling.splitting import (
     MAX_GROUP,
+    SPLIT_ANEW,
     TRACE,
     Job,
     WorkSource,
@@ -136,6 +138,34 @@ def test_set_aside_drops_the_input_s_other_parts():
     assert source.set_aside(groups[1]) == A
     assert not source.waiting and not source.reserved and A not in source.open
     assert A not in source.frontier.done  # deferred, not analysed
+
+
+def test_a_deferred_part_takes_back_the_parts_its_input_committed(tmp_path):
+    # F317 §4.2: the input goes whole to the deferred journal. Its trace and first group
+    # committed already: on record as taken back now, they go out again when a resume splits
+    # it anew (a snapshot taken meanwhile leaves their commits unread).
+    source = source_with(A)
+    announced = []
+    coordinator = DispatchCoordinator(
+        source.frontier, watchdog=WatchdogConfig(seconds=60.0, protocol_retries=0),
+        deferrals=DeferredWorkJournal(tmp_path / "deferred.jsonl", fsync=False),
+        load=lambda d: b"a", source=source,
+        on_requeue=lambda work, why: announced.append((work, why)))
+    coordinator.workers = 1
+    groups = split(source, A, [1, 2, 3, 4], free=2)
+    source.take(source.peek(free=1))
+    source.finish(groups[0], None, (1, 3), free=1)
+    assert source.committed_parts(groups[1]) == [part_id(A, TRACE), groups[0]]
+    coordinator.ready(1, None)
+    sent: list[Work] = []
+    assert coordinator.dispatch(lambda rank, work: sent.append(work)) == 1
+    assert coordinator.reject(1, sent[0].token)
+    coordinator.ready(1, sent[0].token)
+    coordinator.join()
+    assert announced == [(groups[1], "deferred"), (part_id(A, TRACE), SPLIT_ANEW),
+                         (groups[0], SPLIT_ANEW)]
+    assert not source.open and not source.committed and A not in source.frontier.done
+    assert source.committed_parts(groups[1]) == []
 
 
 def test_a_master_that_withdraws_gives_up_its_split_inputs_and_their_claims():

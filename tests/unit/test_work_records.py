@@ -10,7 +10,7 @@ import pytest
 
 from symcc_mpi.campaign.commit import Accepted, Child, decode_manifest, encode_manifest
 from symcc_mpi.campaign.verify import _check_work
-from symcc_mpi.campaign.wal import outstanding
+from symcc_mpi.campaign.wal import committed_parts, outstanding
 from symcc_mpi.durable.storage import STORAGE_EXIT
 from symcc_mpi.ulfm import capability
 from symcc_mpi.wire.protocol import MalformedMessage, Result, StagedFile
@@ -34,6 +34,22 @@ def test_an_input_dispatched_is_outstanding_until_done_or_taken_back():
     recovered = {"kind": "recovered", "generation": 1, "failed": [], "requeued": [A]}
     assert outstanding([dispatch(A), dispatch(B), recovered]) == {B}
     assert outstanding([dispatch(A), done(A), dispatch(A)]) == {A}
+
+
+def part(digest, number):
+    return {"kind": "part", "digest": digest, "part": number, "token": "t" * 32,
+            "outcome": "ok", "published": []}
+
+
+def test_the_parts_a_resume_splits_anew_are_those_committed_and_not_taken_back_since():
+    requeue = {"kind": "requeue", "digest": A, "part": 1, "reason": "its input is split anew"}
+    assert committed_parts([part(A, 0), part(A, 1), part(B, 0)]) == {f"{A}#0", f"{A}#1",
+                                                                     f"{B}#0"}
+    # A's input set aside: its part 1 declared taken back then; its trace not.
+    assert committed_parts([part(A, 0), part(A, 1), requeue]) == {f"{A}#0"}
+    # Split anew, part 1 committed again: taken back again at the next resume.
+    assert committed_parts([part(A, 1), requeue, part(A, 1)]) == {f"{A}#1"}
+    assert committed_parts([part(A, 0), part(B, 0), done(A)]) == {f"{B}#0"}
 
 
 def test_a_second_dispatch_needs_a_declared_take_back_of_the_first():

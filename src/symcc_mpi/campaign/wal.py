@@ -253,3 +253,17 @@ def outstanding(journal: list[dict]) -> set[str]:
         elif kind is Kind.DONE:  # the input is done: so are all its parts
             out = {work for work in out if parse_work_id(work)[0] != record["digest"]}
     return out
+
+
+def committed_parts(journal: list[dict]) -> set[str]:
+    """The parts (of split inputs not done) whose last record is their commit: not taken
+    back since (a part set aside with its input declares those of its input committed)."""
+    last_committed: dict[str, bool] = {}
+    for record in journal:
+        kind = kind_of(record)
+        if kind in (Kind.PART, Kind.REQUEUE) and record.get("part") is not None:
+            last_committed[work_of(record)] = kind is Kind.PART
+        elif kind is Kind.DONE:
+            for work in [w for w in last_committed if parse_work_id(w)[0] == record["digest"]]:
+                del last_committed[work]
+    return {work for work, committed in last_committed.items() if committed}

@@ -57,7 +57,14 @@ from symcc_mpi.dispatch.watchdog import (
 )
 from symcc_mpi.durable.clock import SYSTEM_CLOCK, Clock
 from symcc_mpi.scheduling.frontier import Frontier
-from symcc_mpi.scheduling.splitting import TRACE, Job, WorkSource, keep_targets, parse_work_id
+from symcc_mpi.scheduling.splitting import (
+    SPLIT_ANEW,
+    TRACE,
+    Job,
+    WorkSource,
+    keep_targets,
+    parse_work_id,
+)
 from symcc_mpi.wire.protocol import Work
 
 log = logging.getLogger("symcc_mpi.dispatch")
@@ -116,10 +123,9 @@ class DispatchCoordinator:
         self.fatal = fatal
         self.gate = RetiredDispatchGate()
         self.tables = DispatchTables(clock=clock, gate=self.gate)
-        sink = _InputDeferrals(deferrals, self.source) if deferrals is not None else None
         self.recovery = ProtocolRecovery(requeue=lambda work: self._requeue(work, "protocol"),
-                                         sink=_AnnouncedDeferrals(sink, on_requeue)
-                                         if sink is not None and on_requeue else sink,
+                                         sink=_InputDeferrals(deferrals, self.source, on_requeue)
+                                         if deferrals is not None else None,
                                          retries=watchdog.protocol_retries)
         self.watchdog = DispatchWatchdog(self.tables, self.gate, self.recovery,
                                          seconds=watchdog.seconds)
@@ -497,30 +503,22 @@ class DispatchCoordinator:
 
 
 class _InputDeferrals:
-    """The deferral sink, by input: a part deferred sets its whole input aside (splitting.py)."""
+    """The deferral sink, by input: a part deferred sets its whole input aside (splitting.py).
+    `announce` (on_requeue) hears that the dispatch was taken back, and so were the parts of
+    its input committed already: it may go out again (on --resume), to be split anew."""
 
-    def __init__(self, sink: DeferralSink, source: WorkSource):
+    def __init__(self, sink: DeferralSink, source: WorkSource,
+                 announce: Callable[[str, str], object] | None):
         self.sink = sink
         self.source = source
+        self.announce = announce
 
     def defer(self, work_id: str, *, source: str, attempts: int) -> object:
+        if self.announce is not None:
+            self.announce(work_id, "deferred")
+            for part in self.source.committed_parts(work_id):
+                self.announce(part, SPLIT_ANEW)
         return self.sink.defer(self.source.set_aside(work_id), source=source, attempts=attempts)
 
     def is_persisted(self, work_id: str) -> bool:
         return self.sink.is_persisted(parse_work_id(work_id)[0])
-
-
-class _AnnouncedDeferrals:
-    """The deferral sink, telling `on_requeue` of each input it sets aside: that dispatch
-    was taken back, and the input may go out again (on --resume)."""
-
-    def __init__(self, sink: DeferralSink, announce: Callable[[str, str], object]):
-        self.sink = sink
-        self.announce = announce
-
-    def defer(self, work_id: str, *, source: str, attempts: int) -> object:
-        self.announce(work_id, "deferred")
-        return self.sink.defer(work_id, source=source, attempts=attempts)
-
-    def is_persisted(self, work_id: str) -> bool:
-        return self.sink.is_persisted(work_id)

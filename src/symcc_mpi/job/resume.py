@@ -9,7 +9,14 @@ import os
 from symcc_mpi.campaign import wal
 from symcc_mpi.campaign.commit import Unusable, decode_manifest
 from symcc_mpi.campaign.corpus import CampaignDir
-from symcc_mpi.campaign.wal import Kind, kind_of, outstanding, replay_epochs, work_of
+from symcc_mpi.campaign.wal import (
+    Kind,
+    committed_parts,
+    kind_of,
+    outstanding,
+    replay_epochs,
+    work_of,
+)
 from symcc_mpi.config import CampaignConfig, check_seeds
 from symcc_mpi.scheduling.splitting import SPLIT_ANEW, parse_work_id
 from symcc_mpi.wire.protocol import MalformedMessage
@@ -86,9 +93,9 @@ def load_state(master, config: CampaignConfig, campaign: CampaignDir,
         digest, part = parse_work_id(work)
         campaign.record_work(wal.Requeue(digest=digest, reason="another master analysed it",
                                          part=part))
-    # An input split and not finished is split anew: each part it had goes out again.
-    split_again = {work_of(r) for r in journal if kind_of(r) is Kind.PART
-                   and r["digest"] not in done} - set(master.in_flight_at_takeover)
+    # An input split and not finished is split anew: each part it committed goes out again.
+    split_again = {work for work in committed_parts(journal)
+                   if parse_work_id(work)[0] not in done} - set(master.in_flight_at_takeover)
     for work in sorted(split_again):
         digest, part = parse_work_id(work)
         campaign.record_work(wal.Requeue(digest=digest, part=part, reason=SPLIT_ANEW))

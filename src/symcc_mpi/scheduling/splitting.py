@@ -127,6 +127,7 @@ class WorkSource:
         self.groups: dict[str, tuple[int, ...]] = {}  # every part not yet done: its targets
         self.waiting: deque[str] = deque()  # groups to dispatch; requeued ones in front
         self.open: dict[str, set[int]] = {}  # per split input: its parts not yet committed
+        self.committed: dict[str, list[int]] = {}  # per split input: its parts committed
         self.in_flight: dict[str, tuple[int, ...]] = {}  # groups admitted: their reserve
         self.peeked: str | None = None  # a group admitted by `peek`, not taken yet
         self.reserved: Counter[int] = Counter()
@@ -255,7 +256,14 @@ class WorkSource:
             self._drop_parts(digest)
         return given_up
 
+    def committed_parts(self, work_id: str) -> list[str]:
+        """The parts of `work_id`'s input committed so far, if it is split and not done: set
+        aside, it is split anew when it goes out again (on --resume), and they with it."""
+        digest, _ = parse_work_id(work_id)
+        return [part_id(digest, part) for part in self.committed.get(digest, ())]
+
     def _drop_parts(self, digest: str) -> None:
+        self.committed.pop(digest, None)
         for other in self.open.pop(digest, set()):
             other_id = part_id(digest, other)
             self._unreserve(other_id)
@@ -299,6 +307,7 @@ class WorkSource:
             targets = list(path_targets or ())
             self.stats.targets_on_paths += len(targets)
             self.open[digest] = set()
+            self.committed[digest] = [TRACE]
             if targets:
                 self.stats.split_inputs += 1
                 for number, group in enumerate(deal(targets, free), start=1):
@@ -310,8 +319,10 @@ class WorkSource:
             self._unreserve(work_id)
             self.groups.pop(work_id, None)
             self.open[digest].discard(part)
+            self.committed[digest].append(part)
         if not self.open[digest]:
             del self.open[digest]
+            del self.committed[digest]
             self.frontier.mark_done(digest)
 
     # -- admission -----------------------------------------------------------------------
