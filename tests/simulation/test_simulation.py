@@ -184,6 +184,14 @@ DEFECTS_FOUND = {
             {"at": 0.6011, "kind": "slow-link", "rank": 8, "seconds": 0.711,
              "whom": "worker"}],
         "machines": 1},
+    # A power failure lost a kept child's bytes and its parent's done record: the parent,
+    # analysed again, yielded the child again, which was dropped as known (triage then
+    # seemed to set aside a child adding an edge). A damaged input is now published again.
+    "a-damaged-input-yielded-again-is-published-again": {
+        "seed": 7931, "workers": 2, "masters": 2, "seeds": 1, "triage": True, "faults": [
+            {"at": 0.3825, "kind": "machine-crash", "rank": -1, "seconds": 0,
+             "whom": "machine"}],
+        "machines": 1},
 }
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from symcc_mpi.campaign.checkpoint import Checkpointer
 from symcc_mpi.campaign.commit import Committer, Refused, Unusable
-from symcc_mpi.campaign.corpus import CampaignDir
+from symcc_mpi.campaign.corpus import CampaignDir, CorruptInput
 from symcc_mpi.campaign.layout import check_out_dir, sha256_bytes
 from symcc_mpi.campaign.stats import MasterStats, WorkerStats
 from symcc_mpi.coverage.edges import FileCoverage, Status
@@ -256,6 +256,31 @@ def test_child_with_new_coverage_is_promoted_queued_and_pending(triaged):
     assert triaged.stats.last_find > 0
     assert triaged.checkpoint.triage_dirty
     assert triaged.triage.edges_covered == 2
+
+
+def test_a_child_whose_corpus_file_was_found_damaged_is_published_again_when_yielded_again(
+        triaged):
+    # A power failure kept corpus/<child> and its queue/ entry (one inode) named, and lost
+    # their bytes; the done record of its parent was lost with them.
+    child = triaged.stage(b"new child", [(9, 1), (10, 2)])
+    triaged.check_and_commit(triaged.result([child]))
+    entry = triaged.campaign.queue / triaged.queue_names()[-1]
+    os.truncate(triaged.campaign.corpus / child.digest, 0)
+    with pytest.raises(CorruptInput):
+        triaged.campaign.read_input(child.digest)
+    resumed = Committer(triaged.campaign, triaged.frontier, triaged.stats,  # a map without
+                        triage=CoverageMap(MAP_SIZE), pruning=triaged.pruning,  # its edges
+                        checkpoint=triaged.checkpoint)
+    # Its parent, analysed again, yields it again: known, yet read, kept and published.
+    result = triaged.result([child])
+    resumed.commit(RANK, result, resumed.check(result, triaged.parent))
+    assert triaged.campaign.read_input(child.digest) == b"new child"
+    assert os.path.samefile(triaged.campaign.corpus / child.digest, entry)
+    assert resumed.repaired == [child.digest] == resumed.published
+    assert triaged.stats.interesting == 1  # found once
+    assert list(triaged.frontier.pending).count(child.digest) == 1
+    # Once repaired it is known as any other: the next one is skipped unread.
+    assert resumed.check(triaged.result([child]), triaged.parent).children == []
 
 
 def test_depth_of_a_child_of_a_seed_without_depth_is_two(plain):

@@ -277,6 +277,22 @@ def test_an_unreadable_input_is_set_aside_and_the_rank_gets_the_next(tmp_path, d
     assert faults(w) == no_faults()  # not a protocol deferral
 
 
+def test_an_unreadable_input_whose_bytes_are_published_again_goes_out_again(tmp_path):
+    w = make(tmp_path, inputs=2)
+    x, y = w.ids
+    good = w.store.pop(x)
+    w.coord.ready(1, None)
+    w.coord.dispatch(w.send)
+    w.coord.readmit(y)  # not set aside: nothing to do (it is in flight)
+    w.store[x] = good  # a parent analysed again yielded it again (commit.py)
+    w.coord.readmit(x)
+    commit(w, 1, w.send.last(1).token)
+    w.coord.ready(1, w.send.last(1).token)
+    round_(w)
+    assert [work.digest for _, work in w.send.sent] == [y, x]
+    assert w.coord.statistics().unreadable_inputs == 0 and not w.frontier.pending
+
+
 # -- RESULT classification (F315) ------------------------------------------------------------
 
 

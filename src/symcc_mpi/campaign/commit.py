@@ -167,6 +167,7 @@ class Committer:
         self.checkpoint = checkpoint
         self.pool = pool  # tiers.pool.AsidePool, or None: what triage drops is forgotten
         self.published: list[str] = []  # children the commit in progress added to corpus/
+        self.repaired: list[str] = []  # of which known before (CampaignDir.damaged)
 
     def check(self, result: Result, sent_input: str | None) -> Accepted:
         """What of a current RESULT can be committed: the staged children not known yet
@@ -181,7 +182,7 @@ class Committer:
     def _check(self, result: Result, sent_input: str | None) -> Accepted:
         coverages = check_fields(
             result, map_size=self.triage.map_size if self.triage is not None else None,
-            known=self.frontier.seen_before)
+            known=self._known)
         if result.outcome in NOT_ANALYSED:
             raise Unusable(result.message or ResultOutcome(result.outcome).value)
         if result.digest != sent_input:
@@ -195,7 +196,7 @@ class Committer:
         # Hashing every generated file was the master's biggest cost per result.
         fresh = [(staged, coverage) for staged, coverage in zip(result.staged, coverages,
                                                                   strict=True)
-                 if not self.frontier.seen_before(staged.digest)]
+                 if not self._known(staged.digest)]
         normal = [coverage for _, coverage in fresh
                   if coverage is not None and coverage.status is CoverageStatus.OK]
         assessed = iter(self.triage.assess(normal) if normal else ())
@@ -222,6 +223,11 @@ class Committer:
                                     f"staged results rejected: {rejected}") from None
         return Accepted(children, map_bits, verified, self._to_keep(children), packed)
 
+    def _known(self, digest: str) -> bool:
+        """Seen before, and its bytes not lost: an input whose corpus file was found damaged
+        is offered again by the parent that yields it again."""
+        return self.frontier.seen_before(digest) and digest not in self.campaign.damaged
+
     def _to_keep(self, children: list[Child]) -> frozenset[str]:
         """The normal children that add coverage, each beyond the map and the children before
         it in the RESULT: decided before anything is published, so that the manifest says
@@ -247,6 +253,7 @@ class Committer:
         now = SYSTEM_CLOCK.time()
         parent = result.digest
         self.published = []
+        self.repaired = []
         finds_before = self.stats.interesting + self.stats.crashes
         edges_before = self.triage.edges_covered if self.triage is not None else 0
         for child in accepted.children:
@@ -326,6 +333,10 @@ class Committer:
         self.stats.unique += 1
 
     def _keep(self, digest: str, data: bytes, parent: str, now: float) -> None:
+        repaired = digest in self.campaign.damaged
+        if repaired:
+            self.campaign.damaged.discard(digest)
+            self.repaired.append(digest)
         if not self.campaign.promote(digest, data) and self.shared_corpus:
             # Another master generated it too and published it first (or this master's dead
             # predecessor did): its find, which its owner will analyse; queued once. (A lone
@@ -337,8 +348,10 @@ class Committer:
             self.campaign.queue_once(digest, parent)
             self.frontier.add(digest)
             return
-        self.campaign.add_to_queue(digest, parent)
+        self.campaign.add_to_queue(digest, parent)  # its damaged entry relinked (queues.py)
         self.published.append(digest)
+        if repaired:
+            return  # known already: its depth, its place in the frontier, its count
         depth = (self.frontier.depth(parent) or 1) + 1  # AFL counts seeds as depth 1
         self.frontier.set_depth(digest, depth)
         self.stats.max_depth = max(self.stats.max_depth, depth)

@@ -66,6 +66,10 @@ class CampaignDir(AflQueues):
         self._lock = FileLock(self.state / MASTER_LOCK)
         self.journal = DoneLog(self.done_journal, self.quarantine, guard=self._check_owner)
         self.snapshot_on_close = False  # a lone master's clean close saves one (snapshot.py)
+        # Inputs whose corpus file this master found damaged and quarantined (a power failure
+        # kept the name, lost the bytes): known, yet published again when a parent yields
+        # them again (commit.py).
+        self.damaged: set[str] = set()
 
     # -- opening and closing -------------------------------------------------------------
 
@@ -320,6 +324,7 @@ class CampaignDir(AflQueues):
         if sha256_bytes(data) != digest:
             self._quarantine(self.corpus / digest, "corpus file name is not the SHA-256 of "
                              "its bytes")
+            self.damaged.add(digest)
             raise CorruptInput(f"corpus input {digest[:12]}: bytes do not match their SHA-256 "
                                "(quarantined)")
         return data

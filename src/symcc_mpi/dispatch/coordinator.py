@@ -436,6 +436,13 @@ class DispatchCoordinator:
         else:
             self._make_idle(rank)
 
+    def readmit(self, digest: str) -> None:
+        """`digest`'s bytes are published again (commit.py): set aside as unreadable, it
+        goes out again."""
+        if digest in self.unreadable:
+            self.unreadable.discard(digest)
+            self.frontier.requeue(digest)
+
     def _set_aside_unreadable(self, digest: str, error: Exception) -> None:
         self.unreadable.add(digest)
         if self.admission is not None:

@@ -137,6 +137,8 @@ class ResultJudge:
                 return
             self.dispatch.finish(rank, result.token, path_targets=result.path_targets,
                                  solved_targets=result.solved_targets, completes_input=completes)
+            for digest in self.committer.repaired:
+                self.dispatch.readmit(digest)
             if self.federation is not None:
                 self.federation.published(self.committer.published)
             if self.records.enabled:
