@@ -75,6 +75,9 @@ class Checker:
         # Per fault: until when its effects may still show, and every input seen in flight
         # meanwhile (work in flight at a failure may run again, F443 §3; other work not).
         self.exposures: list[tuple[float, set[str]]] = []
+        # Per input, the dispatches of it a slow link delayed (a lasting fault that strikes
+        # each dispatch over it anew: dispatch_slowed).
+        self.slowed: Counter[str] = Counter()
         self.forgotten: Counter[str] = Counter()  # inputs whose done record a crash took
         # Corpus files a power failure left with a durable name and not their bytes (another
         # master's fsync of corpus/ made the name durable): the campaign must repair them.
@@ -227,6 +230,15 @@ class Checker:
     def fault_injected(self, until: float) -> None:
         self.exposures.append((until, set()))
         self._note_exposed(self.masters())
+
+    def dispatch_slowed(self, digest: str) -> None:
+        """A slow link delayed the WORK or the RESULT of a dispatch of `digest`. It is not
+        one failure but one per dispatch across it: each may miss the watchdog's deadline,
+        and a timeout is a suspicion that runs the input again (F317 §6; W5: the first
+        requeues it, the next defers it, and --resume runs what was deferred). A link slower
+        than the deadline times out every dispatch of an input that lands on it again (a
+        slow master's: every dispatch); the fault's own window counts only one of them."""
+        self.slowed[digest] += 1
 
     def _note_exposed(self, masters: list) -> None:
         now = self.simulation.scheduler.now
@@ -504,9 +516,10 @@ class Checker:
     def _check_reexecution(self) -> None:
         """An input runs again only if it was in flight when something failed: once more
         per master for each fault that found it in flight (a paused master's watchdog takes
-        it back, another master takes its lease over), and with one master (F443 §3) each
-        extra run declared by a requeue record or by the takeover of a dead master."""
-        exposed = Counter(d for _, seen in self.exposures for d in seen)
+        it back, another master takes its lease over; a slow link finds each dispatch it
+        delays), and with one master (F443 §3) each extra run declared by a requeue record
+        or by the takeover of a dead master."""
+        exposed = Counter(d for _, seen in self.exposures for d in seen) + self.slowed
         masters = self.simulation.schedule.masters
         runs_of = [(work.split("#")[0], runs)  # a part of a split input runs as its input
                    for work, runs in self.simulation.executions.items()]

@@ -347,6 +347,7 @@ class Simulation:
         SYSTEM_DISK.source = SimDisk(scheduler)
         scheduler.struck = lambda seconds: checker.fault_injected(
             scheduler.now + seconds + EXPOSURE_SLACK)
+        scheduler.slowed = checker.dispatch_slowed
         Group.every = []
         processes = [Process(i, f"simhost/{self.jobs_run}{i:02d}/0",
                              machine=i % self.schedule.machines)

@@ -117,6 +117,9 @@ class Scheduler:
         # Called when a fault planned earlier strikes (a write, a send), with how long its
         # effect lasts: the simulation widens the window of work it may disturb.
         self.struck = lambda seconds: None
+        # Called with the input of each WORK or RESULT a slow link delays: the dispatch it
+        # belongs to is struck, each dispatch over the link anew.
+        self.slowed = lambda digest: None
 
     # -- the clock source ----------------------------------------------------------------
 
@@ -457,6 +460,8 @@ class SimComm:
         elif tag == WORK:
             work = msgspec.msgpack.decode(payload)
             self.scheduler.works[work["token"]] = work["generation"]
+        if tag in (WORK, RESULT) and self.process.index in self.scheduler.slow:
+            self.scheduler.slowed(msgspec.msgpack.decode(payload).get("digest"))
         at = self.scheduler.deliver_time(self.process, target)
         queue = self.group.queues.setdefault((dest, self.rank), deque())
         queue.append(Message(self.process, target, tag, payload, at))
