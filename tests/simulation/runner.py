@@ -6,7 +6,6 @@ from __future__ import annotations
 import gc
 import hashlib
 import multiprocessing
-import os
 import queue
 import time
 from collections import Counter
@@ -116,27 +115,37 @@ def run_one(seed: int, mutation: str | None = None,
                outcome.trace, outcome.forgotten, schedule)
 
 
-def _serve(child: int, seeds: list[int], mutation: str | None, results, parent: int) -> None:
-    # What the parent made (a test process's whole heap) is none of this child's garbage:
-    # each schedule's collections would walk it all (in the suite, 1000 schedules took 3x).
-    gc.freeze()
+def _serve(child: int, seeds: list[int], mutation: str | None, results) -> None:
+    gc.freeze()  # what the fork server imported is no schedule's garbage
+    parent = multiprocessing.parent_process()
     for seed in seeds:
-        if os.getppid() != parent:
+        if parent is not None and not parent.is_alive():
             return  # the search was given up (its process killed): so is this part of it
         results.put((child, seed))  # so that a schedule that hangs is named
         results.put((child, run_one(seed, mutation)))
 
 
+def _fresh_processes():
+    """Children forked from a fresh interpreter that imported the simulation (a fork
+    server), not from this process: a test process's heap and open descriptors made every
+    schedule's collections and descriptor listings dearer (after the unit tests, 100
+    schedules took a third more CPU)."""
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload([__name__])
+    return context
+
+
 def run_many(seeds: range, *, processes: int = 2, mutation: str | None = None,
              stop_at_first: bool = False, progress=None) -> Summary:
-    """Every schedule of `seeds`, dealt round-robin to `processes` forked children (they
-    share what this process imported). A child silent for SCHEDULE_SECONDS is given up."""
+    """Every schedule of `seeds`, dealt round-robin to `processes` children (forked from a
+    fork server that imported the simulation). A child silent for SCHEDULE_SECONDS is given
+    up."""
     summary = Summary()
     started = time.monotonic()
-    context = multiprocessing.get_context("fork")
+    context = _fresh_processes()
     results = context.Queue()
     children = [context.Process(target=_serve, args=(i, list(seeds)[i::processes], mutation,
-                                                     results, os.getpid()), daemon=True)
+                                                     results), daemon=True)
                 for i in range(processes)]
     running: dict[int, int] = {}  # child: the seed it is on
     for child in children:
