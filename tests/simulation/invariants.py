@@ -101,6 +101,8 @@ class Checker:
         self.group_sends: Counter = Counter()  # per coordinator: its group WORKs that went out
         self.seen: dict = {}  # per master: its dispatch state as of the last check (_Seen)
         self.void: set[str] = set()  # tokens of dispatches discarded: none may commit
+        self.recorded: set[str] = set()  # tokens of the done and part records on disk
+        self.commits: list = []  # (master, dispatch) committed since the last check
 
     # -- the ranks' objects --------------------------------------------------------------
 
@@ -199,6 +201,8 @@ class Checker:
             self._check_object_caches(master)
             self._check_generation(master)
         self._check_journal()
+        if self.commits:
+            self._check_commits_recorded()
         self._check_corpus()
         # Where an input is, a master knows between two of its operations, not while it
         # waits inside one (a stalled fsync, a lock): only at rest is it asked.
@@ -462,7 +466,7 @@ class Checker:
                 self._fail(f"F313 D6: rank {tx.worker}'s dispatch of {tx.work_id[:12]} "
                            "dropped its compensations, and its work is not done or its "
                            "targets not released")
-            self._count("F313 D6 compensations are dropped once the work is done")
+            self.commits.append((master, tx))
         elif tx.state is ROLLED_BACK:
             if tx._dispatched_at is not None:
                 self.void.add(tx.token)
@@ -474,6 +478,19 @@ class Checker:
         else:
             self._fail(f"F313 D8: rank {tx.worker}'s dispatch of {tx.work_id[:12]} left the "
                        f"tables {tx.state.value}, neither committed nor compensated")
+
+    def _check_commits_recorded(self) -> None:
+        """F313 D6, triage: a dispatch committed has its done (or part) record, on disk or
+        waiting for the group commit."""
+        commits, self.commits = self.commits, []
+        for master, tx in commits:
+            if tx.token in self.recorded:
+                continue
+            if not any(record.get("token") == tx.token
+                       for record in master.campaign.journal._pending):
+                self._fail(f"F313 D6: rank {tx.worker}'s dispatch of {tx.work_id[:12]} dropped "
+                           "its compensations with no done record")
+            self._count("F313 D6 compensations are dropped once the work is done")
 
     def _judge_timeout(self, master, before: dict, transactions: dict, rank: int,
                        token: str, messages: list) -> None:
@@ -583,6 +600,8 @@ class Checker:
             self._fail(f"committed twice: {twice[0][:12]} has {done[twice[0]]} done records")
         sent = self.simulation.scheduler.works
         for record in records:
+            if record.get("kind", "part") == "part":
+                self.recorded.add(record.get("token"))
             if "kind" in record or record.get("token") in self.judged:
                 continue
             self.judged.add(record.get("token"))
