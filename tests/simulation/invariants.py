@@ -484,13 +484,13 @@ class Checker:
         waiting for the group commit."""
         commits, self.commits = self.commits, []
         for master, tx in commits:
+            self._count("F313 D6 compensations are dropped once the work is done")
             if tx.token in self.recorded:
                 continue
             if not any(record.get("token") == tx.token
                        for record in master.campaign.journal._pending):
                 self._fail(f"F313 D6: rank {tx.worker}'s dispatch of {tx.work_id[:12]} dropped "
                            "its compensations with no done record")
-            self._count("F313 D6 compensations are dropped once the work is done")
 
     def _judge_timeout(self, master, before: dict, transactions: dict, rank: int,
                        token: str, messages: list) -> None:
