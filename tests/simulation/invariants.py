@@ -12,7 +12,9 @@ import hashlib
 import json
 import logging
 import os
+import sys
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 
 import msgspec
@@ -20,17 +22,26 @@ import msgspec
 from symcc_mpi.campaign.corpus import CampaignDir
 from symcc_mpi.campaign.layout import done_journals
 from symcc_mpi.campaign.verify import _read_deferred, verify_campaign
+from symcc_mpi.dispatch.coordinator import FRONTIER_ENTRY, DispatchCoordinator
 from symcc_mpi.dispatch.tables import Table
+from symcc_mpi.dispatch.transaction import DispatchTransaction, TransactionState
 from symcc_mpi.durable.deferred import DEFERRED_JOURNAL_NAME
 from symcc_mpi.job.generations import Generations
 from symcc_mpi.roles.master import Master
 from symcc_mpi.roles.worker import Worker
+from symcc_mpi.scheduling.frontier import _SENT_SHIFT
+from symcc_mpi.scheduling.splitting import TRACE, WorkSource, parse_work_id
 from symcc_mpi.ulfm.generations import GENERATIONS_JOURNAL, GenerationLog
 from symcc_mpi.wire.protocol import Tag
 
 from .world import Process, SimComm, SimDoorbell, children_of, coverage_of
 
 WORK = int(Tag.WORK)
+READY = int(Tag.READY)
+RESULT = int(Tag.RESULT)
+D4 = "F313 D4 a dispatch discarded after its send keeps its count and commits nothing"
+ROLLED_BACK = TransactionState.ROLLED_BACK
+COMMITTED = TransactionState.COMMITTED
 
 
 class Violation(Exception):
@@ -82,6 +93,16 @@ class Checker:
         # Corpus files a power failure left with a durable name and not their bytes (another
         # master's fsync of corpus/ made the name durable): the campaign must repair them.
         self.damaged: set[str] = set()
+        # What the turn under way did, as the world saw it (world.Scheduler's hooks): its
+        # WORK sends, each with the dispatch it was of, and the READY and RESULT messages it
+        # received.
+        self.sends: list[tuple] = []
+        self.received: list[tuple] = []
+        self.group_sends: Counter = Counter()  # per coordinator: its group WORKs that went out
+        self.seen: dict = {}  # per master: its dispatch state as of the last check (_Seen)
+        self.void: set[str] = set()  # tokens of dispatches discarded: none may commit
+        self.recorded: set[str] = set()  # tokens of the done and part records on disk
+        self.commits: list = []  # (master, dispatch) committed since the last check
 
     # -- the ranks' objects --------------------------------------------------------------
 
@@ -161,6 +182,8 @@ class Checker:
         """After a turn that did something: a worker's turn that neither sent nor received
         changed nothing anyone can see (its naps are its own)."""
         self.no_traceback()
+        sends, self.sends = self.sends, []
+        received, self.received = self.received, []
         activity = self.simulation.scheduler.activity
         # A role changes only in a turn that did something (a takeover joins collectives).
         role = self.role_of(process, refresh=activity or process.glet.dead)
@@ -170,15 +193,22 @@ class Checker:
         self.simulation.outcome.checked_turns += 1
         masters = self.masters()
         self._note_exposed(masters)
+        if sends:
+            self._check_sends(masters, sends)
         for master in masters:
+            self._check_transitions(master, received if master is role else (), sends)
             self._check_tables(master)
             self._check_object_caches(master)
             self._check_generation(master)
         self._check_journal()
+        if self.commits:
+            self._check_commits_recorded()
         self._check_corpus()
         # Where an input is, a master knows between two of its operations, not while it
         # waits inside one (a stalled fsync, a lock): only at rest is it asked.
         resting = [m for m in masters if self._at_rest(m)]
+        for master in resting:
+            self._check_at_rest(master)
         if self.simulation.schedule.masters == 1:
             if resting and not resting[0].storage_problem:
                 self._check_nothing_lost(resting[0])
@@ -240,6 +270,32 @@ class Checker:
         slow master's: every dispatch); the fault's own window counts only one of them."""
         self.slowed[digest] += 1
 
+    def work_sent(self, process: Process, dest: int, sent: bool) -> None:
+        """Inside a WORK send to `dest` (world.SimComm.Isend; `sent`: it went out, else it
+        raised): the dispatch it is of, read from the coordinator sending it, and that work's
+        dispatch count before this send may count. Judged after the turn (_check_sends): a
+        violation raised here would meet the session code's own exception handling."""
+        frame = sys._getframe(1)
+        while frame is not None:
+            coordinator = frame.f_locals.get("self")
+            if isinstance(coordinator, DispatchCoordinator):
+                break
+            frame = frame.f_back
+        else:
+            return
+        tx = coordinator.tables.get(Table.PREPARING, dest)
+        count = _dispatch_count(coordinator.source, tx.work_id) if tx is not None else 0
+        self.sends.append((coordinator, dest, tx, sent, count,
+                           coordinator.tables._counts["sent"]))
+        if sent and tx is not None and parse_work_id(tx.work_id)[1] not in (None, TRACE):
+            self.group_sends[coordinator] += 1
+
+    def message_received(self, process: Process, group, source: int, tag: int,
+                         payload: bytes) -> None:
+        """A READY or RESULT received in the turn under way (only the running rank
+        receives)."""
+        self.received.append((group, source, tag, payload))
+
     def _note_exposed(self, masters: list) -> None:
         now = self.simulation.scheduler.now
         open_windows = [seen for until, seen in self.exposures if now <= until]
@@ -280,6 +336,207 @@ class Checker:
                 self._fail(f"F317 W1: a {table.value} transaction of rank {tx.worker} has a "
                            "deadline")
         self._count("F317 W1 only active dispatches have a deadline, in their table's state")
+
+    def _check_sends(self, masters: list, sends: list[tuple]) -> None:
+        """F313 D3: a WORK send that raised is undone exactly (rolled back before the send:
+        closed with no send time, in no table) and counts no dispatch: over the turn, the
+        coordinator's dispatches and each work's dispatch count grew by the sends that went
+        out, and by no send that failed."""
+        alive = {master.dispatch for master in masters}
+        turn: dict = {}
+        for coordinator, dest, tx, sent, count, sent_before in sends:
+            if coordinator not in alive:
+                continue  # its master died in the turn
+            if tx is None:
+                self._fail(f"F313 D2: a WORK went to rank {dest} with no dispatch preparing")
+            before, went, failed = turn.setdefault(coordinator, ({}, Counter(), []))
+            before.setdefault(tx.work_id, count)
+            before.setdefault("", sent_before)
+            if sent:
+                went[tx.work_id] += 1
+            else:
+                failed.append(tx)
+        for coordinator, (before, went, failed) in turn.items():
+            if not failed:
+                continue
+            for tx in failed:
+                if tx.state is not ROLLED_BACK or tx._dispatched_at is not None \
+                        or coordinator.holds_token(tx.token):
+                    self._fail(f"F313 D3: rank {tx.worker}'s WORK send of {tx.work_id[:12]} "
+                               f"failed, and its dispatch is {tx.state.value}, not rolled back "
+                               "before the send")
+            sent_before = before.pop("")
+            for work, count in before.items():
+                expected = count + went[work]
+                now = _dispatch_count(coordinator.source, work)
+                if now != (min(3, expected) if parse_work_id(work)[1] is None else expected):
+                    self._fail(f"F313 D3: {work[:12]} went out {went[work]} times in the turn, "
+                               f"with a send that failed, and its dispatch count went from "
+                               f"{count} to {now}")
+            if coordinator.tables._counts["sent"] - sent_before != sum(went.values()):
+                self._fail(f"F313 D3: {sum(went.values())} WORK sends went out in the turn "
+                           f"and {len(failed)} failed, and the master counted "
+                           f"{coordinator.tables._counts['sent'] - sent_before} dispatches")
+            self._count("F313 D3 a failed send is undone exactly and counts no dispatch")
+
+    def _check_transitions(self, master, received, sends) -> None:
+        """The master's dispatches between two checks: each still in a table can give its
+        input back (D2) and was sent on the master's monotonic clock (W2); each that left
+        them left committed once its work was done (D6), or compensated (D8); each rank
+        parked since was parked by a timeout of exactly its active dispatch (W2-W5, W9), each
+        unparked by a READY of exactly its retired token (W7, W10), and a parked rank's late
+        RESULT is stale (W8). `received`: the READY and RESULT messages of its turn;
+        `sends`: the turn's WORK sends."""
+        dispatch = master.dispatch
+        now = self.simulation.scheduler.now
+        transactions = {}
+        for table, tx in dispatch.tables.transactions():
+            transactions[tx.token] = (table, tx)
+            if not any(step.resource == FRONTIER_ENTRY for step in tx._stack):
+                self._fail(f"F313 D2: rank {tx.worker}'s dispatch of {tx.work_id[:12]} is "
+                           f"{table.value} with no compensation for its frontier entry")
+            if tx._dispatched_at is not None and tx._dispatched_at > now:
+                self._fail(f"F317 W2: rank {tx.worker}'s dispatch was sent at "
+                           f"{tx._dispatched_at:.3f}, after the master's monotonic now "
+                           f"{now:.3f}")
+        self._count("F313 D2 every dispatch in a table can give its input back")
+        source = dispatch.source
+        if source.stats.split_dispatches != self.group_sends[dispatch]:
+            self._fail(f"F313 D4: {self.group_sends[dispatch]} group WORKs went out, and the "
+                       f"master counts {source.stats.split_dispatches} group dispatches")
+        gate, watchdog = dispatch.gate, dispatch.watchdog
+        state = _Seen(master.generation, transactions, dict(gate._parked),
+                      watchdog._counts["timeouts"], gate._counts["recoveries"],
+                      watchdog._counts["stale_results"])
+        seen = self.seen.get(master)
+        self.seen[master] = state
+        if seen is None or seen.generation != state.generation:
+            return  # a new generation numbers the ranks anew: nothing carries over
+        for token, (_, tx) in seen.transactions.items():
+            if token not in transactions:
+                self._left(master, tx)
+        comm_group = getattr(master.channel.comm, "group", None)
+        messages = [(source_rank, tag, payload) for group, source_rank, tag, payload in received
+                    if group is comm_group]
+        parked = state.parked
+        timeouts = {r: t for r, t in parked.items() if seen.parked.get(r) != t}
+        recovered = {r: t for r, t in seen.parked.items() if parked.get(r) != t}
+        if timeouts:  # the dispatches sent in the turn too: a sweep may be wrong at once
+            sent = {tx.token: (Table.ACTIVE, tx) for coordinator, _, tx, went, *_ in sends
+                    if went and tx is not None and coordinator is dispatch}
+            sent.update(seen.transactions)
+            for rank, token in timeouts.items():
+                self._judge_timeout(master, sent, transactions, rank, token, messages)
+        for rank, token in recovered.items():
+            if not any(source_rank == rank and tag == READY and _token(payload) == token
+                       for source_rank, tag, payload in messages):
+                self._fail(f"F317 W7: parked rank {rank} was unparked without a READY of its "
+                           f"retired token {token[:12]}")
+            self._count("F317 W7/W10 only a READY of the retired token unparks a rank")
+        if timeouts or recovered:
+            if (state.timeouts - seen.timeouts, state.recoveries - seen.recoveries) != \
+                    (len(timeouts), len(recovered)):
+                self._fail(f"F317 W9: {len(timeouts)} ranks parked and {len(recovered)} "
+                           f"recovered, and the figures count "
+                           f"{state.timeouts - seen.timeouts} timeouts and "
+                           f"{state.recoveries - seen.recoveries} recoveries")
+            self._count("F317 W9 every timeout and every parked rank's recovery is counted")
+        late = 0
+        for source_rank, tag, payload in messages:
+            retired = (seen.parked.get(source_rank), parked.get(source_rank))
+            if tag != RESULT or retired == (None, None) or _token(payload) not in retired:
+                continue
+            late += 1
+            token = _token(payload)
+            self.void.add(token)
+            if token in transactions:
+                self._fail(f"F317 W8: the late RESULT {token[:12]} of parked rank "
+                           f"{source_rank} holds a dispatch")
+        if late:
+            if state.stale_results - seen.stale_results < late:
+                self._fail(f"F317 W8: {late} late RESULTs of parked ranks, "
+                           f"{state.stale_results - seen.stale_results} found stale")
+            self._count("F317 W8 a parked rank's late RESULT is stale and commits nothing")
+
+    def _left(self, master, tx: DispatchTransaction) -> None:
+        """`tx` left the master's tables since the last check."""
+        if tx.state is COMMITTED:
+            source = master.dispatch.source
+            if not source.is_done(tx.work_id) or tx.work_id in source.in_flight:
+                self._fail(f"F313 D6: rank {tx.worker}'s dispatch of {tx.work_id[:12]} "
+                           "dropped its compensations, and its work is not done or its "
+                           "targets not released")
+            self.commits.append((master, tx))
+        elif tx.state is ROLLED_BACK:
+            if tx._dispatched_at is not None:
+                self.void.add(tx.token)
+                if parse_work_id(tx.work_id)[1] is None \
+                        and _dispatch_count(master.dispatch.source, tx.work_id) < 1:
+                    self._fail(f"F313 D4: {tx.work_id[:12]} was discarded after its send, and "
+                               "its dispatch no longer counts")
+                self._count(D4)
+        else:
+            self._fail(f"F313 D8: rank {tx.worker}'s dispatch of {tx.work_id[:12]} left the "
+                       f"tables {tx.state.value}, neither committed nor compensated")
+
+    def _check_commits_recorded(self) -> None:
+        """F313 D6, triage: a dispatch committed has its done (or part) record, on disk or
+        waiting for the group commit."""
+        commits, self.commits = self.commits, []
+        for master, tx in commits:
+            self._count("F313 D6 compensations are dropped once the work is done")
+            if tx.token in self.recorded:
+                continue
+            if not any(record.get("token") == tx.token
+                       for record in master.campaign.journal._pending):
+                self._fail(f"F313 D6: rank {tx.worker}'s dispatch of {tx.work_id[:12]} dropped "
+                           "its compensations with no done record")
+
+    def _judge_timeout(self, master, before: dict, transactions: dict, rank: int,
+                       token: str, messages: list) -> None:
+        """The watchdog parked `rank` on `token` since the last check; `before`: the
+        dispatches (by token) in the tables then, and those sent since."""
+        previous = before.get(token)
+        if previous is None or previous[1].worker != rank or previous[0] is not Table.ACTIVE:
+            self._fail(f"F317 W4: rank {rank} was parked on {token[:12]}, which was not its "
+                       "active dispatch")
+        tx = previous[1]
+        dispatch = master.dispatch
+        deadline = tx.deadline(dispatch.watchdog.seconds)
+        if deadline is None or self.simulation.scheduler.now < deadline:
+            self._fail(f"F317 W2: rank {rank}'s dispatch timed out at "
+                       f"{self.simulation.scheduler.now:.3f} on the master's monotonic clock, "
+                       f"before its deadline {deadline or 0:.3f}")
+        self._count("F317 W2 a deadline counts on the master's monotonic clock")
+        if token in transactions or tx.state is not ROLLED_BACK or tx._dispatched_at is None:
+            self._fail(f"F317 W4: rank {rank} timed out, and its dispatch {token[:12]} is "
+                       f"{tx.state.value}, not discarded after its send")
+        self._count("F317 W4 a timeout discards exactly the rank's active dispatch")
+        for source_rank, tag, payload in messages:
+            if source_rank == rank and _token(payload) == token:
+                self._fail(f"F317 W3: rank {rank}'s dispatch {token[:12]} timed out in the "
+                           f"round that received its {'READY' if tag == READY else 'RESULT'}")
+        self._count("F317 W3 no timeout of a dispatch whose RESULT or READY came")
+        recovery, source, work = dispatch.recovery, dispatch.source, tx.work_id
+        if recovery.failures(work) < 1 or token in recovery._failures:
+            self._fail(f"F317 W5: the timeout of {work[:12]} counts a failure under its token, "
+                       "not its work")
+        digest = parse_work_id(work)[0]
+        if not (work in recovery.deferred() or source.is_done(work) or _waiting(source, work)
+                or any(other.work_id == work for _, other in transactions.values())
+                or (master.federation is not None and not master.federation.holds(digest))):
+            self._fail(f"F317 W5: {work[:12]} timed out and is neither waiting, in flight, "
+                       "done nor deferred")
+        self._count("F317 W5 a timed-out work goes back by its work id")
+
+    def _check_at_rest(self, master) -> None:
+        """F313 D8: preparing and committing end, or are swept by their exception boundary,
+        within the step that began them: a master at rest holds only dispatches sent."""
+        for table, tx in master.dispatch.tables.transactions():
+            if table is not Table.ACTIVE:
+                self._fail(f"F313 D8: the master is at rest with rank {tx.worker}'s dispatch of "
+                           f"{tx.work_id[:12]} {table.value}")
+        self._count("F313 D8 a master at rest holds no dispatch preparing or committing")
 
     def _check_object_caches(self, master) -> None:
         """F313 D7: the master never believes a worker holds an object it neither received
@@ -343,9 +600,15 @@ class Checker:
             self._fail(f"committed twice: {twice[0][:12]} has {done[twice[0]]} done records")
         sent = self.simulation.scheduler.works
         for record in records:
+            if record.get("kind", "part") == "part":
+                self.recorded.add(record.get("token"))
             if "kind" in record or record.get("token") in self.judged:
                 continue
             self.judged.add(record.get("token"))
+            if record.get("token") in self.void:
+                self._fail(f"F313 D4: {record['digest'][:12]} committed from a RESULT whose "
+                           "dispatch was discarded")
+            self._count(D4)
             generation = sent.get(record.get("token"))
             if generation is not None and generation != record.get("generation", 0):
                 self._fail(f"F443: {record['digest'][:12]} committed from a RESULT of "
@@ -537,6 +800,43 @@ class Checker:
                 self._fail(f"{digest[:12]} ran {runs} times with {requeued[digest]} declared "
                            "re-dispatches")
         self._count("F443 every re-dispatch is declared")
+
+
+@dataclass
+class _Seen:
+    """A master's dispatch state as of a check: what the next turn is judged against."""
+
+    generation: int
+    transactions: dict[str, tuple[Table, DispatchTransaction]]  # by token
+    parked: dict[int, str]  # rank -> retired token
+    timeouts: int  # the figures' watchdog timeouts
+    recoveries: int  # the figures' parked ranks recovered
+    stale_results: int
+
+
+def _dispatch_count(source: WorkSource, work_id: str) -> int:
+    """How many dispatches of `work_id` the master counts (an input's: 0..3)."""
+    digest, part = parse_work_id(work_id)
+    if part is not None:
+        return source.dispatches[work_id]
+    frontier = source.frontier
+    entry = frontier._find(digest)
+    return 0 if entry < 0 else (frontier._table.flags(entry) >> _SENT_SHIFT) & 3
+
+
+def _waiting(source: WorkSource, work_id: str) -> bool:
+    digest, part = parse_work_id(work_id)
+    if part is None or part == TRACE:
+        return any(pending == digest for pending in source.frontier.pending.head())
+    return work_id in source.waiting
+
+
+def _token(payload: bytes) -> str | None:
+    try:
+        message = msgspec.msgpack.decode(payload)
+    except msgspec.DecodeError:
+        return None
+    return message.get("token") if isinstance(message, dict) else None
 
 
 def _dispatched(masters: list) -> set[str]:

@@ -15,10 +15,13 @@ from types import ModuleType
 from symcc_mpi.campaign.done_log import DoneLog
 from symcc_mpi.dispatch.coordinator import DispatchCoordinator
 from symcc_mpi.dispatch.tables import DispatchTables
+from symcc_mpi.dispatch.watchdog import DispatchWatchdog, ProtocolRecovery
 from symcc_mpi.durable import atomic
 from symcc_mpi.federation.work_leases import WorkLease
+from symcc_mpi.roles.master import Master
 from symcc_mpi.roles.results import ResultJudge
 from symcc_mpi.roles.stopping import Stopping
+from symcc_mpi.scheduling.splitting import WorkSource
 
 
 @dataclass(frozen=True)
@@ -90,6 +93,88 @@ MUTATIONS = {
         (Edit(DispatchCoordinator, "_requeue_swept",
               '                self._requeue(rollback.work_id, "taken back")',
               "                pass"),)),
+    "reservation-uncompensated": Mutation(
+        "F313 D2",
+        "the frontier entry a dispatch takes registers no compensation",
+        (Edit(DispatchCoordinator, "_dispatch_one",
+              "                tx.register(FRONTIER_ENTRY, before_send=lambda: "
+              "self.source.put_back(work_id),\n"
+              "                            after_send=lambda: None)",
+              "                pass"),)),
+    "failed-send-counted": Mutation(
+        "F313 D3",
+        "a dispatch is counted before its WORK send, so a send that fails counts one",
+        (Edit(DispatchCoordinator, "_dispatch_one",
+              "                send(rank, Work(",
+              "                dispatches = self.source.note_dispatch(work_id)\n"
+              "                send(rank, Work("),
+         Edit(DispatchCoordinator, "_dispatch_one",
+              "        if self.source.note_dispatch(work_id) == 2:",
+              "        if dispatches == 2:"))),
+    "discard-uncounts-the-dispatch": Mutation(
+        "F313 D4",
+        "a group dispatch taken back after its send is uncounted, as if it never went out",
+        (Edit(WorkSource, "requeue",
+              "        self._unreserve(work_id)\n        self.waiting.appendleft(work_id)",
+              "        self._unreserve(work_id)\n        self.stats.split_dispatches -= 1\n"
+              "        self.waiting.appendleft(work_id)"),)),
+    "targets-held-after-commit": Mutation(
+        "F313 D6",
+        "a committed group keeps its targets reserved: the dispatch's compensations are "
+        "dropped before its targets are released",
+        (Edit(WorkSource, "finish",
+              "            self._unreserve(work_id)\n            self.groups.pop(work_id, None)",
+              "            self.groups.pop(work_id, None)"),)),
+    "commit-boundary-leaks": Mutation(
+        "F313 D8",
+        "a commit that raises leaves its dispatch in `committing`, uncompensated",
+        (Edit(DispatchCoordinator, "boundary",
+              "            self._requeue_swept(self.tables.sweep(rank))\n            raise",
+              "            raise"),)),
+    "watchdog-on-wall-clock": Mutation(
+        "F317 W2",
+        "the watchdog's sweep reads the wall clock, not the monotonic one",
+        (Edit(DispatchWatchdog, "sweep", "self.clock.monotonic()", "self.clock.time()"),)),
+    "sweep-before-results": Mutation(
+        "F317 W3",
+        "the master's round sweeps the deadlines before it handles the messages it received",
+        (Edit(Master, "_round",
+              "            for recovery in self.dispatch.sweep():\n"
+              "                self.times.sends.pop(recovery.token, None)  # its staging may "
+              "still grow\n", ""),
+         Edit(Master, "_round",
+              "        if self.federation is not None and len(arrived) > 1:",
+              "        self.dispatch.sweep()\n"
+              "        if self.federation is not None and len(arrived) > 1:"))),
+    "timeout-parks-on-the-work-id": Mutation(
+        "F317 W4",
+        "a timeout parks the rank on its work's id, not on the exact dispatch token",
+        (Edit(DispatchWatchdog, "sweep", "            self.gate.park(rank, token)",
+              "            self.gate.park(rank, self.tables.find(rank)[1].work_id)"),)),
+    "timeout-not-requeued": Mutation(
+        "F317 W5",
+        "a work recovered after a protocol failure or a timeout is counted but not requeued",
+        (Edit(ProtocolRecovery, "recover", "            self._requeue(work_id)\n", ""),)),
+    "parked-rank-freed-by-its-result": Mutation(
+        "F317 W7",
+        "a parked rank's late RESULT is admitted at the gate as its READY would be: it "
+        "unparks the rank before its READY says its old dispatch ended",
+        (Edit(DispatchWatchdog, "on_result",
+              "        verdict = self.tables.classify(rank, token)",
+              "        self.gate.admit(rank, token)\n"
+              "        verdict = self.tables.classify(rank, token)"),)),
+    "late-result-taken-as-current": Mutation(
+        "F317 W8",
+        "a parked rank's late RESULT of its retired token is classified current",
+        (Edit(DispatchWatchdog, "on_result",
+              "        verdict = self.tables.classify(rank, token)",
+              "        if self.gate.parked().get(rank) == token:\n"
+              "            return ResultClass.CURRENT\n"
+              "        verdict = self.tables.classify(rank, token)"),)),
+    "timeouts-uncounted": Mutation(
+        "F317 W9",
+        "a watchdog timeout is not counted in the master's figures",
+        (Edit(DispatchWatchdog, "sweep", '            self._counts["timeouts"] += 1\n', ""),)),
     # Found only by the disk that forgets (disk.py): without it nothing written is lost.
     "children-unsynced-before-done": Mutation(
         "group commit: children durable before their done record",

@@ -348,6 +348,8 @@ class Simulation:
         scheduler.struck = lambda seconds: checker.fault_injected(
             scheduler.now + seconds + EXPOSURE_SLACK)
         scheduler.slowed = checker.dispatch_slowed
+        scheduler.work_sent = checker.work_sent
+        scheduler.received = checker.message_received
         Group.every = []
         processes = [Process(i, f"simhost/{self.jobs_run}{i:02d}/0",
                              machine=i % self.schedule.machines)

@@ -40,6 +40,7 @@ from symcc_mpi.wire.protocol import Tag
 
 WALL_START = 1_800_000_000.0  # the virtual wall clock's reading at virtual monotonic 0
 MIN_NAP = 1e-6  # a sleep of 0 still lets the others run
+READY = int(Tag.READY)
 RESULT = int(Tag.RESULT)
 WORK = int(Tag.WORK)
 FD_DIRECTORY = "/proc/self/fd"
@@ -120,6 +121,12 @@ class Scheduler:
         # Called with the input of each WORK or RESULT a slow link delays: the dispatch it
         # belongs to is struck, each dispatch over the link anew.
         self.slowed = lambda digest: None
+        # Called inside each WORK send, with its sender and destination rank and whether
+        # it went out (False: it raised): the checker reads the dispatch being sent.
+        self.work_sent = lambda process, dest, sent: None
+        # Called with each READY or RESULT a rank receives (its process, the communicator's
+        # group, the source rank, the tag and the payload).
+        self.received = lambda process, group, source, tag, payload: None
 
     # -- the clock source ----------------------------------------------------------------
 
@@ -446,6 +453,17 @@ class SimComm:
             _raise(MPI.ERR_REVOKED)
 
     def Isend(self, buffer, dest: int, tag: int) -> SimRequest:  # noqa: N802
+        if tag != WORK:
+            return self._isend(buffer, dest, tag)
+        try:
+            request = self._isend(buffer, dest, tag)
+        except MPI.Exception:
+            self.scheduler.work_sent(self.process, dest, False)
+            raise
+        self.scheduler.work_sent(self.process, dest, True)
+        return request
+
+    def _isend(self, buffer, dest: int, tag: int) -> SimRequest:
         self._check_revoked()
         target = self.group.members[dest]
         if not target.alive:
@@ -525,6 +543,8 @@ class SimComm:
         message = queue.popleft()
         assert message.tag == tag
         buffer[0][:] = message.payload
+        if tag in (READY, RESULT):
+            self.scheduler.received(self.process, self.group, source, tag, message.payload)
         self.scheduler.activity = True
 
     # -- ULFM ----------------------------------------------------------------------------
