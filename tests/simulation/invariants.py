@@ -100,6 +100,10 @@ class Checker:
         self.received: list[tuple] = []
         self.group_sends: Counter = Counter()  # per coordinator: its group WORKs that went out
         self.seen: dict = {}  # per master: its dispatch state as of the last check (_Seen)
+        # per master: the late RESULTs of parked ranks it received and has maybe not yet
+        # classified, and its count of stale RESULTs before them
+        self.late: dict = {}
+        self.readies: dict = {}  # per master: the READYs it received since it was at rest
         self.void: set[str] = set()  # tokens of dispatches discarded: none may commit
         self.recorded: set[str] = set()  # tokens of the done and part records on disk
         self.commits: list = []  # (master, dispatch) committed since the last check
@@ -411,6 +415,8 @@ class Checker:
         seen = self.seen.get(master)
         self.seen[master] = state
         if seen is None or seen.generation != state.generation:
+            self.late.pop(master, None)
+            self.readies.pop(master, None)
             return  # a new generation numbers the ranks anew: nothing carries over
         for token, (_, tx) in seen.transactions.items():
             if token not in transactions:
@@ -427,12 +433,18 @@ class Checker:
             sent.update(seen.transactions)
             for rank, token in timeouts.items():
                 self._judge_timeout(master, sent, transactions, rank, token, messages)
+        # A READY received is joined in the same round, which a stalled write may leave for
+        # a later turn: those received since the master was last at rest count.
+        readies = self.readies.setdefault(master, set())
+        readies.update((source_rank, _token(payload)) for source_rank, tag, payload in messages
+                       if tag == READY)
         for rank, token in recovered.items():
-            if not any(source_rank == rank and tag == READY and _token(payload) == token
-                       for source_rank, tag, payload in messages):
+            if (rank, token) not in readies:
                 self._fail(f"F317 W7: parked rank {rank} was unparked without a READY of its "
                            f"retired token {token[:12]}")
             self._count("F317 W7/W10 only a READY of the retired token unparks a rank")
+        if self._at_rest(master):
+            readies.clear()
         if timeouts or recovered:
             if (state.timeouts - seen.timeouts, state.recoveries - seen.recoveries) != \
                     (len(timeouts), len(recovered)):
@@ -452,10 +464,16 @@ class Checker:
             if token in transactions:
                 self._fail(f"F317 W8: the late RESULT {token[:12]} of parked rank "
                            f"{source_rank} holds a dispatch")
-        if late:
-            if state.stale_results - seen.stale_results < late:
-                self._fail(f"F317 W8: {late} late RESULTs of parked ranks, "
-                           f"{state.stale_results - seen.stale_results} found stale")
+        # A RESULT received is classified in the same round, which a stalled write may
+        # leave for a later turn: judged once the master is at rest.
+        count, since = self.late.pop(master, (0, seen.stale_results))
+        if count + late:
+            if not self._at_rest(master):
+                self.late[master] = (count + late, since)
+                return
+            if state.stale_results - since < count + late:
+                self._fail(f"F317 W8: {count + late} late RESULTs of parked ranks, "
+                           f"{state.stale_results - since} found stale")
             self._count("F317 W8 a parked rank's late RESULT is stale and commits nothing")
 
     def _left(self, master, tx: DispatchTransaction) -> None:

@@ -212,6 +212,16 @@ DEFECTS_FOUND = {
             {"at": 0.1284, "kind": "slow-link", "rank": 2, "seconds": 0.574, "whom": "worker"},
             {"at": 0.7005, "kind": "die", "rank": 2, "seconds": 0.0, "whom": "master"}],
         "machines": 1},
+    # The checker's again: a master stalled inside a commit's write received a parked rank's
+    # late RESULT and READY in one turn and classified them in a later one; the W7 and W8
+    # checks judged them in the turn they were received. Now once the master is at rest.
+    "a-stalled-master-classifies-late-messages-later": {
+        "seed": 701896, "workers": 12, "masters": 3, "seeds": 19, "triage": True, "faults": [
+            {"at": 0.1171, "kind": "stall-in-commit", "rank": 11, "seconds": 2.901,
+             "whom": "master"},
+            {"at": 0.6588, "kind": "stall-in-commit", "rank": 11, "seconds": 2.05,
+             "whom": "master"}],
+        "machines": 1},
 }
 
 
