@@ -140,6 +140,15 @@ def test_set_aside_drops_the_input_s_other_parts():
     assert A not in source.frontier.done  # deferred, not analysed
 
 
+def test_a_group_whose_input_cannot_be_read_is_discarded_with_no_dispatch_counted():
+    source = source_with(A)
+    groups = split(source, A, [1, 2, 3], free=3)
+    assert source.peek(free=3) == groups[0]
+    source.discard(groups[0])  # F313 D3: nothing went out, so nothing is counted
+    assert source.stats.split_dispatches == 0
+    assert not source.waiting and not source.reserved and A not in source.open
+
+
 def test_a_deferred_part_takes_back_the_parts_its_input_committed(tmp_path):
     # F317 §4.2: the input goes whole to the deferred journal. Its trace and first group
     # committed already: on record as taken back now, they go out again when a resume splits

@@ -278,8 +278,10 @@ class WorkSource:
             self.lower.take(work_id)
         elif part is None or part == TRACE:
             self.frontier.take()
-        else:
-            self.take(work_id)
+        else:  # a group `peek` admitted: out of the line, and no dispatch counted
+            assert self.peeked == work_id, (self.peeked, work_id)
+            self.peeked = None
+            self.waiting.remove(work_id)
             self.set_aside(work_id)
 
     def note_dispatch(self, work_id: str) -> int:
