@@ -222,6 +222,20 @@ DEFECTS_FOUND = {
             {"at": 0.6588, "kind": "stall-in-commit", "rank": 11, "seconds": 2.05,
              "whom": "master"}],
         "machines": 1},
+    # Two masters, splitting: a slow lease write let this master's own lease expire, and it
+    # took the input back into its frontier while its parts were out; traced again, the
+    # input's open parts were forgotten and a group was left waiting with no targets.
+    "an-input-taken-back-while-its-parts-are-out": {
+        "seed": 10695, "workers": 8, "masters": 2, "seeds": 1,
+        "split": True, "triage": True, "faults": [
+            {"at": 0.0699, "kind": "suspend", "rank": 7, "seconds": 0.94, "whom": "machine"},
+            {"at": 0.2958, "kind": "slow-lease-write", "rank": 3, "seconds": 2.092,
+             "whom": "master"},
+            {"at": 0.3619, "kind": "slow-lease-write", "rank": 8, "seconds": 2.181,
+             "whom": "master"},
+            {"at": 0.7694, "kind": "stale-generation", "rank": 1, "seconds": 0.0,
+             "whom": "worker"}],
+        "machines": 2},
 }
 
 

@@ -140,6 +140,17 @@ def test_set_aside_drops_the_input_s_other_parts():
     assert A not in source.frontier.done  # deferred, not analysed
 
 
+def test_an_input_back_in_the_frontier_while_its_parts_are_out_is_not_traced_again():
+    source = source_with(A, B)
+    groups = split(source, A, [1, 2, 3], free=3)
+    source.frontier.requeue(A)  # its expired lease recovered by this same master
+    for group in groups:
+        assert source.peek(free=3) == group
+        source.take(group)
+    assert source.peek(free=3) == part_id(B, TRACE)
+    assert source.open[A] == {1, 2, 3} and sorted(source.groups) == sorted(groups)
+
+
 def test_a_group_whose_input_cannot_be_read_is_discarded_with_no_dispatch_counted():
     source = source_with(A)
     groups = split(source, A, [1, 2, 3], free=3)

@@ -181,6 +181,10 @@ class WorkSource:
                 self.peeked = work_id
                 return work_id
             refused = True
+        while self.frontier.pending and self.frontier.pending[0] in self.open:
+            # Its lease recovered (F320 §2.3, a slow lease write) while its parts are still
+            # out: they finish it here, and a trace of it again would forget them.
+            self.frontier.take()
         if not self.frontier.pending:
             return self.lower.peek() if self.lower is not None and not refused else None
         digest = self.frontier.pending[0]
