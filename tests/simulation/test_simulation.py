@@ -239,7 +239,7 @@ DEFECTS_FOUND = {
 }
 
 
-@pytest.mark.slow  # 143 s alone on an idle 2-core machine, 372 s after the unit tests
+@pytest.mark.slow  # 143 s alone on an idle 2-core machine
 @pytest.mark.timeout(1200)
 def test_a_thousand_schedules_keep_every_invariant():
     summary = run_many(range(SCHEDULES), processes=max(2, os.cpu_count() or 1))
