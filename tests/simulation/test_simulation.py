@@ -236,6 +236,25 @@ DEFECTS_FOUND = {
             {"at": 0.7694, "kind": "stale-generation", "rank": 1, "seconds": 0.0,
              "whom": "worker"}],
         "machines": 2},
+    # The checker's: a sweep parks a rank, then counts the timeout after the rollback's
+    # write, which a slow disk stalled into a later turn; W9 judged the figures at once.
+    # Now once the master is at rest.
+    "a-timeout-counted-after-a-stalled-write": {
+        "seed": 11492, "workers": 2, "masters": 1, "seeds": 1,
+        "split": True, "faults": [
+            {"at": 0.021, "kind": "die", "rank": 2, "seconds": 0.0,
+             "whom": "master"},
+            {"at": 0.0836, "kind": "pause", "rank": 2, "seconds": 0.77,
+             "whom": "worker"},
+            {"at": 0.3724, "kind": "pause", "rank": 2, "seconds": 0.168,
+             "whom": "worker"},
+            {"at": 0.5106, "kind": "pause", "rank": 2, "seconds": 1.377,
+             "whom": "worker"},
+            {"at": 0.5491, "kind": "slow-disk", "rank": 2, "seconds": 1.925,
+             "whom": "master"},
+            {"at": 0.7855, "kind": "pause", "rank": 2, "seconds": 0.869,
+             "whom": "worker"}],
+        "machines": 2},
 }
 
 
