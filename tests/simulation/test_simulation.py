@@ -255,6 +255,24 @@ DEFECTS_FOUND = {
             {"at": 0.7855, "kind": "pause", "rank": 2, "seconds": 0.869,
              "whom": "worker"}],
         "machines": 2},
+    # The checker's: a group is counted when taken and its WORK sent after the dispatch
+    # record's write, which a stalled disk left for a later turn; D4 compared at once.
+    "a-group-sent-after-a-stalled-write": {
+        "seed": 11937, "workers": 6, "masters": 1, "seeds": 1,
+        "split": True, "triage": False, "faults": [
+            {"at": 0.0905, "kind": "slow-disk", "rank": 6, "seconds": 2.412,
+             "whom": "master"},
+            {"at": 0.1642, "kind": "slow-disk", "rank": 1, "seconds": 1.487,
+             "whom": "master"},
+            {"at": 0.2211, "kind": "pause", "rank": 5, "seconds": 0.452,
+             "whom": "master"},
+            {"at": 0.3146, "kind": "pause", "rank": 2, "seconds": 0.566,
+             "whom": "master"},
+            {"at": 0.7112, "kind": "slow-disk", "rank": 2, "seconds": 2.094,
+             "whom": "master"},
+            {"at": 0.7963, "kind": "slow-disk", "rank": 5, "seconds": 1.822,
+             "whom": "master"}],
+        "machines": 3},
 }
 
 
