@@ -114,16 +114,20 @@ def publish_link(source: str | Path, target: str | Path, *, replace: bool = Fals
     filesystem refuses one, a copy under a temporary name renamed onto `target` (AFL's sync
     reads any id: name it sees). `replace`: `target` exists and is swapped for the new link
     in one rename. Not fsynced: the caller's group commit does that."""
-    temporary = temporary_for(Path(target))
-    try:
-        if not replace:
-            os.link(source, target)
+    if not replace:
+        try:
+            os.link(source, target)  # the master's path per kept child: no Path built
             return
-        os.link(source, temporary)
-        os.replace(temporary, target)
-        return
-    except OSError:
-        temporary.unlink(missing_ok=True)
+        except OSError:
+            pass
+    temporary = temporary_for(Path(target))
+    if replace:
+        try:
+            os.link(source, temporary)
+            os.replace(temporary, target)
+            return
+        except OSError:
+            temporary.unlink(missing_ok=True)
     try:
         shutil.copyfile(source, temporary)
         os.replace(temporary, target)
