@@ -108,6 +108,37 @@ def test_an_entry_too_young_to_be_whole_waits_and_so_do_those_after_it(tmp_path)
     assert [e.entry_id for e in fleet.scan(limit=10)] == [1, 2]
 
 
+def test_entries_written_before_the_clock_was_set_back_are_read_once_settled(tmp_path):
+    """Found by the simulation (seed 148): after the clock was set back 1506 s, every entry
+    the fuzzers had written looked written in the future, too young to be whole, for 25
+    minutes. An entry seen unchanged for the settling time is whole whatever its mtime."""
+    afl_entry(tmp_path, "main", "id:000000,orig:a", b"a", age=-1506.0)
+    clock = ManualClock(1_000_000.0)
+    fleet = FleetQueues(tmp_path, "symcc-mpi", {}, clock=clock)
+    assert fleet.scan(limit=10) == []
+    clock.advance(0.5)
+    assert fleet.scan(limit=10) == []
+    clock.advance(0.5)
+    assert [e.entry_id for e in fleet.scan(limit=10)] == [0]
+
+
+def test_an_entry_still_growing_waits_however_old_its_mtime_looks(tmp_path):
+    path = afl_entry(tmp_path, "main", "id:000000,orig:a", b"a", age=-600.0)
+    clock = ManualClock(1_000_000.0)
+    fleet = FleetQueues(tmp_path, "symcc-mpi", {}, clock=clock)
+    assert fleet.scan(limit=10) == []
+    clock.advance(0.8)
+    path.write_bytes(b"ab")  # afl-fuzz still writing: the settling time starts again
+    then = clock.time() + 600.0
+    os.utime(path, (then, then))
+    clock.advance(0.8)
+    assert fleet.scan(limit=10) == []  # changed since the last scan: settling from now
+    clock.advance(0.9)
+    assert fleet.scan(limit=10) == []
+    clock.advance(0.1)
+    assert [e.entry_id for e in fleet.scan(limit=10)] == [0]
+
+
 def test_the_limit_leaves_the_rest_for_the_next_scan(tmp_path):
     for entry_id in range(5):
         afl_entry(tmp_path, "main", f"id:{entry_id:06d},src:000000", b"%d" % entry_id)

@@ -39,7 +39,9 @@ INSTANCE_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 CURSORS_FILE = "afl-sync.json"
 AFL_MAX_FILE = 1 << 20  # afl-fuzz's MAX_FILE: no queue entry of a fuzzer is larger
 # afl-fuzz writes a queue entry in place (open O_EXCL, then write): an entry younger than this
-# may still be partial, and is left for the next scan.
+# may still be partial, and is left for the next scan. So is one whose mtime is not that far
+# in the past by the clock (set back since, or another host's), until it is seen unchanged
+# for as long.
 MIN_AGE = 1.0
 SCAN_INTERVAL = 1.0
 IMPORT_BATCH = 64  # entries per master round: each costs an afl-showmap run on the master
@@ -84,6 +86,9 @@ class FleetQueues:
         self.clock = clock
         self.min_age = min_age
         self._read_to_end: dict[str, int] = {}  # instance -> queue/ mtime (ns) then
+        # entry path -> (size, mtime in ns) and since when (monotonic) it was seen so, for
+        # the entries not yet settled by their mtime
+        self._settling: dict[str, tuple[tuple[int, int], float]] = {}
         self._warned: set[str] = set()
 
     def instances(self) -> list[str]:
@@ -100,7 +105,7 @@ class FleetQueues:
     def scan(self, limit: int) -> list[QueueEntry]:
         """Up to `limit` entries not read yet, per instance in AFL id order."""
         found: list[QueueEntry] = []
-        now = self.clock.time()
+        now, steady = self.clock.time(), self.clock.monotonic()
         for instance in self.instances():
             if len(found) >= limit:
                 break
@@ -125,10 +130,10 @@ class FleetQueues:
                     complete = False
                     break
                 try:
-                    modified = entry.stat(follow_symlinks=False).st_mtime
+                    status = entry.stat(follow_symlinks=False)
                 except FileNotFoundError:
                     continue
-                if now - modified < self.min_age:
+                if not self._settled(entry.path, status, now, steady):
                     complete = False
                     break
                 found.append(QueueEntry(instance, entry_id, entry.name, entry.path))
@@ -137,6 +142,22 @@ class FleetQueues:
             else:
                 self._read_to_end.pop(instance, None)
         return found
+
+    def _settled(self, path: str, status: os.stat_result, now: float, steady: float) -> bool:
+        """Whether the entry at `path` is whole: written at least MIN_AGE ago by its mtime,
+        or, if its mtime says otherwise, seen unchanged for MIN_AGE of the steady clock."""
+        if now - status.st_mtime >= self.min_age:
+            self._settling.pop(path, None)
+            return True
+        seen = (status.st_size, status.st_mtime_ns)
+        before = self._settling.get(path)
+        if before is None or before[0] != seen:
+            self._settling[path] = (seen, steady)
+            return False
+        if steady - before[1] < self.min_age:
+            return False
+        del self._settling[path]
+        return True
 
     def _warn_once(self, problem: str) -> None:
         if problem not in self._warned:
