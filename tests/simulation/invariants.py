@@ -34,7 +34,7 @@ from symcc_mpi.scheduling.splitting import TRACE, WorkSource, parse_work_id
 from symcc_mpi.ulfm.generations import GENERATIONS_JOURNAL, GenerationLog
 from symcc_mpi.wire.protocol import Tag
 
-from .world import Process, SimComm, SimDoorbell, children_of, coverage_of
+from .world import Process, SimComm, SimDoorbell, branches_of, children_of, coverage_of
 
 WORK = int(Tag.WORK)
 READY = int(Tag.READY)
@@ -108,6 +108,7 @@ class Checker:
         self.void: set[str] = set()  # tokens of dispatches discarded: none may commit
         self.recorded: set[str] = set()  # tokens of the done and part records on disk
         self.commits: list = []  # (master, dispatch) committed since the last check
+        self.pruned_runs: list[tuple[bytes, set[int]]] = []  # (input, branches its map skipped)
 
     # -- the ranks' objects --------------------------------------------------------------
 
@@ -187,6 +188,8 @@ class Checker:
         """After a turn that did something: a worker's turn that neither sent nor received
         changed nothing anyone can see (its naps are its own)."""
         self.no_traceback()
+        if self.pruned_runs:
+            self._check_pruning()
         sends, self.sends = self.sends, []
         received, self.received = self.received, []
         activity = self.simulation.scheduler.activity
@@ -647,6 +650,34 @@ class Checker:
         self.done = done
         self._count("nothing committed twice")
         self._count("F443 a RESULT commits only in its own generation")
+
+    def _check_pruning(self) -> None:
+        """QSYM pruning (pruning.py): a run skips a branch only if the campaign has its child
+        (in corpus/, or set aside by triage as adding no coverage). Bits of a run whose
+        RESULT was dropped would prune the run that redoes it, and lose its children."""
+        runs, self.pruned_runs = self.pruned_runs, []
+        schedule = self.simulation.schedule
+        corpus = set(os.listdir(self.out / "corpus"))
+        covered = None
+        for data, skipped in runs:
+            for branch, child in branches_of(data, fanout=schedule.fanout, depth=schedule.depth,
+                                             space=schedule.space):
+                if branch not in skipped or child is None:
+                    continue
+                digest = hashlib.sha256(child).hexdigest()
+                if digest in corpus:
+                    continue
+                if schedule.triage:
+                    if covered is None:
+                        inputs = self.simulation.inputs()
+                        covered = {pair for d in corpus if d in inputs
+                                   for pair in coverage_of(inputs[d]).pairs()}
+                    if covered.issuperset(coverage_of(child).pairs()):
+                        continue
+                self._fail(f"QSYM pruning: a run of {hashlib.sha256(data).hexdigest()[:12]} "
+                           f"skipped branch {branch}, whose child {digest[:12]} the campaign "
+                           "does not have")
+        self._count("QSYM pruning skips only branches whose child the campaign has")
 
     def _check_corpus(self) -> None:
         """Every corpus file is named by the SHA-256 of its bytes."""

@@ -12,7 +12,9 @@ import textwrap
 from dataclasses import dataclass
 from types import ModuleType
 
+from symcc_mpi.campaign.checkpoint import Checkpointer
 from symcc_mpi.campaign.done_log import DoneLog
+from symcc_mpi.coverage.pruning import WorkerMap
 from symcc_mpi.dispatch.coordinator import DispatchCoordinator
 from symcc_mpi.dispatch.tables import DispatchTables
 from symcc_mpi.dispatch.watchdog import DispatchWatchdog, ProtocolRecovery
@@ -175,7 +177,32 @@ MUTATIONS = {
         "F317 W9",
         "a watchdog timeout is not counted in the master's figures",
         (Edit(DispatchWatchdog, "sweep", '            self._counts["timeouts"] += 1\n', ""),)),
+    "worker-keeps-its-own-bits": Mutation(
+        "QSYM pruning: only committed runs prune",
+        "a worker folds its run's QSYM map bits into its base map before its master commits "
+        "the run (a dropped RESULT's bits then prune the run that redoes it)",
+        (Edit(WorkerMap, "contribution",
+              "        return encode(difference(self.base, after))",
+              "        delta = difference(self.base, after)\n"
+              "        apply(self.base, delta)\n"
+              "        return encode(delta)"),)),
     # Found only by the disk that forgets (disk.py): without it nothing written is lost.
+    "pruning-saved-before-sync": Mutation(
+        "checkpoint: maps saved after the done records are durable",
+        "the QSYM pruning maps are saved before the group commit that makes the runs whose "
+        "bits they hold durable",
+        (Edit(Checkpointer, "after_round", "        self.campaign.sync_done()\n",
+              "        if self.pruning is not None and self.pruning.dirty:\n"
+              "            self.save_pruning()\n"
+              "        self.campaign.sync_done()\n"),)),
+    "cursors-saved-before-sync": Mutation(
+        "hybrid: the fleet's cursors saved after their imports are durable",
+        "the cursors into the fuzzers' queues are saved before the group commit that makes "
+        "the entries they passed durable",
+        (Edit(Checkpointer, "after_round", "        self.campaign.sync_done()\n",
+              "        if self.importer is not None:\n"
+              "            self.importer.save()\n"
+              "        self.campaign.sync_done()\n"),)),
     "children-unsynced-before-done": Mutation(
         "group commit: children durable before their done record",
         "the group commit appends the done records without fsyncing the published children",

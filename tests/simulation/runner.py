@@ -97,7 +97,10 @@ def _configurations(schedules: list[Schedule]) -> list[str]:
         spread("machines", lambda s: s.machines, (1, 2, 3)))),
         f"features: split {sum(s.split for s in schedules)}, triage "
         f"{sum(s.triage for s in schedules)}, both {sum(s.split and s.triage for s in schedules)}"
-        f", neither {sum(not (s.split or s.triage) for s in schedules)}"]
+        f", neither {sum(not (s.split or s.triage) for s in schedules)}; hybrid "
+        f"{sum(s.hybrid for s in schedules)}; pruning shared "
+        f"{sum(s.pruning == 'shared' for s in schedules)}, local "
+        f"{sum(s.pruning == 'local' for s in schedules)}"]
 
 
 def run_one(seed: int, mutation: str | None = None,
@@ -197,8 +200,12 @@ def shrink(schedule: Schedule, mutation: str | None = None, *, budget: int = 60)
                                       if schedule.masters > 1 else schedule.workers - 1))
         if schedule.seeds > 1:
             candidates.append(replace(schedule, seeds=schedule.seeds - 1))
-        candidates += [replace(schedule, **{feature: False}) for feature in ("split", "triage")
-                       if getattr(schedule, feature)]
+        # Triage goes only after hybrid: --afl-sync needs --afl-target.
+        candidates += [replace(schedule, **{feature: False})
+                       for feature in ("split", "hybrid", "triage") if getattr(schedule, feature)
+                       and not (feature == "triage" and schedule.hybrid)]
+        if schedule.pruning != "off":
+            candidates.append(replace(schedule, pruning="off"))
         for candidate in candidates:
             if budget <= 0:
                 break

@@ -23,14 +23,17 @@ from collections import Counter
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from symcc_mpi.campaign import snapshot
-from symcc_mpi.config import WATCHDOG_ENV, WORK_LEASE_TTL_ENV, CampaignConfig
+from symcc_mpi.campaign import afl_sync, checkpoint, snapshot
+from symcc_mpi.campaign.stop import request_stop
+from symcc_mpi.config import RUN_ID_ENV, WATCHDOG_ENV, WORK_LEASE_TTL_ENV, CampaignConfig
 from symcc_mpi.durable.atomic import SYSTEM_DISK
 from symcc_mpi.durable.clock import SYSTEM_CLOCK
+from symcc_mpi.executors.symcc import SYMCC_RUNTIME_SYMBOL
 from symcc_mpi.job.session import run_rank
 from symcc_mpi.roles.faults import FaultKind
 
 from .disk import ForgettingDisk
+from .fleet import CAMPAIGN_NAME, SCAN_INTERVALS, Fleet
 from .invariants import Checker, Violation
 from .world import (
     COMMITTING,
@@ -74,6 +77,17 @@ CRASH_CHANCE = 0.35
 FAULT_KIND_CHANCE = 0.5
 SPLIT_CHANCE = 0.4
 TRIAGE_CHANCE = 0.4
+PRUNING_DRAWS = ("off", "off", "shared", "local")  # --pruning: QSYM's map shared, per worker
+HYBRID_CHANCE = 0.5  # of the schedules with one master and triage: beside AFL++ instances
+# A hybrid campaign waits for the fuzzers until it is stopped: the simulation asks it to stop
+# (as `symcc-mpi stop` does) once it has done all there is, looking every STOP_CHECK virtual
+# seconds, or after STOP_PATIENCE if it never does (the oracles then say what is missing).
+STOP_CHECK = 0.25
+# A knob the schedule draws, as FoundationDB's simulation randomises its knobs: how often the
+# maps and the fleet's cursors are saved (checkpoint.SAVE_INTERVAL), so that saves fall among
+# the faults of the first virtual second too.
+SAVE_INTERVALS = (checkpoint.SAVE_INTERVAL, 0.5, 0.2)
+STOP_PATIENCE = 60.0
 MACHINE_LAYOUTS = (1, 1, 2, 3)  # how many machines the ranks are dealt over
 
 
@@ -111,6 +125,9 @@ class Schedule:
     machines: int = 1  # rank i runs on machine i % machines
     split: bool = False  # --split (splitting.py): the executor can be targeted
     triage: bool = False  # --afl-target: the workers probe children, the masters triage
+    pruning: str = "off"  # --pruning (pruning.py): the executor honours QSYM's map
+    hybrid: bool = False  # --afl-sync beside simulated AFL++ instances (fleet.py)
+    save_interval: float = checkpoint.SAVE_INTERVAL  # seconds between saves of the maps
     fanout: int = 2
     depth: int = 3
     space: int = 10
@@ -153,9 +170,14 @@ class Schedule:
             faults.append(Fault(round(rng.uniform(0.0, FAULT_WINDOW), 4), K.MACHINE_CRASH,
                                 rng.randrange(machines + 1) - 1 if machines > 1 else -1,
                                 rng.randint(0, 4), "machine"))
+        # Drawn last, so that the draws above stay those of the schedules found before.
+        pruning = rng.choice(PRUNING_DRAWS)
+        hybrid = masters == 1 and triage and rng.random() < HYBRID_CHANCE
+        save_interval = rng.choice(SAVE_INTERVALS)
         faults.sort(key=lambda f: f.at)
         return cls(seed, workers=workers, masters=masters, seeds=seeds, faults=tuple(faults),
-                   machines=machines, split=split, triage=triage)
+                   machines=machines, split=split, triage=triage, pruning=pruning,
+                   hybrid=hybrid, save_interval=save_interval)
 
     @classmethod
     def from_plain(cls, plain: dict) -> Schedule:
@@ -171,8 +193,9 @@ class Schedule:
         faults = "; ".join(map(str, self.faults)) or "no fault"
         masters = f"{self.masters} masters, " if self.masters > 1 else ""
         machines = f" on {self.machines} machines" if self.machines > 1 else ""
-        features = "".join(f", {name}" for name, on in (("split", self.split),
-                                                         ("triage", self.triage)) if on)
+        features = "".join(f", {name}" for name, on in (
+            ("split", self.split), ("triage", self.triage), ("hybrid", self.hybrid),
+            (f"{self.pruning} pruning", self.pruning != "off")) if on)
         return f"seed {self.seed}: {masters}{self.workers} workers{machines}, " \
                f"{self.seeds} seeds{features}, {faults}"
 
@@ -205,10 +228,15 @@ class Simulation:
         self.schedulers: list[Scheduler] = []  # one per job
         self.directory = Path(tempfile.mkdtemp(prefix="symcc-mpi-sim-", dir=root or _scratch()))
         self.out = self.directory / "out"
+        self.fleet = None
+        if schedule.hybrid:  # the campaign is AFL_OUT's instance CAMPAIGN_NAME
+            self.fleet = Fleet(schedule.seed, self.directory / "afl-out")
+            self.out = self.fleet.sync_dir / CAMPAIGN_NAME
         self.executions: Counter[str] = Counter()
         self.outcome = Outcome(schedule)
         self.trace = hashlib.sha256()
         self.jobs_run = 0
+        self.begun = 0.0  # the campaign's first job's virtual start
         self.checker: Checker | None = None
         self.exposure_slack = EXPOSURE_SLACK
         self.disk = ForgettingDisk(self.directory, lambda: self._machine_now() is not None)
@@ -216,6 +244,12 @@ class Simulation:
         self.boots: Counter[int] = Counter()  # per machine: how many times it started again
 
     # -- what the executor reports -------------------------------------------------------
+
+    def pruned(self, data: bytes, skipped: set[int]) -> None:
+        """A pruned run of `data` skipped the branches `skipped` (QSYM's map held them)."""
+        if skipped:
+            self.checker.pruned_runs.append((data, skipped))
+        self.trace.update(f"p{len(skipped)}".encode())
 
     def executed(self, digest: str, targets: frozenset[int] | None, process: Process) -> None:
         """A run of `digest`, solving `targets` (None: every branch): one part of a split
@@ -228,10 +262,13 @@ class Simulation:
 
     def run(self) -> Outcome:
         saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-        saved_env = {name: os.environ.get(name) for name in ENVIRONMENT}
+        saved_env = {name: os.environ.get(name) for name in (*ENVIRONMENT, RUN_ID_ENV)}
         os.environ.update(ENVIRONMENT)
         real_boot_id = snapshot.boot_id
         snapshot.boot_id = self._boot_id  # a machine that died starts again, as another boot
+        checkpoint.SAVE_INTERVAL = self.schedule.save_interval
+        if self.fleet is not None:
+            afl_sync.SCAN_INTERVAL = self.fleet.scan_interval
         try:
             with self.disk.installed():
                 self._campaign()
@@ -250,6 +287,8 @@ class Simulation:
             SYSTEM_CLOCK.source = _real_time()
             SYSTEM_DISK.source = os
             snapshot.boot_id = real_boot_id
+            checkpoint.SAVE_INTERVAL = SAVE_INTERVALS[0]
+            afl_sync.SCAN_INTERVAL = SCAN_INTERVALS[0]
             shutil.rmtree(self.directory, ignore_errors=True)
             self._forget_the_ranks()
         self.outcome.executions = sum(self.executions.values())
@@ -274,13 +313,18 @@ class Simulation:
     def _campaign(self) -> None:
         """A job, then `--resume` jobs until the campaign is complete; then its oracles."""
         seeds = self._write_seeds()
-        config = CampaignConfig(target=("simulated", "@@"), seeds=seeds, out=self.out,
-                                workers=self.schedule.workers,
-                                masters=self.schedule.masters, executor="noop",
+        schedule = self.schedule
+        target = "simulated" if schedule.pruning == "off" else str(self._symcc_build())
+        config = CampaignConfig(target=(target, "@@"), seeds=seeds, out=self.out,
+                                workers=schedule.workers, masters=schedule.masters,
+                                # QSYM's map is SymCC's: its runs are the ones pruned
+                                executor="noop" if schedule.pruning == "off" else "symcc",
+                                pruning=schedule.pruning,
                                 timeout=EXECUTION_TIMEOUT, live=False,
-                                fault_tolerance="on", split=self.schedule.split,
+                                fault_tolerance="on", split=schedule.split,
                                 afl_target=(str(self._afl_build()), "@@")
-                                if self.schedule.triage else None)
+                                if schedule.triage else None,
+                                afl_sync=self.fleet.sync_dir if self.fleet else None)
         checker = self.checker = Checker(self)
         logging.getLogger("symcc_mpi").addHandler(checker.tracebacks)
         faults = self.schedule.faults
@@ -290,6 +334,8 @@ class Simulation:
                 break
             config, faults = replace(config, resume=True), ()  # as a user would go on
         else:
+            if self.fleet is not None:
+                checker.final()  # says what is missing
             raise Violation("the campaign is not complete after three --resume runs",
                             self.scheduler.steps if self.scheduler else 0)
         checker.final()
@@ -298,6 +344,14 @@ class Simulation:
         """What --afl-target's check accepts; the host's probe (SimProbe) never runs it."""
         build = self.directory / "afl-build"
         build.write_bytes(b"\x7fELF" + b"__AFL_SHM_ID\x00")
+        build.chmod(0o755)
+        return build
+
+    def _symcc_build(self) -> Path:
+        """What --executor symcc's check accepts; the host's executor (SimExecutor) never
+        runs it."""
+        build = self.directory / "symcc-build"
+        build.write_bytes(b"\x7fELF\x00" + SYMCC_RUNTIME_SYMBOL + b"\x00")
         build.chmod(0o755)
         return build
 
@@ -315,6 +369,7 @@ class Simulation:
         children) and through the children triage `kept` only (None: every one)."""
         schedule = self.schedule
         todo = [bytes([0, n, 0]) for n in range(schedule.seeds)]
+        todo += self.fleet.roots() if self.fleet is not None else []
         seen = {hashlib.sha256(d).hexdigest(): d for d in todo}
         while todo:
             data = todo.pop()
@@ -360,12 +415,25 @@ class Simulation:
             host = sim_host(self, process, world)
             scheduler.spawn(process, lambda host=host: run_rank(config, host))
         begun = scheduler.now
+        if self.jobs_run == 1:
+            self.begun = begun
         pending = sorted(faults, key=lambda f: f.at)
         checker.begin_job(processes)
+        os.environ[RUN_ID_ENV] = run_id = f"simulated-{self.jobs_run}"
+        stop_check = begun if self.fleet is not None else float("inf")
         try:
             while True:
                 while pending and pending[0].at + begun <= scheduler.now:
                     self._inject(pending.pop(0), processes)
+                if self.fleet is not None:
+                    if self.fleet.write_due(scheduler.now - self.begun, scheduler.time()):
+                        self.trace.update(f"afl{len(self.fleet.written)}".encode())
+                    if scheduler.now >= stop_check:
+                        stop_check = scheduler.now + STOP_CHECK
+                        if self.out.is_dir() and (scheduler.now - begun >= STOP_PATIENCE or (
+                                not self.fleet.pending and checker.campaign_complete())):
+                            request_stop(self.out, run_id)  # as `symcc-mpi stop` does
+                            stop_check = float("inf")
                 process = scheduler.next_turn()
                 if process is None:
                     break
@@ -479,8 +547,8 @@ class Simulation:
             return
         machine, fsyncs = self.crash
         if counting:
-            if self._machine_now() != machine:
-                return
+            if machine >= 0 and self._machine_now() != machine:
+                return  # (a power failure, -1, counts every machine's fsyncs)
             if fsyncs > 0:
                 self.crash = (machine, fsyncs - 1)
                 return

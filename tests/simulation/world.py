@@ -743,6 +743,7 @@ def branches_of(data: bytes, *, fanout: int, depth: int, space: int
 
 
 UNSATISFIABLE_BRANCHES = 10_000  # their numbers, above every satisfiable one's
+QSYM_CONTEXT_HALF = 65536  # where QSYM's map keeps its context bits, the model's branches'
 
 
 def children_of(data: bytes, *, fanout: int, depth: int, space: int) -> list[bytes]:
@@ -785,14 +786,17 @@ class SimExecutor:
     """Deterministic: children from the input's bytes, a duration from its digest, spent as
     virtual time during which the rank sends nothing and takes no turn. With splitting on,
     it can be targeted (executors/base.py): it reports the branches on the path and solves
-    only those it is given."""
+    only those it is given. Given QSYM's `coverage_map` (pruning), a whole pruned run skips
+    each branch whose bit the map holds and sets the bit of each branch it solves, as QSYM's
+    AflTraceMap does (a branch's bit is its own: the model's map has no collisions)."""
 
     name = "simulated"
 
-    def __init__(self, simulation, process: Process):
+    def __init__(self, simulation, process: Process, coverage_map: Path | None = None):
         self.simulation = simulation
         self.process = process
         self.targetable = simulation.schedule.split
+        self.coverage_map = coverage_map
 
     def run(self, input_path: Path, output_dir: Path,
             targets: frozenset[int] | None = None, *, pruned: bool = True) -> ExecutionResult:
@@ -806,18 +810,31 @@ class SimExecutor:
         sim.executed(hashlib.sha256(data).hexdigest(), targets, self.process)
         branches = branches_of(data, fanout=sim.schedule.fanout, depth=sim.schedule.depth,
                                space=sim.schedule.space)
-        generated = []
+        qsym_map = None
+        if targets is None and pruned and self.coverage_map is not None:
+            qsym_map = bytearray(self.coverage_map.read_bytes())
+        generated, skipped = [], set()
         for number, (branch, child) in enumerate(branches):
-            if child is None or (targets is not None and branch not in targets):
+            if targets is not None and branch not in targets:
                 continue
-            path = output_dir / f"{number:06d}"
-            path.write_bytes(child)
-            generated.append(path)
+            if qsym_map is not None:
+                byte, bit = QSYM_CONTEXT_HALF + branch // 8, 1 << branch % 8
+                if qsym_map[byte] & bit:
+                    skipped.add(branch)
+                    continue
+                qsym_map[byte] |= bit
+            if child is not None:
+                path = output_dir / f"{number:06d}"
+                path.write_bytes(child)
+                generated.append(path)
+        if qsym_map is not None:
+            self.coverage_map.write_bytes(qsym_map)
+            sim.pruned(data, skipped)
         crashed = digest[2] % 7 == 0
         path_targets = tuple(dict.fromkeys(branch for branch, _ in branches))
         return ExecutionResult(
             Outcome.CRASH if crashed else Outcome.OK, -11 if crashed else 0, seconds,
-            generated=tuple(generated),
+            generated=tuple(generated), queries_skipped=len(skipped),
             path_targets=path_targets if self.targetable else None,
             solved_targets=() if targets is None else
             tuple(branch for branch in path_targets if branch in targets))
@@ -837,7 +854,8 @@ def sim_host(simulation, process: Process, world: Group) -> Host:
         decide_fault_tolerance=lambda comm, config: Decision(True, "on (simulated ULFM)"),
         doorbell=lambda: SimDoorbell(scheduler, process),
         ringer=lambda address: SimRinger(scheduler, address),
-        executor=lambda config, scratch, coverage_map=None: SimExecutor(simulation, process),
+        executor=lambda config, scratch, coverage_map=None: SimExecutor(simulation, process,
+                                                                        coverage_map),
         probe=lambda config, scratch: SimProbe(),
         finalize=lambda seconds: None,
     )
