@@ -83,11 +83,11 @@ HYBRID_CHANCE = 0.5  # of the schedules with one master and triage: beside AFL++
 # (as `symcc-mpi stop` does) once it has done all there is, looking every STOP_CHECK virtual
 # seconds, or after STOP_PATIENCE if it never does (the oracles then say what is missing).
 STOP_CHECK = 0.25
+STOP_PATIENCE = 60.0
 # A knob the schedule draws, as FoundationDB's simulation randomises its knobs: how often the
 # maps and the fleet's cursors are saved (checkpoint.SAVE_INTERVAL), so that saves fall among
 # the faults of the first virtual second too.
 SAVE_INTERVALS = (checkpoint.SAVE_INTERVAL, 0.5, 0.2)
-STOP_PATIENCE = 60.0
 MACHINE_LAYOUTS = (1, 1, 2, 3)  # how many machines the ranks are dealt over
 
 
