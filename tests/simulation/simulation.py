@@ -80,7 +80,7 @@ TRIAGE_CHANCE = 0.4
 PRUNING_DRAWS = ("off", "off", "shared", "local")  # --pruning: QSYM's map shared, per worker
 HYBRID_CHANCE = 0.5  # of the schedules with one master and triage: beside AFL++ instances
 # A hybrid campaign waits for the fuzzers until it is stopped: the simulation asks it to stop
-# (as `symcc-mpi stop` does) once it has done all there is, looking every STOP_CHECK virtual
+# (OUT/.stop-request, as the launcher does on Ctrl-C) once it has done all there is, looking every STOP_CHECK virtual
 # seconds, or after STOP_PATIENCE if it never does (the oracles then say what is missing).
 STOP_CHECK = 0.25
 STOP_PATIENCE = 60.0
@@ -432,7 +432,7 @@ class Simulation:
                         stop_check = scheduler.now + STOP_CHECK
                         if self.out.is_dir() and (scheduler.now - begun >= STOP_PATIENCE or (
                                 not self.fleet.pending and checker.campaign_complete())):
-                            request_stop(self.out, run_id)  # as `symcc-mpi stop` does
+                            request_stop(self.out, run_id)
                             stop_check = float("inf")
                 process = scheduler.next_turn()
                 if process is None:

@@ -283,6 +283,15 @@ DEFECTS_FOUND = {
         "seed": 148, "workers": 1, "masters": 1, "seeds": 1, "triage": True, "hybrid": True,
         "faults": [{"at": 0.0389, "kind": "clock-jump", "rank": 2, "seconds": -1506.267,
                     "whom": "machine"}]},
+    # Hybrid: the master died (a torn write) while stopping for a stop request it had read
+    # and removed; the worker that took over never learnt of it, and waited for the fuzzers
+    # for ever. This run's request stays now until the run ends.
+    "a-stop-request-outlives-its-reader": {
+        "seed": 1479, "workers": 4, "masters": 1, "seeds": 20, "triage": True,
+        "hybrid": True, "pruning": "local", "save_interval": 0.2, "machines": 3, "faults": [
+            {"at": 0.2365, "kind": "stale-generation", "rank": 3, "seconds": 0.0,
+             "whom": "worker"},
+            {"at": 0.5171, "kind": "torn-write", "rank": 4, "seconds": 0.0, "whom": "master"}]},
 }
 
 

@@ -143,12 +143,16 @@ def test_a_stop_request_belongs_to_the_run_it_was_made_for(text, made, verdict):
     assert stop_request_verdict(text, made, "run-a", run_started=100.0) is verdict
 
 
-def test_a_stop_request_is_removed_once_read(tmp_path):
+def test_another_runs_stop_request_is_removed_once_read_this_runs_once_withdrawn(tmp_path):
+    """This run's stays while the run goes on: found by the simulation (seed 1479), a master
+    that died while stopping left a successor that never learnt of the stop."""
     campaign = CampaignDir(tmp_path)
-    assert campaign.take_stop_request("run-a", 0.0) is StopRequest.NONE
+    assert campaign.read_stop_request("run-a", 0.0) is StopRequest.NONE
     campaign.request_stop("run-b")
-    assert campaign.take_stop_request("run-a", 0.0) is StopRequest.STALE
+    assert campaign.read_stop_request("run-a", 0.0) is StopRequest.STALE
     assert not campaign.stop_request.exists()
     campaign.request_stop("run-a")
-    assert campaign.take_stop_request("run-a", 0.0) is StopRequest.THIS_RUN
+    assert campaign.read_stop_request("run-a", 0.0) is StopRequest.THIS_RUN
+    assert campaign.read_stop_request("run-a", 0.0) is StopRequest.THIS_RUN  # a successor's
+    campaign.withdraw_stop_request()
     assert not campaign.stop_request.exists()

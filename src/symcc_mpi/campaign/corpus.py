@@ -435,9 +435,12 @@ class CampaignDir(AflQueues):
     def stop_request(self) -> Path:
         return self.out / stop.STOP_REQUEST
 
-    def take_stop_request(self, run_id: str, run_started: float) -> stop.StopRequest:
-        """Whether a stop was asked of run `run_id` (stop.py); the request is removed."""
-        return stop.take_stop_request(self.out, run_id, run_started)
+    def read_stop_request(self, run_id: str, run_started: float) -> stop.StopRequest:
+        """Whether a stop was asked of run `run_id` (stop.py)."""
+        return stop.read_stop_request(self.out, run_id, run_started)
+
+    def withdraw_stop_request(self) -> None:
+        stop.withdraw_stop_request(self.out)
 
 
 

@@ -33,9 +33,11 @@ def request_stop(out: Path, run_id: str) -> None:
     write_durable(out / STOP_REQUEST, f"{run_id}\n".encode())
 
 
-def take_stop_request(out: Path, run_id: str, run_started: float) -> StopRequest:
-    """Whether a stop was asked of run `run_id`, which started at `run_started` (wall clock);
-    a request is removed once read, whichever run it was for."""
+def read_stop_request(out: Path, run_id: str, run_started: float) -> StopRequest:
+    """Whether a stop was asked of run `run_id`, which started at `run_started` (wall clock).
+    A request left by another run is removed at once; one for this run stays until the run
+    ends (`withdraw_stop_request`): a master that takes the campaign over from one that died
+    while stopping reads it again, and stops too."""
     path = out / STOP_REQUEST
     try:
         text = path.read_text(errors="replace")
@@ -43,5 +45,11 @@ def take_stop_request(out: Path, run_id: str, run_started: float) -> StopRequest
     except FileNotFoundError:
         return StopRequest.NONE
     verdict = stop_request_verdict(text, made, run_id, run_started)
-    path.unlink(missing_ok=True)
+    if verdict is StopRequest.STALE:
+        path.unlink(missing_ok=True)
     return verdict
+
+
+def withdraw_stop_request(out: Path) -> None:
+    """The run that a stop request was for has ended: the request is done with."""
+    (out / STOP_REQUEST).unlink(missing_ok=True)

@@ -214,6 +214,7 @@ class Master:
         self.exit_status = self.stopping.exit_status()
         with self.guard:
             self.report(final=True)
+        self.stopping.withdraw_request()
         return self.stopping.exit_status()
 
     def _round(self) -> None:

@@ -77,6 +77,7 @@ class Stopping:
         self.guard = guard  # whose refusals come to `for_resources`
         self.phase = Phase.RUNNING
         self.requested_by_signal = False
+        self.stop_taken = False  # this master read the stop request: it withdraws it at the end
         self.storage_problem = ""  # set once OUT refused a write: the campaign is stopping
         # A stop request counts only for the run it was made for (corpus.stop_request_verdict).
         self.run_id = launch_environment().run_id or secrets.token_hex(8)
@@ -175,11 +176,19 @@ class Stopping:
     def _stop_requested(self) -> bool:
         verdict = StopRequest.NONE
         with self.guard:
-            verdict = self.campaign.take_stop_request(self.run_id, self.run_started)
+            verdict = self.campaign.read_stop_request(self.run_id, self.run_started)
         if verdict is StopRequest.STALE:
             log.warning("removed %s: a stop request left by an earlier run, not this one",
                         self.campaign.stop_request)
+        self.stop_taken = self.stop_taken or verdict is StopRequest.THIS_RUN
         return verdict is StopRequest.THIS_RUN
+
+    def withdraw_request(self) -> None:
+        """At the end of the run: the stop request this master took is done with (until
+        then a successor, should this master die, reads it again)."""
+        if self.stop_taken:
+            with self.guard:
+                self.campaign.withdraw_stop_request()
 
     def begin(self, reason: str, *, failure: bool = False) -> None:
         """`failure`: because ranks died; the campaign ends unfinished (exit status 1)."""
