@@ -80,8 +80,9 @@ TRIAGE_CHANCE = 0.4
 PRUNING_DRAWS = ("off", "off", "shared", "local")  # --pruning: QSYM's map shared, per worker
 HYBRID_CHANCE = 0.5  # of the schedules with one master and triage: beside AFL++ instances
 # A hybrid campaign waits for the fuzzers until it is stopped: the simulation asks it to stop
-# (OUT/.stop-request, as the launcher does on Ctrl-C) once it has done all there is, looking every STOP_CHECK virtual
-# seconds, or after STOP_PATIENCE if it never does (the oracles then say what is missing).
+# (OUT/.stop-request, as the launcher does on Ctrl-C) once it has done all there is, looking
+# every STOP_CHECK virtual seconds, or after STOP_PATIENCE if it never does (the oracles then
+# say what is missing).
 STOP_CHECK = 0.25
 STOP_PATIENCE = 60.0
 # A knob the schedule draws, as FoundationDB's simulation randomises its knobs: how often the
