@@ -292,6 +292,19 @@ DEFECTS_FOUND = {
             {"at": 0.2365, "kind": "stale-generation", "rank": 3, "seconds": 0.0,
              "whom": "worker"},
             {"at": 0.5171, "kind": "torn-write", "rank": 4, "seconds": 0.0, "whom": "master"}]},
+    # Three masters, splitting: a part's commit was fenced (another master had taken the
+    # input's lease over) and the input set aside here; it came back, was split anew, and its
+    # trace went out again with no take-back of the first trace on record (verify). The
+    # parts committed are declared taken back at the fence now, as at a deferral.
+    "a-lost-lease-takes-back-its-input-s-parts": {
+        "seed": 1466, "workers": 12, "masters": 3, "seeds": 5, "split": True,
+        "pruning": "local", "machines": 2, "faults": [
+            {"at": 0.1546, "kind": "slow-disk", "rank": 5, "seconds": 1.048, "whom": "master"},
+            {"at": 0.2477, "kind": "slow-disk", "rank": 4, "seconds": 0.636, "whom": "master"},
+            {"at": 0.3554, "kind": "lease-write-error", "rank": 8, "seconds": 1,
+             "whom": "master"},
+            {"at": 0.4636, "kind": "slow-disk", "rank": 7, "seconds": 2.623,
+             "whom": "master"}]},
 }
 
 

@@ -11,6 +11,7 @@ import pytest
 
 from symcc_mpi.coverage.pruning import Delta, PruningLedger, PruningMode
 from symcc_mpi.dispatch.coordinator import DispatchCoordinator
+from symcc_mpi.dispatch.tables import CommitStart
 from symcc_mpi.dispatch.watchdog import WatchdogConfig
 from symcc_mpi.durable.deferred import DeferredWorkJournal
 from symcc_mpi.scheduling.frontier import Frontier
@@ -186,6 +187,60 @@ def test_a_deferred_part_takes_back_the_parts_its_input_committed(tmp_path):
                          (groups[0], SPLIT_ANEW)]
     assert not source.open and not source.committed and A not in source.frontier.done
     assert source.committed_parts(groups[1]) == []
+
+
+class _LeaseLostAfterDispatch:
+    """Several masters' admission (coordinator.Admission): every input admitted, then its
+    lease taken over by another master before the result commits."""
+
+    held = True
+
+    def claim_ahead(self, pending, count):
+        pass
+
+    def admit(self, digest):
+        return True
+
+    def holds(self, digest):
+        return self.held
+
+    def begin_commit(self, digest, pending=(), count=0):
+        return self.held
+
+    def fence(self, digests, pending=(), count=0):
+        return frozenset()
+
+    def complete(self, digest):
+        pass
+
+    def abandon(self, digest):
+        pass
+
+
+def test_a_part_fenced_by_a_lost_lease_takes_back_the_parts_its_input_committed():
+    # Found by the simulation (seed 1466): the input came back to this master, which split it
+    # anew and sent its trace again with no take-back of the first trace on record (verify).
+    source = source_with(A)
+    announced = []
+    admission = _LeaseLostAfterDispatch()
+    coordinator = DispatchCoordinator(
+        source.frontier, watchdog=WatchdogConfig(seconds=60.0, protocol_retries=0),
+        deferrals=None,
+        load=lambda d: b"a", source=source, admission=admission,
+        on_requeue=lambda work, why: announced.append((work, why)))
+    coordinator.workers = 1
+    groups = split(source, A, [1, 2, 3, 4], free=2)
+    source.take(source.peek(free=1))
+    source.finish(groups[0], None, (1, 3), free=1)
+    coordinator.ready(1, None)
+    sent: list[Work] = []
+    assert coordinator.dispatch(lambda rank, work: sent.append(work)) == 1
+    admission.held = False
+    assert coordinator.begin_commit(1, sent[0].token, completes_input=False) \
+        is CommitStart.FENCED
+    assert announced == [(groups[1], "analysed, whose lease another master took over"),
+                         (part_id(A, TRACE), SPLIT_ANEW), (groups[0], SPLIT_ANEW)]
+    assert not source.open and not source.committed
 
 
 def test_a_master_that_withdraws_gives_up_its_split_inputs_and_their_claims():

@@ -231,10 +231,17 @@ class DispatchCoordinator:
         if start is CommitStart.FENCED:
             why = "whose lease another master took over" if stale else "already done"
             log.warning("rank %d analysed %s, %s: result dropped", rank, work_id[:12], why)
+            # This dispatch is given up, on record (F443); so, with a part, are the parts of
+            # its input committed here: the other master analyses the input, and should it
+            # come back here, it is split anew.
+            taken_back = [(work_id, f"analysed, {why}")]
             if stale and part is not None:
-                self.source.set_aside(work_id)  # the other master analyses the input
-            if self.on_requeue is not None:  # this dispatch is given up, on record (F443)
-                self.on_requeue(work_id, f"analysed, {why}")
+                taken_back += [(committed, SPLIT_ANEW)
+                               for committed in self.source.committed_parts(work_id)]
+                self.source.set_aside(work_id)
+            if self.on_requeue is not None:
+                for taken, reason in taken_back:
+                    self.on_requeue(taken, reason)
         return start
 
     def fence(self, results: list[tuple[int, str]]) -> None:
