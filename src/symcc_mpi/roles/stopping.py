@@ -149,7 +149,7 @@ class Stopping:
         federation = self.federation
         if federation is not None:
             # The frontier is exhausted when every master agrees (quiescence.py); the other
-            # reasons root alone sees and relays (a stop request is removed once read).
+            # reasons root alone sees and relays (root alone reads the stop request).
             if federation.stop_reason:
                 return federation.stop_reason
             if federation.done:
