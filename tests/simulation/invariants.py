@@ -97,6 +97,9 @@ class Checker:
         # WORK sends, each with the dispatch it was of, and the READY and RESULT messages it
         # received.
         self.sends: list[tuple] = []
+        # per coordinator: the WORK sends since its master was last at rest, judged (D3) once
+        # it is again (a stalled write inside a failed send's rollback spans turns)
+        self.unjudged_sends: dict = {}
         self.received: list[tuple] = []
         self.group_sends: Counter = Counter()  # per coordinator: its group WORKs that went out
         self.seen: dict = {}  # per master: its dispatch state as of the last check (_Seen)
@@ -201,7 +204,7 @@ class Checker:
         self.simulation.outcome.checked_turns += 1
         masters = self.masters()
         self._note_exposed(masters)
-        if sends:
+        if sends or self.unjudged_sends:
             self._check_sends(masters, sends)
         for master in masters:
             self._check_transitions(master, received if master is role else (), sends)
@@ -347,11 +350,12 @@ class Checker:
 
     def _check_sends(self, masters: list, sends: list[tuple]) -> None:
         """F313 D3: a WORK send that raised is undone exactly (rolled back before the send:
-        closed with no send time, in no table) and counts no dispatch: over the turn, the
-        coordinator's dispatches and each work's dispatch count grew by the sends that went
-        out, and by no send that failed."""
-        alive = {master.dispatch for master in masters}
-        turn: dict = {}
+        closed with no send time, in no table) and counts no dispatch: from the turn of its
+        first send to the next check with its master at rest (a stalled write may hold the
+        rollback up for turns: seed 3047), the coordinator's dispatches and each work's
+        dispatch count grew by the sends that went out, and by no send that failed."""
+        alive = {master.dispatch: master for master in masters}
+        turn = self.unjudged_sends
         for coordinator, dest, tx, sent, count, sent_before in sends:
             if coordinator not in alive:
                 continue  # its master died in the turn
@@ -364,8 +368,12 @@ class Checker:
                 went[tx.work_id] += 1
             else:
                 failed.append(tx)
-        for coordinator, (before, went, failed) in turn.items():
-            if not failed:
+        for coordinator in list(turn):
+            master = alive.get(coordinator)
+            if master is not None and not self._at_rest(master):
+                continue
+            before, went, failed = turn.pop(coordinator)
+            if master is None or not failed:
                 continue
             for tx in failed:
                 if tx.state is not ROLLED_BACK or tx._dispatched_at is not None \

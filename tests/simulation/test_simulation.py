@@ -305,6 +305,15 @@ DEFECTS_FOUND = {
              "whom": "master"},
             {"at": 0.4636, "kind": "slow-disk", "rank": 7, "seconds": 2.623,
              "whom": "master"}]},
+    # The checker's: a WORK send to a dead worker failed, and the master stalled writing its
+    # requeue record before the rollback; D3 judged the dispatch at the end of that turn.
+    "a-failed-send-rolled-back-after-a-stalled-write": {
+        "seed": 3047, "workers": 1, "masters": 1, "seeds": 3, "split": True,
+        "pruning": "local", "save_interval": 0.2, "machines": 2, "faults": [
+            {"at": 0.0914, "kind": "slow-disk", "rank": 1, "seconds": 2.206, "whom": "master"},
+            {"at": 0.3, "kind": "slow-disk", "rank": 1, "seconds": 2.786, "whom": "master"},
+            {"at": 0.3589, "kind": "slow-disk", "rank": 1, "seconds": 1.834, "whom": "master"},
+            {"at": 0.5112, "kind": "die", "rank": 1, "seconds": 0.0, "whom": "worker"}]},
 }
 
 
