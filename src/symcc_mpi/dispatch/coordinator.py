@@ -231,17 +231,11 @@ class DispatchCoordinator:
         if start is CommitStart.FENCED:
             why = "whose lease another master took over" if stale else "already done"
             log.warning("rank %d analysed %s, %s: result dropped", rank, work_id[:12], why)
-            # This dispatch is given up, on record (F443); so, with a part, are the parts of
-            # its input committed here: the other master analyses the input, and should it
-            # come back here, it is split anew.
-            taken_back = [(work_id, f"analysed, {why}")]
-            if stale and part is not None:
-                taken_back += [(committed, SPLIT_ANEW)
-                               for committed in self.source.committed_parts(work_id)]
+            if self.on_requeue is not None:  # this dispatch is given up, on record (F443)
+                self.on_requeue(work_id, f"analysed, {why}")
+            if stale and part is not None:  # the other master analyses the input
+                _take_back_committed_parts(self.source, work_id, self.on_requeue)
                 self.source.set_aside(work_id)
-            if self.on_requeue is not None:
-                for taken, reason in taken_back:
-                    self.on_requeue(taken, reason)
         return start
 
     def fence(self, results: list[tuple[int, str]]) -> None:
@@ -530,9 +524,17 @@ class _InputDeferrals:
     def defer(self, work_id: str, *, source: str, attempts: int) -> object:
         if self.announce is not None:
             self.announce(work_id, "deferred")
-            for part in self.source.committed_parts(work_id):
-                self.announce(part, SPLIT_ANEW)
+        _take_back_committed_parts(self.source, work_id, self.announce)
         return self.sink.defer(self.source.set_aside(work_id), source=source, attempts=attempts)
 
     def is_persisted(self, work_id: str) -> bool:
         return self.sink.is_persisted(parse_work_id(work_id)[0])
+
+
+def _take_back_committed_parts(source: WorkSource, work_id: str,
+                               announce: Callable[[str, str], object] | None) -> None:
+    """The parts of `work_id`'s input committed already, declared taken back (F443): its
+    split is set aside, and should the input come back it is split anew."""
+    if announce is not None:
+        for part in source.committed_parts(work_id):
+            announce(part, SPLIT_ANEW)
