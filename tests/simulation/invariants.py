@@ -425,7 +425,7 @@ class Checker:
                        f"master counts {source.stats.split_dispatches} group dispatches")
         gate, watchdog = dispatch.gate, dispatch.watchdog
         state = _Seen(master.generation, transactions, dict(gate._parked),
-                      watchdog._counts["timeouts"], gate._counts["recoveries"],
+                      gate._counts["parks"], watchdog._counts["timeouts"], gate._counts["recoveries"],
                       watchdog._counts["stale_results"])
         seen = self.seen.get(master)
         self.seen[master] = state
@@ -462,9 +462,13 @@ class Checker:
         if self._at_rest(master):
             readies.clear()
         # A sweep parks a rank, then rolls its dispatch back and counts the timeout; a
-        # stalled write in between leaves the count for a later turn: judged at rest.
+        # stalled write in between leaves the count for a later turn: judged at rest. A
+        # rank may be parked and unparked within one turn (rounds run on while messages
+        # wait), so unparks are what the parks since take to leave `parked` as it is.
         parks, unparks, since = self.parks.pop(master, (0, 0, seen))
-        parks, unparks = parks + len(timeouts), unparks + len(recovered)
+        parked_in_turn = state.parks - seen.parks
+        parks += parked_in_turn
+        unparks += len(seen.parked) + parked_in_turn - len(parked)
         if parks or unparks:
             if not self._at_rest(master):
                 self.parks[master] = (parks, unparks, since)
@@ -563,7 +567,8 @@ class Checker:
                        "not its work")
         digest = parse_work_id(work)[0]
         if not (work in recovery.deferred() or source.is_done(work) or _waiting(source, work)
-                or any(other.work_id == work for _, other in transactions.values())
+                or any(_same_frontier_entry(other.work_id, work)
+                       for _, other in transactions.values())
                 or (master.federation is not None and not master.federation.holds(digest))):
             self._fail(f"F317 W5: {work[:12]} timed out and is neither waiting, in flight, "
                        "done nor deferred")
@@ -877,6 +882,7 @@ class _Seen:
     generation: int
     transactions: dict[str, tuple[Table, DispatchTransaction]]  # by token
     parked: dict[int, str]  # rank -> retired token
+    parks: int  # the gate's parks, each the insertion of a rank into `parked`
     timeouts: int  # the figures' watchdog timeouts
     recoveries: int  # the figures' parked ranks recovered
     stale_results: int
@@ -897,6 +903,15 @@ def _waiting(source: WorkSource, work_id: str) -> bool:
     if part is None or part == TRACE:
         return any(pending == digest for pending in source.frontier.pending.head())
     return work_id in source.waiting
+
+
+def _same_frontier_entry(work_id: str, other: str) -> bool:
+    """Whether the two are the same work, or go out of the same frontier entry: an input
+    requeued whole may go out again as its trace, and a trace whole (WorkSource.peek)."""
+    if work_id == other:
+        return True
+    (digest, part), (other_digest, other_part) = parse_work_id(work_id), parse_work_id(other)
+    return digest == other_digest and part in (None, TRACE) and other_part in (None, TRACE)
 
 
 def _token(payload: bytes) -> str | None:

@@ -239,6 +239,27 @@ DEFECTS_FOUND = {
             {"at": 0.7694, "kind": "stale-generation", "rank": 1, "seconds": 0.0,
              "whom": "worker"}],
         "machines": 2},
+    # The checker's: an input that timed out whole went out again, in the same turn, as its
+    # trace (the frontier entry is the input's, WorkSource.peek); W5 looked for the whole.
+    "a-timed-out-input-goes-out-again-as-its-trace": {
+        "seed": 2932, "workers": 4, "masters": 2, "seeds": 5, "split": True, "faults": [
+            {"at": 0.0943, "kind": "pause", "rank": 4, "seconds": 1.274, "whom": "worker"},
+            {"at": 0.3977, "kind": "stall-in-commit", "rank": 1, "seconds": 1.328,
+             "whom": "master"},
+            {"at": 0.5524, "kind": "stall-in-commit", "rank": 2, "seconds": 1.015,
+             "whom": "master"},
+            {"at": 0.635, "kind": "slow-link", "rank": 4, "seconds": 1.211, "whom": "worker"}],
+        "machines": 1},
+    # The checker's: a rank was parked and its READY unparked it within one turn (rounds run
+    # on while messages wait); W9 counted parks by the parked ranks it saw between turns.
+    "a-rank-parked-and-recovered-in-one-turn": {
+        "seed": 4915, "workers": 6, "masters": 1, "seeds": 100, "triage": True,
+        "hybrid": True, "save_interval": 0.2, "faults": [
+            {"at": 0.1264, "kind": "die", "rank": 2, "seconds": 0.0, "whom": "master"},
+            {"at": 0.1616, "kind": "slow-disk", "rank": 6, "seconds": 2.253, "whom": "master"},
+            {"at": 0.6637, "kind": "slow-disk", "rank": 6, "seconds": 1.188,
+             "whom": "master"}],
+        "machines": 1},
     # The checker's: a sweep parks a rank, then counts the timeout after the rollback's
     # write, which a slow disk stalled into a later turn; W9 judged the figures at once.
     # Now once the master is at rest.
