@@ -117,7 +117,7 @@ def _rebuild_frontier(master, campaign: CampaignDir, past, done: set[str],
                       journal: list[dict], names_entries: bool) -> None:
     """The frontier from the directories and the journal, when no snapshot serves."""
     corpus = campaign.corpus_digests()
-    for digest in corpus if names_entries else ():
+    for digest in sorted(corpus) if names_entries else ():  # queue ids in one order
         if campaign.inputs.queue_id(digest) is None:  # promoted, then killed before queueing
             campaign.add_to_queue(digest, parent="")
     # In queue order; a master joining a running campaign (one taking a dead one's place)
