@@ -14,7 +14,7 @@ import logging
 import os
 import sys
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import msgspec
@@ -74,6 +74,7 @@ class Checker:
         self.tracebacks = Tracebacks()
         self.processes: list[Process] = []
         self.journal_sizes: tuple = ()
+        self.journals_read: dict[Path, _JournalRead] = {}
         self.judged: set[str] = set()  # tokens of the done records checked
         self.done: Counter[str] = Counter()  # work id -> done records
         self.records: list[dict] = []
@@ -636,9 +637,7 @@ class Checker:
         if sizes == self.journal_sizes:
             return
         self.journal_sizes = sizes
-        records = []
-        for path in paths:
-            records += CampaignDir(self.out).inspect_journal(path)[0]
+        records = [record for path in paths for record in self._read_journal(path)]
         done = Counter(_work_id(r) for r in records if "kind" not in r)
         twice = [work for work, n in done.items() if n > 1]
         if twice:
@@ -663,6 +662,28 @@ class Checker:
         self.done = done
         self._count("nothing committed twice")
         self._count("F443 a RESULT commits only in its own generation")
+
+    def _read_journal(self, path: Path) -> list[dict]:
+        """The records of the journal at `path`, decoded on from where the last reading
+        stopped while the file only grew (a power failure cuts it, a repair rewrites it:
+        then from its start)."""
+        try:
+            raw = path.read_bytes()
+        except FileNotFoundError:
+            raw = b""
+        read = self.journals_read.get(path)
+        if read is None or not raw.startswith(read.data):
+            read = self.journals_read[path] = _JournalRead()
+        if len(raw) > len(read.data):
+            records, torn = CampaignDir(self.out).inspect_journal(
+                path, after=(len(read.data), read.lines))
+            end = raw.rfind(b"\n") + 1
+            if torn is not None and end == len(raw):  # the torn line has its newline
+                end = raw.rfind(b"\n", 0, end - 1) + 1
+            read.lines += raw.count(b"\n", len(read.data), end)
+            read.data = raw[:end]
+            read.records += records
+        return read.records
 
     def _check_pruning(self) -> None:
         """QSYM pruning (pruning.py): a run skips a branch only if the campaign has its child
@@ -873,6 +894,15 @@ class Checker:
                 self._fail(f"{digest[:12]} ran {runs} times with {requeued[digest]} declared "
                            "re-dispatches")
         self._count("F443 every re-dispatch is declared")
+
+
+@dataclass
+class _JournalRead:
+    """A done journal as far as the checker decoded it: its whole lines, their records."""
+
+    data: bytes = b""
+    lines: int = 0
+    records: list[dict] = field(default_factory=list)
 
 
 @dataclass

@@ -275,8 +275,18 @@ def close_orphaned(descriptors: set[int]) -> None:
 
 def _open_descriptors() -> set[str]:
     """This process's open file descriptors (not the one the listing itself used)."""
+    lowest_free = os.open(os.devnull, os.O_RDONLY)
+    os.close(lowest_free)
+    listed = set(os.listdir(FD_DIRECTORY))
+    try:
+        os.fstat(lowest_free)
+    except OSError:  # the listing's own, closed now: it took the lowest free number
+        listed.discard(str(lowest_free))
+        return listed
+    # Another thread took that number first: each listed descriptor is asked (one fstat
+    # each, which is what the lowest free number spares after every turn).
     open_now = set()
-    for name in os.listdir(FD_DIRECTORY):
+    for name in listed:
         try:
             os.fstat(int(name))
         except OSError:

@@ -116,11 +116,13 @@ def done_journals(out: Path) -> list[Path]:
     """Every master's done journal that exists, the first master's first: together they are
     the campaign's "analysed" set, whatever number of masters wrote them."""
     state = out / "state"
-    numbered = {}
-    for path in state.glob(MASTER_STATE.format("*") + "/" + DONE_JOURNAL):
-        number = path.parent.name.rpartition("-")[2]
-        if number.isdigit():
-            numbered[int(number)] = path
-    others = [numbered[number] for number in sorted(numbered)]
-    first = state / DONE_JOURNAL
-    return ([first] if first.exists() else []) + others
+    prefix = MASTER_STATE.format("")
+    try:
+        names = os.listdir(state)
+    except OSError:
+        return []
+    # Read by every check of the others' journals: listdir and stat, not glob's pathlib.
+    numbered = sorted((int(name[len(prefix):]), name) for name in names
+                      if name.startswith(prefix) and name[len(prefix):].isdigit())
+    journals = [state / DONE_JOURNAL] + [state / name / DONE_JOURNAL for _, name in numbered]
+    return [path for path in journals if os.path.exists(path)]
