@@ -338,7 +338,7 @@ DEFECTS_FOUND = {
 }
 
 
-@pytest.mark.slow  # 297.5 s alone on 2 shared cores (README)
+@pytest.mark.slow  # 273.5 s alone on 2 shared cores (README)
 @pytest.mark.timeout(1200)
 def test_a_thousand_schedules_keep_every_invariant():
     summary = run_many(range(SCHEDULES), processes=max(2, os.cpu_count() or 1))
