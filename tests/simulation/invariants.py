@@ -425,8 +425,8 @@ class Checker:
             self._fail(f"F313 D4: {self.group_sends[dispatch]} group WORKs went out, and the "
                        f"master counts {source.stats.split_dispatches} group dispatches")
         gate, watchdog = dispatch.gate, dispatch.watchdog
-        state = _Seen(master.generation, transactions, dict(gate._parked),
-                      gate._counts["parks"], watchdog._counts["timeouts"], gate._counts["recoveries"],
+        state = _Seen(master.generation, transactions, dict(gate._parked), gate._counts["parks"],
+                      watchdog._counts["timeouts"], gate._counts["recoveries"],
                       watchdog._counts["stale_results"])
         seen = self.seen.get(master)
         self.seen[master] = state
