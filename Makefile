@@ -84,9 +84,12 @@ pytest = $(if $(HAVE_SYMCC_SOURCE),SYMCC_MPI_REQUIRE_SYMCC=1) $(PYTHON) -m pytes
 	if [ $$rc -eq 5 ]; then echo "make $@: pytest collected no tests" >&2; exit 1; fi; \
 	exit $$rc
 
-# Every test.
+# Every test, in two runs: first what must have the machine to itself (`alone`: the thousand
+# simulated schedules, which use both cores), then the rest on two pytest workers. Most of
+# the rest waits on real ranks and deadlines: serially it left a core idle half of the time.
 test: lint examples
-	$(call pytest,tests)
+	$(call pytest,-m alone tests)
+	$(call pytest,-n 2 --dist loadgroup -m "not alone" tests)
 
 # The tiers a developer runs between changes (about 2 minutes): every test but the ones that
 # start mpiexec (`mpi`) or take long (`slow`, e.g. the thousand simulated schedules).
