@@ -10,14 +10,18 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import subprocess
+import sys
+import time
 from collections import defaultdict
 from pathlib import Path
 
 import pytest
-from harness import EXAMPLES, assert_oracles, explore, stats, verify
+from harness import EXAMPLES, ROOT, assert_oracles, explore, stats, verify
 
 from symcc_mpi.campaign.corpus import CampaignDir
 from symcc_mpi.federation.ownership import owner
+from symcc_mpi.roles.faults import HELD_FILE, RELEASE_FILE
 
 pytestmark = pytest.mark.mpi
 
@@ -79,12 +83,16 @@ def two_masters_splitting(tmp_path: Path, env: dict, *arguments):
     """A campaign of two masters with two workers each on gate, each splitting a seed of its
     own at the start, over the same branches: (OUT, the finished process)."""
     out = tmp_path / "out"
-    seeds = seeds_owned(tmp_path, [b"GT0000abc", b"GT0000abe", b"GT0000abd", b"GT0001abc"])
-    process = explore(out, "--target", f"{BUILD / 'gate'} @@", "--seeds", seeds, "--split",
-                      "--workers", 4, "--masters", 2, "--afl-target", f"{BUILD / 'gate.afl'} @@",
-                      *arguments, env=dict(os.environ, **env))
+    process = explore(out, *_splitting_arguments(tmp_path), *arguments,
+                      env=dict(os.environ, **env))
     assert_oracles(out, process)
     return out, process
+
+
+def _splitting_arguments(tmp_path: Path) -> list:
+    seeds = seeds_owned(tmp_path, [b"GT0000abc", b"GT0000abe", b"GT0000abd", b"GT0001abc"])
+    return ["--target", f"{BUILD / 'gate'} @@", "--seeds", seeds, "--split", "--workers", 4,
+            "--masters", 2, "--afl-target", f"{BUILD / 'gate.afl'} @@"]
 
 
 def test_a_single_master_splits_its_one_seed_and_analyses_each_input_once(tmp_path):
@@ -126,26 +134,61 @@ def test_two_masters_never_hold_overlapping_target_groups_at_once(tmp_path):
 
 
 def test_a_paused_master_blocks_its_target_group_only_until_the_ttl(tmp_path):
-    # Master 1 splits its seed, sends its first group (WORK #2) and stops (SIGSTOP) for 12 s
-    # holding that group's claim, with a 3 s TTL. Master 0's trace is held back 5 s by its
-    # worker (`stop`), so that its groups, over the same gate branches, come while master 1
-    # holds: the overlapping one goes out only once master 1's claim expired, and before
-    # master 1 is back.
-    out, process = two_masters_splitting(
-        tmp_path, {"SYMCC_MPI_LOG": "DEBUG", "SYMCC_TARGET_LEASE_TTL": str(TTL),
-                   "SYMCC_MPI_FAULTS": "m1:pause@2=12,1:pause@1=5,2:pause@1=5"},
-        "--wall-timeout", 30, "--fault-tolerance", "off")
-    groups = held_intervals(process.stdout + process.stderr)
-    paused = [g for g in groups if g["rank"] == 3]  # master 1's first rank (3 ranks each)
-    assert paused, "master 1 claimed no target group"
-    held = min(paused, key=lambda g: g["claimed"])
-    taken = [g for g in groups if g["rank"] == 0 and g["targets"] & held["targets"]
-             and held["claimed"] < g["claimed"] < held["released"]]
+    # Master 1 (ranks 3-5) splits its seed, sends its first group (WORK #2) and is held there,
+    # with no round and no heartbeat, holding that group's claim (3 s TTL). Master 0's
+    # workers are held after their first run until then, so that master 0's groups, over the
+    # same gate branches, come while master 1 holds; master 1 is let go only once master 0
+    # took the overlapping group, which must not be before master 1's claim expired. The
+    # test decides both ends of the window, however slowly Triton traces the seeds.
+    out, log = tmp_path / "out", tmp_path / "log"
+    env = dict(os.environ, SYMCC_MPI_LOG="DEBUG", SYMCC_TARGET_LEASE_TTL=str(TTL),
+               SYMCC_MPI_FAULTS="m1:pause@2=release,1:pause@1=release,2:pause@1=release")
+    with open(log, "w") as output:
+        launcher = subprocess.Popen(
+            [sys.executable, "-m", "symcc_mpi", "explore", "--out", str(out), "--no-live",
+             *map(str, _splitting_arguments(tmp_path)), "--wall-timeout", "60",
+             "--fault-tolerance", "off"],
+            stdout=output, stderr=subprocess.STDOUT, text=True, env=env, cwd=ROOT)
+        try:
+            _wait(launcher, log, lambda: (out / HELD_FILE.format(3)).exists(),
+                  "master 1 held after its first group")
+            for rank in (1, 2):
+                (out / f"{RELEASE_FILE}-{rank}").touch()
+            _wait(launcher, log, lambda: _taken_while_held(held_intervals(log.read_text())),
+                  "master 0 took the held master's targets")
+            (out / f"{RELEASE_FILE}-3").touch()
+            launcher.wait(timeout=300)
+        finally:
+            if launcher.poll() is None:
+                launcher.kill()
+    text = log.read_text()
+    assert_oracles(out, subprocess.CompletedProcess(launcher.args, launcher.returncode, text, ""))
+    taken, held = _taken_while_held(held_intervals(text))
     assert taken, "master 0 never took the paused master's targets while it was paused"
     assert all(g["claimed"] - held["claimed"] >= TTL for g in taken)
     masters = stats(out)["extra"]["per_master"]
     assert masters["0"]["target_claims"]["steals"] >= 1, masters["0"]
     assert masters["1"]["target_claims"]["expiries"] >= 1, masters["1"]
+
+
+def _taken_while_held(groups: list[dict]) -> tuple[list[dict], dict] | None:
+    """Master 0's groups claimed over targets of master 1's first group while that group was
+    claimed (none yet: None), and that group."""
+    paused = [g for g in groups if g["rank"] == 3]  # master 1's first rank (3 ranks each)
+    if not paused:
+        return None
+    held = min(paused, key=lambda g: g["claimed"])
+    taken = [g for g in groups if g["rank"] == 0 and g["targets"] & held["targets"]
+             and held["claimed"] < g["claimed"] < held["released"]]
+    return (taken, held) if taken else None
+
+
+def _wait(launcher: subprocess.Popen, log: Path, done, what: str, seconds: float = 240) -> None:
+    deadline = time.monotonic() + seconds
+    while not done():
+        if launcher.poll() is not None or time.monotonic() > deadline:
+            pytest.fail(f"{what}: not seen (exit {launcher.poll()}):\n{log.read_text()[-3000:]}")
+        time.sleep(0.1)
 
 
 def gate_seed(tmp_path: Path) -> Path:

@@ -26,7 +26,6 @@ def test_a_pause_lasts_its_seconds_or_the_default():
 @pytest.mark.parametrize("spec", ["1:explode@2", "x:foreign-result@1", "1:foreign-result",
                                   "1:send-fail@1", "0:foreign-result@1", "1:pause@1=never",
                                   "1:pause@1=-2", "1:malformed-result@1=3", "1:stop@1",
-                                  "0:pause@1=release",
                                   "0:slow-link@1"])
 def test_bad_fault_spec_is_refused(spec):
     with pytest.raises(ValueError, match="SYMCC_MPI_FAULTS"):
@@ -74,3 +73,26 @@ def test_a_worker_held_until_released_says_so_and_waits_for_the_test(tmp_path):
     (tmp_path / RELEASE_FILE).touch()
     holder.join()
     assert not held.exists()
+
+
+def test_a_rank_released_alone_leaves_the_others_held(tmp_path):
+    import threading
+
+    from symcc_mpi.roles.faults import HELD_FILE, RELEASE_FILE, hold_until_released
+
+    assert Faults(3, "m1:pause@2=release", master_index=1).paused_until_released(2)
+    holders = {rank: threading.Thread(target=hold_until_released, args=(tmp_path, rank))
+               for rank in (1, 3)}
+    for holder in holders.values():
+        holder.start()
+    while not all((tmp_path / HELD_FILE.format(rank)).exists() for rank in holders):
+        assert all(holder.is_alive() for holder in holders.values())
+        holders[1].join(0.01)
+    (tmp_path / f"{RELEASE_FILE}-3").touch()
+    holders[3].join()
+    assert not (tmp_path / f"{RELEASE_FILE}-3").exists()  # taken: it releases once
+    assert not (tmp_path / HELD_FILE.format(3)).exists()
+    holders[1].join(0.2)
+    assert holders[1].is_alive() and (tmp_path / HELD_FILE.format(1)).exists()
+    (tmp_path / RELEASE_FILE).touch()
+    holders[1].join()

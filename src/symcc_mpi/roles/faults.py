@@ -17,8 +17,9 @@ as the faulty side sees them, from 1. Worker kinds:
   RESULT comes however slowly the execution ran (a busy machine); if the execution alone
   took longer, there is no stop. A worker killed while stopped leaves no helper behind.
   `pause@N=release`: instead, say so in OUT/.fault-held-RANK and wait (not stopped, for at
-  most an hour) until OUT/.fault-release exists, then remove that file: a test then looks at
-  a campaign that cannot move on until it says so;
+  most an hour) until OUT/.fault-release exists, or OUT/.fault-release-RANK for this rank
+  alone (which it then removes): a test then looks at a campaign that cannot move on until
+  it says so;
 - `hostile`: instead of the RESULT of its N-th dispatch, send one whose FIELD is made hostile,
   around a file it plants in its staging directory (the bytes start with HOSTILE_MARK and
   must never reach the corpus). FIELD is a `protocol.ResultField` value: `outcome`, `status`
@@ -57,7 +58,8 @@ Master kinds, counting WORK sends (rank 0, and with --masters the first rank of 
   tell, undoes the dispatch as unsent, and the worker's RESULT must then be refused);
 - `object-send-fail`: the N-th WORK that carries object content raises instead of sending;
 - `pause@N=SECONDS`: right after the N-th WORK send, stop itself (SIGSTOP) for SECONDS
-  (default 5): a master paused past its leases' TTL (--masters, F320 §2.3).
+  (default 5): a master paused past its leases' TTL (--masters, F320 §2.3). `pause@N=release`:
+  held there as a worker is (no round, no heartbeat) until the test releases it.
 
 With --masters, `mK:KIND@N` plans a master kind for master K, whatever its rank.
 
@@ -156,7 +158,7 @@ class Faults:
             kinds = MASTER_KINDS if target == "0" or master is not None else WORKER_KINDS
             kind = _KINDS.get(name)
             if kind not in kinds or not (master or target).isdigit() or not number.isdigit() \
-                    or not _argument_fits(kind, argument, worker=kinds is WORKER_KINDS):
+                    or not _argument_fits(kind, argument):
                 raise ValueError(f"SYMCC_MPI_FAULTS: cannot parse {item!r}")
             if (int(master) == master_index) if master is not None else int(target) == rank:
                 self.planned[(kind, int(number))] = argument
@@ -218,10 +220,15 @@ class Faults:
         return write
 
 
-def wait_for_release(out: Path) -> None:
-    """Until OUT/RELEASE_FILE exists (a test's say), for at most RELEASE_WAIT."""
+def wait_for_release(out: Path, rank: int | None = None) -> None:
+    """Until OUT/RELEASE_FILE exists (a test's say), or OUT/RELEASE_FILE-RANK for world rank
+    `rank` alone (removed once seen), for at most RELEASE_WAIT."""
     deadline = SYSTEM_CLOCK.monotonic() + RELEASE_WAIT
+    alone = out / f"{RELEASE_FILE}-{rank}" if rank is not None else None
     while not (out / RELEASE_FILE).exists() and SYSTEM_CLOCK.monotonic() < deadline:
+        if alone is not None and alone.exists():
+            alone.unlink()
+            return
         SYSTEM_CLOCK.sleep(0.05)
 
 
@@ -229,7 +236,7 @@ def hold_until_released(out: Path, rank: int) -> None:
     """Say in OUT that world rank `rank` is held, wait for the release, then say it is not."""
     held = out / HELD_FILE.format(rank)
     held.touch()
-    wait_for_release(out)
+    wait_for_release(out, rank)
     held.unlink(missing_ok=True)
 
 
@@ -243,9 +250,9 @@ def die(reason: str) -> None:
 _KINDS = {kind.value: kind for kind in FaultKind}
 
 
-def _argument_fits(kind: FaultKind, argument: str, *, worker: bool) -> bool:
-    if kind is FaultKind.PAUSE:  # held until released: a worker's only
-        return not argument or (worker and argument == "release") or _is_seconds(argument)
+def _argument_fits(kind: FaultKind, argument: str) -> bool:
+    if kind is FaultKind.PAUSE:
+        return not argument or argument == "release" or _is_seconds(argument)
     if kind is FaultKind.HOSTILE:
         return argument in HOSTILE_FIELDS
     if kind is FaultKind.DIE:  # any rank: a worker may become the master (ulfm/)

@@ -11,7 +11,7 @@ from symcc_mpi.campaign.stats import MasterStats
 from symcc_mpi.dispatch.coordinator import DispatchCoordinator
 from symcc_mpi.durable.clock import SYSTEM_CLOCK
 from symcc_mpi.processes.started import command_time
-from symcc_mpi.roles.faults import FaultKind, Faults, die, stop_self
+from symcc_mpi.roles.faults import FaultKind, Faults, die, hold_until_released, stop_self
 from symcc_mpi.roles.ranks import Ranks
 from symcc_mpi.roles.records import WorkRecords
 from symcc_mpi.roles.timing import TaskTimes
@@ -74,7 +74,10 @@ class WorkSender:
             if faults.fire_at(FaultKind.DIE, "after-recovery", self.since_recovery):
                 die("fault: SIGKILL of the master after WORK send "
                     f"#{self.since_recovery} since its first recovery")
-        if faults.fire(FaultKind.PAUSE, number):
+        if faults.paused_until_released(number):
+            log.warning("fault: master held after WORK send #%d until released", number)
+            hold_until_released(self.records.campaign.out, faults.rank)
+        elif faults.fire(FaultKind.PAUSE, number):
             log.warning("fault: SIGSTOP of the master after WORK send #%d", number)
             # stop_self's deadline is the process's own clock's, as its helper reads it.
             stop_self(SYSTEM_CLOCK.monotonic() + faults.pause_seconds(number))
