@@ -11,13 +11,12 @@ import hashlib
 import os
 import re
 import subprocess
-import sys
 import time
 from collections import defaultdict
 from pathlib import Path
 
 import pytest
-from harness import EXAMPLES, ROOT, assert_oracles, explore, stats, verify
+from harness import EXAMPLES, ROOT, _explore_command, assert_oracles, explore, stats, verify
 
 from symcc_mpi.campaign.corpus import CampaignDir
 from symcc_mpi.federation.ownership import owner
@@ -145,9 +144,8 @@ def test_a_paused_master_blocks_its_target_group_only_until_the_ttl(tmp_path):
                SYMCC_MPI_FAULTS="m1:pause@2=release,1:pause@1=release,2:pause@1=release")
     with open(log, "w") as output:
         launcher = subprocess.Popen(
-            [sys.executable, "-m", "symcc_mpi", "explore", "--out", str(out), "--no-live",
-             *map(str, _splitting_arguments(tmp_path)), "--wall-timeout", "60",
-             "--fault-tolerance", "off"],
+            _explore_command(out, [*_splitting_arguments(tmp_path), "--wall-timeout", 60,
+                                   "--fault-tolerance", "off"]),
             stdout=output, stderr=subprocess.STDOUT, text=True, env=env, cwd=ROOT)
         try:
             _wait(launcher, log, lambda: (out / HELD_FILE.format(3)).exists(),
@@ -163,8 +161,9 @@ def test_a_paused_master_blocks_its_target_group_only_until_the_ttl(tmp_path):
                 launcher.kill()
     text = log.read_text()
     assert_oracles(out, subprocess.CompletedProcess(launcher.args, launcher.returncode, text, ""))
-    taken, held = _taken_while_held(held_intervals(text))
-    assert taken, "master 0 never took the paused master's targets while it was paused"
+    found = _taken_while_held(held_intervals(text))
+    assert found, "master 0 never took the paused master's targets while it was paused"
+    taken, held = found
     assert all(g["claimed"] - held["claimed"] >= TTL for g in taken)
     masters = stats(out)["extra"]["per_master"]
     assert masters["0"]["target_claims"]["steals"] >= 1, masters["0"]
