@@ -19,7 +19,7 @@ from .runner import run_many, run_one, search, search_start, shrink
 from .simulation import Fault, Schedule
 
 # Schedules are CPU work on both cores: on one pytest worker, one test at a time, so that the
-# other worker's real campaigns are not starved (make test runs the suite with -n 2).
+# other workers' real campaigns are not starved (make test runs the suite with -n 3).
 pytestmark = pytest.mark.xdist_group("simulation")
 
 SCHEDULES = 1000
