@@ -87,7 +87,7 @@ pytest = $(if $(HAVE_SYMCC_SOURCE),SYMCC_MPI_REQUIRE_SYMCC=1) $(PYTHON) -m pytes
 # Every test, in two runs: first what must have the machine to itself (`alone`: the thousand
 # simulated schedules, which use both cores), then the rest on three pytest workers: much of
 # the rest waits on real ranks and deadlines (one at a time about 1,910 s; on two workers
-# 1,463 s, on three 1,281-1,314 s at 122-144% CPU, 2026-12-07).
+# 1,430-1,493 s, on three 1,281-1,447 s at 121-144% CPU, 2026-12-07).
 test: lint examples
 	$(call pytest,-m alone tests)
 	$(call pytest,-n 3 --dist loadgroup -m "not alone" tests)

@@ -383,7 +383,7 @@ def test_every_planted_bug_has_a_stated_search():
 
 
 # A hang guard sized for the longest search, not the default 300 s: cursors-saved-before-sync
-# runs 315 schedules, 106 s alone and 217-231 s beside two other pytest workers.
+# runs 315 schedules, 106 s alone and 217-257 s beside two other pytest workers.
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("name", sorted(FOUND_WITHIN))
 def test_each_planted_bug_is_found_by_a_search(name):
