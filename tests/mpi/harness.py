@@ -22,13 +22,13 @@ ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
 
 
-def _explore_command(out: Path, args) -> list[str]:
+def explore_command(out: Path, args) -> list[str]:
     return [sys.executable, "-m", "symcc_mpi", "explore", "--out", str(out), "--no-live",
             *map(str, args)]
 
 
 def explore(out: Path, *args, env: dict | None = None, timeout: float = 300):
-    return subprocess.run(_explore_command(out, args), capture_output=True, text=True,
+    return subprocess.run(explore_command(out, args), capture_output=True, text=True,
                           timeout=timeout, env=env, cwd=ROOT)
 
 
@@ -36,7 +36,7 @@ def start_explore(out: Path, *args, analysed: int, seconds: float = 120) -> subp
     """Launch a campaign in the background; return once `analysed` inputs are done. Fail
     (the job stopped first, with its output) if the campaign ended before or if `seconds`
     passed: a test that goes on would check a campaign that had not done that work."""
-    launcher = subprocess.Popen(_explore_command(out, args), stdout=subprocess.PIPE,
+    launcher = subprocess.Popen(explore_command(out, args), stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True, cwd=ROOT)
     what = f"{analysed} inputs analysed in {out}"
     deadline = time.monotonic() + seconds
@@ -170,15 +170,17 @@ def queue_names(directory: Path) -> list[str]:
         if directory.is_dir() else []
 
 
-def wait_until(condition, seconds: float, what: str, process=None) -> None:
+def wait_until(condition, seconds: float, what: str, process=None, output=None) -> None:
     """Poll `condition` until it holds; fail naming `what` after `seconds` (or when
-    `process` ended first)."""
+    `process` ended first). `output()` is the campaign's output so far, for the failure
+    (without it: what `process` wrote to its pipe, once it ended)."""
     deadline = time.monotonic() + seconds
     while not condition():
         if process is not None and process.poll() is not None:
-            pytest.fail(f"the campaign ended before {what}: {process.stdout.read()}")
+            shown = output() if output else process.stdout.read()
+            pytest.fail(f"the campaign ended before {what}: {shown}")
         if time.monotonic() > deadline:
-            pytest.fail(f"not within {seconds:g} s: {what}")
+            pytest.fail(f"not within {seconds:g} s: {what}" + (f": {output()}" if output else ""))
         time.sleep(0.5)
 
 

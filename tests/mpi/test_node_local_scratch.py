@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from harness import ROOT, _explore_command, assert_oracles, explore, stats
+from harness import ROOT, assert_oracles, explore, explore_command, stats
 
 from symcc_mpi.campaign.layout import MARKER
 from symcc_mpi.durable.atomic import is_temporary
@@ -66,7 +66,7 @@ def test_workers_keep_their_files_under_scratch_and_only_stage_in_out(build, tmp
     seeds = ["--seeds", seed_dir]
     held = [out / HELD_FILE.format(rank) for rank in (1, 2)]
     environment = dict(os.environ, SYMCC_MPI_FAULTS="1:pause@1=release,2:pause@1=release")
-    launcher = subprocess.Popen(_explore_command(out, [*args, *seeds, "--scratch", scratch]),
+    launcher = subprocess.Popen(explore_command(out, [*args, *seeds, "--scratch", scratch]),
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 cwd=started_in, env=environment)
     in_scratch: set[str] = set()  # entries of DIR, then of each worker's directory in it

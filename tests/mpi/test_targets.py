@@ -11,12 +11,20 @@ import hashlib
 import os
 import re
 import subprocess
-import time
 from collections import defaultdict
 from pathlib import Path
 
 import pytest
-from harness import EXAMPLES, ROOT, _explore_command, assert_oracles, explore, stats, verify
+from harness import (
+    EXAMPLES,
+    ROOT,
+    assert_oracles,
+    explore,
+    explore_command,
+    stats,
+    verify,
+    wait_until,
+)
 
 from symcc_mpi.campaign.corpus import CampaignDir
 from symcc_mpi.federation.ownership import owner
@@ -144,16 +152,19 @@ def test_a_paused_master_blocks_its_target_group_only_until_the_ttl(tmp_path):
                SYMCC_MPI_FAULTS="m1:pause@2=release,1:pause@1=release,2:pause@1=release")
     with open(log, "w") as output:
         launcher = subprocess.Popen(
-            _explore_command(out, [*_splitting_arguments(tmp_path), "--wall-timeout", 60,
-                                   "--fault-tolerance", "off"]),
+            explore_command(out, [*_splitting_arguments(tmp_path), "--wall-timeout", 60,
+                                  "--fault-tolerance", "off"]),
             stdout=output, stderr=subprocess.STDOUT, text=True, env=env, cwd=ROOT)
+        def shown():
+            return log.read_text()[-3000:]
+
         try:
-            _wait(launcher, log, lambda: (out / HELD_FILE.format(3)).exists(),
-                  "master 1 held after its first group")
+            wait_until(lambda: (out / HELD_FILE.format(3)).exists(), 240,
+                       "master 1 held after its first group", launcher, shown)
             for rank in (1, 2):
                 (out / f"{RELEASE_FILE}-{rank}").touch()
-            _wait(launcher, log, lambda: _taken_while_held(held_intervals(log.read_text())),
-                  "master 0 took the held master's targets")
+            wait_until(lambda: _taken_while_held(held_intervals(log.read_text())), 240,
+                       "master 0 took the held master's targets", launcher, shown)
             (out / f"{RELEASE_FILE}-3").touch()
             launcher.wait(timeout=300)
         finally:
@@ -180,14 +191,6 @@ def _taken_while_held(groups: list[dict]) -> tuple[list[dict], dict] | None:
     taken = [g for g in groups if g["rank"] == 0 and g["targets"] & held["targets"]
              and held["claimed"] < g["claimed"] < held["released"]]
     return (taken, held) if taken else None
-
-
-def _wait(launcher: subprocess.Popen, log: Path, done, what: str, seconds: float = 240) -> None:
-    deadline = time.monotonic() + seconds
-    while not done():
-        if launcher.poll() is not None or time.monotonic() > deadline:
-            pytest.fail(f"{what}: not seen (exit {launcher.poll()}):\n{log.read_text()[-3000:]}")
-        time.sleep(0.1)
 
 
 def gate_seed(tmp_path: Path) -> Path:

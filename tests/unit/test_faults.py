@@ -1,6 +1,15 @@
+import threading
+
 import pytest
 
-from symcc_mpi.roles.faults import DEFAULT_PAUSE_SECONDS, FaultKind, Faults
+from symcc_mpi.roles.faults import (
+    DEFAULT_PAUSE_SECONDS,
+    HELD_FILE,
+    RELEASE_FILE,
+    FaultKind,
+    Faults,
+    hold_until_released,
+)
 
 
 def test_faults_apply_to_their_rank_only():
@@ -56,10 +65,6 @@ def test_a_torn_append_writes_half_then_the_rest_once_released(tmp_path):
 
 
 def test_a_worker_held_until_released_says_so_and_waits_for_the_test(tmp_path):
-    import threading
-
-    from symcc_mpi.roles.faults import HELD_FILE, RELEASE_FILE, hold_until_released
-
     faults = Faults(2, "2:pause@1=release")
     assert faults.paused_until_released(1) and not faults.paused_until_released(2)
     holder = threading.Thread(target=hold_until_released, args=(tmp_path, 2))
@@ -76,10 +81,6 @@ def test_a_worker_held_until_released_says_so_and_waits_for_the_test(tmp_path):
 
 
 def test_a_rank_released_alone_leaves_the_others_held(tmp_path):
-    import threading
-
-    from symcc_mpi.roles.faults import HELD_FILE, RELEASE_FILE, hold_until_released
-
     assert Faults(3, "m1:pause@2=release", master_index=1).paused_until_released(2)
     holders = {rank: threading.Thread(target=hold_until_released, args=(tmp_path, rank))
                for rank in (1, 3)}
